@@ -1,0 +1,49 @@
+# trainjob-admission: two commands for a fresh machine.
+#   make demo   installs and runs the embedded demo (server + sample TrainJobs, default bundle)
+#   make test   installs and runs every test tier this machine can run
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test test-unit test-server test-cluster bench lint clean
+.DEFAULT_GOAL := help
+
+help:
+	@echo "make demo   - install, then run the webhook demo on loopback with the default bundle"
+	@echo "make test   - install, then run unit, server and (with Go) cluster tests"
+	@echo "make bench  - engine and server benchmarks against their baselines"
+
+$(STAMP): pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip==25.3
+	$(PIP) install -q -r requirements.lock
+	$(PIP) install -q --no-deps -e .
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/trainjob-admission demo
+
+test: $(STAMP)
+	$(PY) -m pytest tests/unit tests/server -q
+	$(MAKE) test-cluster
+
+test-unit: $(STAMP)
+	$(PY) -m pytest tests/unit -q
+
+test-server: $(STAMP)
+	$(PY) -m pytest tests/server -q
+
+bench: $(STAMP)
+	$(PY) bench/engine.py
+	$(PY) bench/server.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis
+
+# The real control plane (etcd, kube-apiserver, controllers, KWOK, JobSet, Trainer) for the
+# cluster tier: targets cluster-build, cluster-up, cluster-down, test-cluster.
+include hack/cluster/cluster.mk
