@@ -1,0 +1,390 @@
+"""Policy bundles: schema, loading from files and directories, and compiling every CEL rule once.
+
+A bundle is a Kubernetes-style document (``kind: PolicyBundle``) so the same YAML is a file for
+``review`` and ``policy lint``, and a custom resource in the cluster. Errors name the file, the
+rule and the position; a bundle with any error is rejected as a whole.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .cel import CelCompileError, CompiledExpression, compile_expression
+from .resources import QuantityError, to_decimal
+
+API_VERSION = "policy.trainjob-admission.io/v1alpha1"
+KIND = "PolicyBundle"
+BUILTIN_PREFIX = "builtin:"
+KEY_TYPES = ("rsa-4096", "ecdsa-p384", "ecdsa-p521", "ed25519")
+FIPS_KEY_TYPES = ("rsa-4096",)
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class LabelSelectorRequirement(Strict):
+    key: str
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[str] = []
+
+
+class LabelSelector(Strict):
+    matchLabels: dict[str, str] = {}
+    matchExpressions: list[LabelSelectorRequirement] = []
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        if any(labels.get(k) != v for k, v in self.matchLabels.items()):
+            return False
+        for req in self.matchExpressions:
+            present = req.key in labels
+            if req.operator == "In" and not (present and labels[req.key] in req.values):
+                return False
+            if req.operator == "NotIn" and present and labels[req.key] in req.values:
+                return False
+            if req.operator == "Exists" and not present:
+                return False
+            if req.operator == "DoesNotExist" and present:
+                return False
+        return True
+
+
+class Match(Strict):
+    namespaces: list[str] = []  # empty: every namespace
+    excludeNamespaces: list[str] = []
+    namespaceSelector: LabelSelector | None = None
+    runtimes: list[str] = []  # runtimeRef names; empty: every runtime
+    operations: list[Literal["CREATE", "UPDATE"]] = ["CREATE", "UPDATE"]
+    kinds: list[Literal["TrainJob", "MPIJob"]] = ["TrainJob", "MPIJob"]
+
+
+class Validation(Strict):
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[a-zA-Z0-9][-a-zA-Z0-9_.]*$")
+    expression: str
+    message: str | None = None
+    messageExpression: str | None = None
+    remediation: str | None = None
+    severity: Literal["deny", "warn"] = "deny"
+
+
+def _quantity(value: str | None) -> str | None:
+    if value is not None:
+        try:
+            to_decimal(value)
+        except QuantityError as exc:
+            raise ValueError(str(exc)) from None
+    return value
+
+
+class QuotaCheck(Strict):
+    enabled: bool = True
+
+
+class GpuCheck(Strict):
+    enabled: bool = True
+    maxPerWorker: int | None = Field(default=None, ge=0)
+    maxPerJob: int | None = Field(default=None, ge=0)
+    allowedResources: list[str] = ["nvidia.com/gpu", "amd.com/gpu", "intel.com/gpu"]
+    allowOnLauncher: bool = False
+
+
+class ShapeCheck(Strict):
+    enabled: bool = True
+    maxWorkers: int | None = Field(default=None, ge=1)
+    minWorkerCpu: str | None = None
+    minWorkerMemory: str | None = None
+    allowedRuntimes: list[str] = []
+    allowedRegistries: list[str] = []
+    requiredLabels: list[str] = []
+
+    @field_validator("minWorkerCpu", "minWorkerMemory")
+    @classmethod
+    def _quantities(cls, value: str | None) -> str | None:
+        return _quantity(value)
+
+
+class PodSecurityCheck(Strict):
+    enabled: bool = True
+    level: Literal["privileged", "baseline", "restricted"] = "restricted"
+    honorNamespaceLabel: bool = True  # pod-security.kubernetes.io/enforce on the namespace wins
+    openshiftSCC: bool = True  # also the restricted-v2 SCC constraints
+
+
+class Checks(Strict):
+    quota: QuotaCheck | None = None
+    gpu: GpuCheck | None = None
+    shape: ShapeCheck | None = None
+    podSecurity: PodSecurityCheck | None = None
+
+
+class IstioMutation(Strict):
+    disableSidecar: bool = True
+
+
+class SchedulingMutation(Strict):
+    queueLabel: str = "kueue.x-k8s.io/queue-name"
+    defaultQueue: str | None = None
+    queues: dict[str, str] = {}  # namespace -> queue
+    priorityLabel: str = "kueue.x-k8s.io/priority-class"
+    priorityClass: str | None = None
+
+
+class SecurityDefaultsMutation(Strict):
+    enabled: bool = False
+
+
+class CostLabelsMutation(Strict):
+    fromNamespaceLabels: list[str] = []
+
+
+class Mutations(Strict):
+    istio: IstioMutation | None = None
+    scheduling: SchedulingMutation | None = None
+    securityDefaults: SecurityDefaultsMutation | None = None
+    costLabels: CostLabelsMutation | None = None
+
+
+class SshKeyInjection(Strict):
+    enabled: bool = True
+    type: Literal["rsa-4096", "ecdsa-p384", "ecdsa-p521", "ed25519"] = "rsa-4096"
+    fips: bool = False
+
+    @model_validator(mode="after")
+    def _fips(self) -> "SshKeyInjection":
+        if self.fips and self.type not in FIPS_KEY_TYPES:
+            raise ValueError(f"key type {self.type} is not allowed with fips: true (use {', '.join(FIPS_KEY_TYPES)})")
+        return self
+
+
+class PortRange(Strict):
+    start: int = Field(ge=1, le=65535)
+    end: int = Field(ge=1, le=65535)
+
+
+class NetworkPolicyInjection(Strict):
+    template: Literal["default", "restricted", "none"] = "default"
+    sshPort: int = Field(default=2222, ge=1, le=65535)
+    mpiPorts: PortRange = PortRange(start=30000, end=30100)
+
+
+class Injections(Strict):
+    sshKey: SshKeyInjection | None = None
+    networkPolicy: NetworkPolicyInjection | None = None
+
+
+class BundleSpec(Strict):
+    version: str = "0.0.0"
+    description: str = ""
+    mode: Literal["enforce", "audit"] = "enforce"
+    priority: int = 100  # lower first; the first bundle that sets a mutation/injection setting wins
+    match: Match = Match()
+    params: dict[str, Any] = {}
+    validations: list[Validation] = []
+    checks: Checks = Checks()
+    mutations: Mutations = Mutations()
+    injections: Injections = Injections()
+
+    @model_validator(mode="after")
+    def _unique_rules(self) -> "BundleSpec":
+        seen: set[str] = set()
+        for rule in self.validations:
+            if rule.name in seen:
+                raise ValueError(f"rule name {rule.name!r} is used twice")
+            seen.add(rule.name)
+        return self
+
+
+class Metadata(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1, max_length=253)
+
+
+class BundleDocument(Strict):
+    apiVersion: Literal["policy.trainjob-admission.io/v1alpha1"]
+    kind: Literal["PolicyBundle"]
+    metadata: Metadata
+    spec: BundleSpec
+    status: dict[str, Any] | None = None  # written by the server in the cluster; ignored here
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One error in a bundle, located as precisely as we can."""
+
+    source: str
+    message: str
+    bundle: str | None = None
+    rule: str | None = None
+    field: str | None = None
+    line: int | None = None
+    column: int | None = None
+
+    def __str__(self) -> str:
+        where = [self.source]
+        if self.bundle:
+            where.append(f"bundle {self.bundle}")
+        if self.rule:
+            where.append(f"rule {self.rule}")
+        if self.field:
+            where.append(self.field)
+        if self.line:
+            where.append(f"line {self.line}, column {self.column}")
+        return f"{': '.join(where)}: {self.message}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+class BundleError(ValueError):
+    def __init__(self, problems: list[Problem]):
+        super().__init__("\n".join(str(p) for p in problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class CompiledRule:
+    rule: Validation
+    expression: CompiledExpression
+    message_expression: CompiledExpression | None
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A bundle whose every expression compiled; immutable so a reload swaps it whole."""
+
+    spec: BundleSpec
+    name: str
+    source: str
+    digest: str
+    rules: tuple[CompiledRule, ...] = field(default_factory=tuple)
+
+    @property
+    def version(self) -> str:
+        return self.spec.version
+
+    @property
+    def ref(self) -> dict[str, str]:
+        return {"name": self.name, "version": self.version, "digest": self.digest}
+
+
+def compile_document(document: Any, source: str) -> Bundle:
+    """Validate the schema and compile every rule; raises BundleError listing every problem."""
+    name = (document.get("metadata") or {}).get("name") if isinstance(document, dict) else None
+    try:
+        parsed = BundleDocument.model_validate(document)
+    except ValidationError as exc:
+        raise BundleError([_schema_problem(err, document, source, name) for err in exc.errors()]) from None
+    problems: list[Problem] = []
+    rules: list[CompiledRule] = []
+    for rule in parsed.spec.validations:
+        compiled: dict[str, CompiledExpression | None] = {"expression": None, "messageExpression": None}
+        for key in compiled:
+            text = getattr(rule, key)
+            if text is None:
+                continue
+            try:
+                compiled[key] = compile_expression(text)
+            except CelCompileError as exc:
+                problems.append(Problem(source, exc.message, name, rule.name, key, exc.line, exc.column))
+        if compiled["expression"] is not None:
+            rules.append(CompiledRule(rule, compiled["expression"], compiled["messageExpression"]))
+    if problems:
+        raise BundleError(problems)
+    canonical = json.dumps(parsed.model_dump(mode="json", exclude={"status"}), sort_keys=True, separators=(",", ":"))
+    digest = "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+    return Bundle(parsed.spec, parsed.metadata.name, source, digest, tuple(rules))
+
+
+def _schema_problem(err: dict, document: Any, source: str, bundle: str | None) -> Problem:
+    loc = list(err.get("loc", ()))
+    rule = None
+    if len(loc) >= 3 and loc[:2] == ["spec", "validations"] and isinstance(loc[2], int):
+        try:
+            rule = document["spec"]["validations"][loc[2]].get("name")
+        except (KeyError, IndexError, TypeError, AttributeError):
+            rule = None
+    path = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[")
+    message = err.get("msg", "invalid")
+    if err.get("type") == "extra_forbidden":
+        message = "unknown field (check the spelling against docs/admin-guide.md)"
+    elif err.get("type") == "literal_error":
+        message = f"{message}, got {err.get('input')!r}"
+    return Problem(source, message, bundle, rule, path or None)
+
+
+def parse_documents(text: str, source: str) -> list[Any]:
+    try:
+        return [doc for doc in yaml.safe_load_all(text) if doc is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line, column = (mark.line + 1, mark.column + 1) if mark else (None, None)
+        raise BundleError([Problem(source, f"not valid YAML: {getattr(exc, 'problem', exc)}", line=line, column=column)]) from None
+
+
+def bundle_files(path: Path) -> list[Path]:
+    if path.is_dir():
+        return sorted(p for p in path.rglob("*") if p.suffix in (".yaml", ".yml", ".json") and p.is_file())
+    return [path]
+
+
+def builtin_names() -> list[str]:
+    return sorted(p.name.removesuffix(".yaml") for p in resources.files("policies").joinpath("bundles").iterdir() if p.name.endswith(".yaml"))
+
+
+def read_source(spec: str) -> list[tuple[str, str]]:
+    """(source name, text) pairs for a file, a directory or ``builtin:NAME``."""
+    if spec.startswith(BUILTIN_PREFIX):
+        name = spec[len(BUILTIN_PREFIX):]
+        resource = resources.files("policies").joinpath("bundles", f"{name}.yaml")
+        if not resource.is_file():
+            raise BundleError([Problem(spec, f"no built-in bundle {name!r} (built-in: {', '.join(builtin_names())})")])
+        return [(spec, resource.read_text(encoding="utf-8"))]
+    path = Path(spec)
+    if not path.exists():
+        raise FileNotFoundError(spec)
+    out = []
+    for file in bundle_files(path):
+        try:
+            out.append((str(file), file.read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BundleError([Problem(str(file), f"cannot read: {exc}")]) from None
+    return out
+
+
+def load_bundles(specs: list[str]) -> list[Bundle]:
+    """Load and compile every bundle in files/directories/builtins; all problems in one error."""
+    bundles: list[Bundle] = []
+    problems: list[Problem] = []
+    for spec in specs:
+        for source, text in read_source(spec):
+            try:
+                documents = parse_documents(text, source)
+            except BundleError as exc:
+                problems.extend(exc.problems)
+                continue
+            for document in documents:
+                try:
+                    bundles.append(compile_document(document, source))
+                except BundleError as exc:
+                    problems.extend(exc.problems)
+    names = [b.name for b in bundles]
+    for duplicate in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(Problem(", ".join(b.source for b in bundles if b.name == duplicate), "bundle name used twice", duplicate))
+    if problems:
+        raise BundleError(problems)
+    return order(bundles)
+
+
+def order(bundles: list[Bundle]) -> list[Bundle]:
+    return sorted(bundles, key=lambda b: (b.spec.priority, b.name))
+
+
+def default_bundles() -> list[Bundle]:
+    return load_bundles([BUILTIN_PREFIX + "default"])

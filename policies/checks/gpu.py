@@ -1,0 +1,67 @@
+"""GPU limits: accelerators per worker and per job, which accelerator resources are allowed, and
+no GPUs on a launcher that only coordinates (unless the launcher also runs as a node)."""
+from __future__ import annotations
+
+from ..bundle import GpuCheck
+from ..effective_job import EffectiveJob
+from . import Finding, plural
+
+
+def _numnodes_field(job: EffectiveJob) -> str:
+    return "spec.trainer.numNodes" if job.kind == "TrainJob" else "the Worker replicas"
+
+
+def _per_worker_field(job: EffectiveJob, resource: str) -> str:
+    if job.kind == "TrainJob":
+        return f'spec.trainer.resourcesPerNode.limits["{resource}"]'
+    return f'the Worker container limits["{resource}"]'
+
+
+def check(job: EffectiveJob, settings: GpuCheck) -> list[Finding]:
+    findings: list[Finding] = []
+    allowed = set(settings.allowedResources)
+    launcher_is_node = bool(job.mpi.get("runLauncherAsNode"))
+    for ps in job.pod_sets:
+        for resource, amount in sorted(ps.gpus.items()):
+            if allowed and resource not in allowed:
+                findings.append(Finding(
+                    f"{ps.name} pods request {amount} {resource}, which this cluster's policy does not allow "
+                    f"(allowed accelerators: {', '.join(sorted(allowed))})",
+                    f"request one of {', '.join(sorted(allowed))} instead",
+                ))
+        if ps.role == "launcher" and ps.gpu_count and not launcher_is_node and not settings.allowOnLauncher:
+            resources = ", ".join(f"{n} {r}" for r, n in sorted(ps.gpus.items()))
+            findings.append(Finding(
+                f"the launcher pod requests {resources}, but the launcher only starts mpirun and does not "
+                "train; GPUs there sit idle",
+                "remove the GPU request from the launcher (a runtime whose launcher has none, or "
+                "one with runLauncherAsNode: true) or ask your admin to allow GPUs on launchers",
+            ))
+
+    nodes = [ps for ps in job.pod_sets if ps.role == "worker" or (ps.role == "launcher" and launcher_is_node)]
+    over = [ps for ps in nodes if settings.maxPerWorker is not None and ps.gpu_count > settings.maxPerWorker]
+    if over and settings.maxPerWorker is not None:
+        worst = max(over, key=lambda ps: ps.gpu_count)
+        resource = max(worst.gpus, key=worst.gpus.get)
+        who = "each worker" if all(ps.role == "worker" for ps in over) else "each node (launcher and workers)"
+        total = sum(ps.gpu_count * ps.count for ps in nodes)
+        fix = f"set {_per_worker_field(job, resource)} to {settings.maxPerWorker} or less"
+        if settings.maxPerWorker:
+            needed = -(-total // settings.maxPerWorker)
+            fix += f" and use more workers (the same {total} GPUs fit in {needed} workers x {settings.maxPerWorker})"
+        findings.append(Finding(
+            f"{who} requests {worst.gpu_count} {resource}; the limit is {settings.maxPerWorker} per worker", fix))
+    total = job.totals["gpus"]
+    if settings.maxPerJob is not None and total > settings.maxPerJob:
+        worker = job.workers
+        per = worker.gpu_count if worker else 0
+        breakdown = f" ({plural(worker.count, 'worker')} x {per})" if worker and per else ""
+        fix = "ask your admin for a larger GPU budget"
+        if per:
+            other = total - worker.count * per
+            fits = (settings.maxPerJob - other) // per
+            if fits >= 1:
+                fix = f"reduce workers to {fits} ({_numnodes_field(job)}) or GPUs per worker, or " + fix
+        findings.append(Finding(
+            f"job requests {total} GPUs{breakdown}; the limit is {settings.maxPerJob} per job", fix))
+    return findings

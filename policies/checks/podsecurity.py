@@ -1,0 +1,215 @@
+"""Pod Security Standards (baseline, restricted; the current "latest" version) and the OpenShift
+restricted-v2 SCC constraints, checked on the pods the job will create, before they exist.
+
+Each violation names the pod, the field path inside its template and what to set instead.
+The rules follow https://kubernetes.io/docs/concepts/security/pod-security-standards/.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+from ..bundle import PodSecurityCheck
+from ..effective_job import EffectiveJob, PodSet, all_containers
+from . import Finding
+
+LEVELS = ("privileged", "baseline", "restricted")
+NAMESPACE_LEVEL_LABEL = "pod-security.kubernetes.io/enforce"
+SCC_UID_RANGE = "openshift.io/sa.scc.uid-range"
+
+BASELINE_CAPABILITIES = frozenset({
+    "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE",
+    "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
+})
+SAFE_SYSCTLS = frozenset({
+    "kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.ipv4.ip_unprivileged_port_start",
+    "net.ipv4.tcp_syncookies", "net.ipv4.ping_group_range", "net.ipv4.ip_local_reserved_ports",
+    "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout", "net.ipv4.tcp_keepalive_intvl",
+    "net.ipv4.tcp_keepalive_probes",
+})
+SELINUX_TYPES = frozenset({"", "container_t", "container_init_t", "container_kvm_t", "container_engine_t"})
+RESTRICTED_VOLUMES = frozenset({
+    "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret",
+})
+PATCH_HINT = "spec.runtimePatches (containers[].securityContext, securityContext)"
+
+Violation = tuple[str, str, str]  # (field path, what is wrong, what to set)
+
+
+def effective_level(settings: PodSecurityCheck, namespace: dict) -> str:
+    label = ((namespace.get("metadata") or {}).get("labels") or {}).get(NAMESPACE_LEVEL_LABEL)
+    if settings.honorNamespaceLabel and label in LEVELS:
+        return label
+    return settings.level
+
+
+def _containers(spec: dict) -> Iterator[tuple[str, dict, dict]]:
+    for key, index, container in all_containers(spec):
+        yield f"{key}[{container.get('name', index)}]", container, container.get("securityContext") or {}
+
+
+def baseline(spec: dict, metadata: dict) -> Iterator[Violation]:
+    for field in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(field):
+            yield f"spec.{field}", f"{field} is true (host namespaces)", f"remove {field}"
+    pod_sc = spec.get("securityContext") or {}
+    if (pod_sc.get("windowsOptions") or {}).get("hostProcess"):
+        yield "spec.securityContext.windowsOptions.hostProcess", "hostProcess is true", "remove hostProcess"
+    for index, volume in enumerate(spec.get("volumes") or []):
+        if "hostPath" in volume:
+            yield f"spec.volumes[{volume.get('name', index)}].hostPath", "uses a hostPath volume", \
+                "use a persistentVolumeClaim, emptyDir or configMap volume instead"
+    for sysctl in pod_sc.get("sysctls") or []:
+        if sysctl.get("name") not in SAFE_SYSCTLS:
+            yield "spec.securityContext.sysctls", f"sets unsafe sysctl {sysctl.get('name')}", "remove the sysctl"
+    yield from _seccomp_not_unconfined("spec.securityContext", pod_sc)
+    yield from _selinux("spec.securityContext", pod_sc)
+    yield from _apparmor_profile("spec.securityContext", pod_sc)
+    for key, value in (metadata.get("annotations") or {}).items():
+        if key.startswith("container.apparmor.security.beta.kubernetes.io/") and value == "unconfined":
+            yield f"metadata.annotations[{key}]", "AppArmor is unconfined", "remove the annotation"
+    for path, container, sc in _containers(spec):
+        base = f"spec.{path}"
+        if sc.get("privileged"):
+            yield f"{base}.securityContext.privileged", "privileged is true", "remove privileged: true"
+        if (sc.get("windowsOptions") or {}).get("hostProcess"):
+            yield f"{base}.securityContext.windowsOptions.hostProcess", "hostProcess is true", "remove hostProcess"
+        added = set((sc.get("capabilities") or {}).get("add") or []) - BASELINE_CAPABILITIES
+        if added:
+            yield f"{base}.securityContext.capabilities.add", f"adds capabilities {', '.join(sorted(added))}", \
+                "remove them from capabilities.add"
+        for port in container.get("ports") or []:
+            if port.get("hostPort"):
+                yield f"{base}.ports[{port.get('containerPort')}].hostPort", f"uses hostPort {port['hostPort']}", \
+                    "remove hostPort (MPI ranks reach each other through the job's headless Service)"
+        if sc.get("procMount") not in (None, "Default"):
+            yield f"{base}.securityContext.procMount", f"procMount is {sc['procMount']}", "remove procMount"
+        yield from _seccomp_not_unconfined(f"{base}.securityContext", sc)
+        yield from _selinux(f"{base}.securityContext", sc)
+        yield from _apparmor_profile(f"{base}.securityContext", sc)
+
+
+def _seccomp_not_unconfined(path: str, sc: dict) -> Iterator[Violation]:
+    if (sc.get("seccompProfile") or {}).get("type") == "Unconfined":
+        yield f"{path}.seccompProfile.type", "seccomp is Unconfined", "use RuntimeDefault"
+
+
+def _selinux(path: str, sc: dict) -> Iterator[Violation]:
+    options = sc.get("seLinuxOptions") or {}
+    if options.get("type", "") not in SELINUX_TYPES or options.get("user") or options.get("role"):
+        yield f"{path}.seLinuxOptions", "sets a custom SELinux type, user or role", "remove seLinuxOptions"
+
+
+def _apparmor_profile(path: str, sc: dict) -> Iterator[Violation]:
+    if (sc.get("appArmorProfile") or {}).get("type") == "Unconfined":
+        yield f"{path}.appArmorProfile.type", "AppArmor is Unconfined", "use RuntimeDefault"
+
+
+def restricted(spec: dict, metadata: dict) -> Iterator[Violation]:
+    yield from baseline(spec, metadata)
+    for index, volume in enumerate(spec.get("volumes") or []):
+        kinds = [k for k in volume if k != "name"]
+        bad = [k for k in kinds if k not in RESTRICTED_VOLUMES and k != "hostPath"]
+        if bad:
+            yield f"spec.volumes[{volume.get('name', index)}]", f"uses a {bad[0]} volume", \
+                "use configMap, secret, emptyDir, projected, csi or persistentVolumeClaim volumes"
+    pod_sc = spec.get("securityContext") or {}
+    pod_seccomp = (pod_sc.get("seccompProfile") or {}).get("type")
+    if pod_sc.get("runAsUser") == 0:
+        yield "spec.securityContext.runAsUser", "runs as root (runAsUser: 0)", "set runAsUser to a non-zero UID"
+    for path, _, sc in _containers(spec):
+        base = f"spec.{path}.securityContext"
+        if sc.get("allowPrivilegeEscalation") is not False:
+            yield f"{base}.allowPrivilegeEscalation", "allowPrivilegeEscalation is not false", \
+                "set allowPrivilegeEscalation: false"
+        if not (sc.get("runAsNonRoot") is True or (pod_sc.get("runAsNonRoot") is True and sc.get("runAsNonRoot") is not False)):
+            yield f"{base}.runAsNonRoot", "runAsNonRoot is not true", \
+                "set runAsNonRoot: true (pod or container securityContext)"
+        if sc.get("runAsUser") == 0:
+            yield f"{base}.runAsUser", "runs as root (runAsUser: 0)", "set runAsUser to a non-zero UID"
+        seccomp = (sc.get("seccompProfile") or {}).get("type") or pod_seccomp
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            yield f"{base}.seccompProfile", "seccompProfile is not RuntimeDefault or Localhost", \
+                "set seccompProfile.type: RuntimeDefault (pod or container securityContext)"
+        capabilities = sc.get("capabilities") or {}
+        if "ALL" not in (capabilities.get("drop") or []):
+            yield f"{base}.capabilities.drop", "does not drop ALL capabilities", "set capabilities.drop: [ALL]"
+        extra = set(capabilities.get("add") or []) - {"NET_BIND_SERVICE"}
+        if extra & BASELINE_CAPABILITIES:
+            yield f"{base}.capabilities.add", f"adds {', '.join(sorted(extra & BASELINE_CAPABILITIES))}", \
+                "add only NET_BIND_SERVICE"
+
+
+def scc_restricted_v2(spec: dict, metadata: dict, uid_range: tuple[int, int] | None) -> Iterator[Violation]:
+    """OpenShift restricted-v2. Its admission fills in a UID from the namespace range, drop ALL
+    and allowPrivilegeEscalation: false where a pod is silent, so only explicit contradictions
+    are violations: privilege, host namespaces, hostPath, extra capabilities, escalation, root
+    or out-of-range UIDs, volume types outside its list."""
+    yield from baseline(spec, metadata)
+    for index, volume in enumerate(spec.get("volumes") or []):
+        bad = [k for k in volume if k not in RESTRICTED_VOLUMES and k not in ("name", "hostPath")]
+        if bad:
+            yield f"spec.volumes[{volume.get('name', index)}]", f"uses a {bad[0]} volume", \
+                "use configMap, secret, emptyDir, projected, csi or persistentVolumeClaim volumes"
+    pod_sc = spec.get("securityContext") or {}
+    candidates = [("spec.securityContext", pod_sc)] + [(f"spec.{p}.securityContext", sc) for p, _, sc in _containers(spec)]
+    for path, sc in candidates:
+        if sc.get("allowPrivilegeEscalation") is True:
+            yield f"{path}.allowPrivilegeEscalation", "allowPrivilegeEscalation is true", "remove it or set false"
+        extra = set((sc.get("capabilities") or {}).get("add") or []) - {"NET_BIND_SERVICE"}
+        if extra:
+            yield f"{path}.capabilities.add", f"adds {', '.join(sorted(extra))}", "add only NET_BIND_SERVICE"
+        for field in ("runAsUser", "fsGroup"):
+            value = sc.get(field)
+            if field == "runAsUser" and value == 0:
+                yield f"{path}.runAsUser", "runs as root (runAsUser: 0)", "remove runAsUser (OpenShift assigns one)"
+            elif uid_range and isinstance(value, int) and value and not uid_range[0] <= value <= uid_range[1]:
+                low, high = uid_range
+                yield f"{path}.{field}", f"{field} {value} is outside the namespace's UID range {low}-{high}", \
+                    f"remove {field} (OpenShift assigns one) or pick one in {low}-{high}"
+
+
+def uid_range(namespace: dict) -> tuple[int, int] | None:
+    """openshift.io/sa.scc.uid-range: "1000680000/10000" -> (1000680000, 1000689999)."""
+    value = ((namespace.get("metadata") or {}).get("annotations") or {}).get(SCC_UID_RANGE, "")
+    start, _, size = value.partition("/")
+    if start.isdigit() and size.isdigit():
+        return int(start), int(start) + int(size) - 1
+    return None
+
+
+def check(job: EffectiveJob, settings: PodSecurityCheck, namespace: dict) -> tuple[str, list[Finding]]:
+    level = effective_level(settings, namespace)
+    rules: list[tuple[str, Callable[[dict, dict], Iterator[Violation]]]] = []
+    if level == "baseline":
+        rules.append((f'Pod Security "{level}"', baseline))
+    elif level == "restricted":
+        rules.append((f'Pod Security "{level}"', restricted))
+    if settings.openshiftSCC:
+        span = uid_range(namespace)
+        rules.append(("OpenShift SCC restricted-v2", lambda s, m: scc_restricted_v2(s, m, span)))
+    findings: list[Finding] = []
+    for ps in job.pod_sets:
+        findings.extend(_pod_findings(ps, rules))
+    return level, findings
+
+
+def _pod_findings(ps: PodSet, rules: list[tuple[str, Callable]]) -> list[Finding]:
+    """One finding per pod set, listing every violation with its field path, so a submitter
+    sees the whole picture at once instead of fixing one field per submission."""
+    seen: dict[str, tuple[str, str]] = {}
+    standards: list[str] = []
+    spec, metadata = ps.pod.get("spec") or {}, ps.pod.get("metadata") or {}
+    for standard, rule in rules:
+        for path, problem, fix in rule(spec, metadata):
+            if path not in seen:
+                seen[path] = (problem, fix)
+                if standard not in standards:
+                    standards.append(standard)
+    if not seen:
+        return []
+    problems = "; ".join(f"{path} ({problem})" for path, (problem, _) in seen.items())
+    fixes = list(dict.fromkeys(fix for _, fix in seen.values()))
+    return [Finding(
+        f"{ps.name} pod violates {' and '.join(standards)}: {problems} [in {ps.source}]",
+        f"{'; '.join(fixes)} — in a TrainJob through {PATCH_HINT}, or use a runtime that conforms",
+    )]

@@ -1,0 +1,69 @@
+"""Job shape: worker count, minimum cpu and memory per worker, allowed runtimes and registries,
+required labels."""
+from __future__ import annotations
+
+from ..bundle import ShapeCheck
+from ..effective_job import EffectiveJob, images_of
+from ..resources import format_amount, to_number
+from . import Finding
+
+
+def image_registry(image: str) -> str:
+    """The registry host of an image reference; Docker Hub for bare names, as the container runtime does."""
+    first, sep, _ = image.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return "docker.io"
+
+
+def registry_allowed(image: str, allowed: list[str]) -> bool:
+    """An allowed entry is a registry host ("quay.io") or a repository prefix ("quay.io/team-a/")."""
+    for entry in allowed:
+        entry = entry.rstrip("/")
+        if "/" in entry:
+            if image == entry or image.startswith(entry + "/"):
+                return True
+        elif image_registry(image) == entry:
+            return True
+    return False
+
+
+def check(job: EffectiveJob, settings: ShapeCheck) -> list[Finding]:
+    findings: list[Finding] = []
+    if settings.maxWorkers is not None and job.num_nodes > settings.maxWorkers:
+        field = "spec.trainer.numNodes" if job.kind == "TrainJob" else "spec.mpiReplicaSpecs.Worker.replicas"
+        findings.append(Finding(
+            f"job has {job.num_nodes} workers; the limit is {settings.maxWorkers}",
+            f"set {field} to {settings.maxWorkers} or less, or ask your admin to raise maxWorkers",
+        ))
+    worker = job.workers
+    for resource, minimum in (("cpu", settings.minWorkerCpu), ("memory", settings.minWorkerMemory)):
+        if minimum is None or worker is None:
+            continue
+        floor, has = to_number(resource, minimum), worker.requests.get(resource, 0)
+        if has < floor:
+            asked = f"requests {format_amount(resource, has)} {resource}" if has else f"requests no {resource}"
+            findings.append(Finding(
+                f"each worker {asked}; the minimum per worker is {format_amount(resource, floor)}",
+                f"set spec.trainer.resourcesPerNode.requests.{resource} to at least {format_amount(resource, floor)}",
+            ))
+    if settings.allowedRuntimes and job.kind == "TrainJob" and job.runtime["name"] not in settings.allowedRuntimes:
+        findings.append(Finding(
+            f"runtime {job.runtime['name']!r} is not allowed here",
+            f"set spec.runtimeRef.name to one of: {', '.join(settings.allowedRuntimes)}",
+        ))
+    if settings.allowedRegistries:
+        for ps in job.pod_sets:
+            for image in images_of(ps.pod.get("spec", {})):
+                if not registry_allowed(image, settings.allowedRegistries):
+                    findings.append(Finding(
+                        f"{ps.name} image {image!r} comes from {image_registry(image)}, which is not an allowed registry",
+                        f"use an image from {', '.join(settings.allowedRegistries)} (spec.trainer.image)",
+                    ))
+    missing = [label for label in settings.requiredLabels if label not in job.labels]
+    if missing:
+        findings.append(Finding(
+            f"job is missing required label{'s' if len(missing) > 1 else ''} {', '.join(missing)}",
+            "add them under metadata.labels, e.g. " + ", ".join(f"{label}: <value>" for label in missing),
+        ))
+    return findings

@@ -1,0 +1,136 @@
+"""Mutations as JSONPatch on the submitted object.
+
+Pod-level changes reach pods through ``spec.runtimePatches`` under our own manager name: in
+Trainer v2.3 that is the only supported way to patch pod metadata and spec of a TrainJob
+(pkg/apis/trainer/v1alpha1/trainjob_types.go, RuntimePatch). Legacy MPIJobs are patched in
+their replica templates directly.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import jsonpatch
+
+from .bundle import CostLabelsMutation, IstioMutation, SchedulingMutation, SecurityDefaultsMutation
+from . import smp
+from .effective_job import EffectiveJob, all_containers
+
+MANAGER = "trainjob-admission.io/webhook"
+ISTIO_INJECT = "sidecar.istio.io/inject"
+
+
+@dataclass
+class MutationSettings:
+    istio: IstioMutation | None = None
+    scheduling: SchedulingMutation | None = None
+    securityDefaults: SecurityDefaultsMutation | None = None
+    costLabels: CostLabelsMutation | None = None
+
+
+def job_labels(obj: dict, settings: MutationSettings, namespace: dict) -> dict[str, str]:
+    """Labels to add to the job itself: Kueue queue and priority, cost attribution."""
+    existing = (obj.get("metadata") or {}).get("labels") or {}
+    ns_name = (namespace.get("metadata") or {}).get("name", "")
+    ns_labels = (namespace.get("metadata") or {}).get("labels") or {}
+    wanted: dict[str, str] = {}
+    if settings.scheduling:
+        queue = settings.scheduling.queues.get(ns_name) or settings.scheduling.defaultQueue
+        if queue:
+            wanted[settings.scheduling.queueLabel] = queue
+        if settings.scheduling.priorityClass:
+            wanted[settings.scheduling.priorityLabel] = settings.scheduling.priorityClass
+    if settings.costLabels:
+        for key in settings.costLabels.fromNamespaceLabels:
+            if key in ns_labels:
+                wanted[key] = ns_labels[key]
+    return {k: v for k, v in wanted.items() if k not in existing}
+
+
+def pod_metadata(settings: MutationSettings, cost_labels: dict[str, str]) -> dict:
+    metadata: dict = {}
+    if settings.istio and settings.istio.disableSidecar:
+        # Istio reads the label (current) and the annotation (older releases); set both.
+        metadata = {"labels": {ISTIO_INJECT: "false"}, "annotations": {ISTIO_INJECT: "false"}}
+    if cost_labels:
+        metadata.setdefault("labels", {}).update(cost_labels)
+    return metadata
+
+
+def security_defaults(pod_spec: dict) -> dict:
+    """The smallest pod-spec patch that makes a silent pod restricted-conformant; never
+    overrides a value the runtime or the user set."""
+    patch: dict = {}
+    pod_sc = pod_spec.get("securityContext") or {}
+    wanted_pod: dict = {}
+    if "runAsNonRoot" not in pod_sc:
+        wanted_pod["runAsNonRoot"] = True
+    if "seccompProfile" not in pod_sc:
+        wanted_pod["seccompProfile"] = {"type": "RuntimeDefault"}
+    if wanted_pod:
+        patch["securityContext"] = wanted_pod
+    for key, _, container in all_containers(pod_spec):
+        if key == "ephemeralContainers":
+            continue
+        sc = container.get("securityContext") or {}
+        wanted: dict = {}
+        if "allowPrivilegeEscalation" not in sc:
+            wanted["allowPrivilegeEscalation"] = False
+        if "drop" not in (sc.get("capabilities") or {}):
+            wanted["capabilities"] = {"drop": ["ALL"]}
+        if wanted:
+            patch.setdefault(key, []).append({"name": container.get("name"), "securityContext": wanted})
+    return patch
+
+
+def plan(obj: dict, job: EffectiveJob, settings: MutationSettings, namespace: dict) -> list[dict]:
+    """JSONPatch operations for ``obj``; empty when there is nothing to change."""
+    labels = job_labels(obj, settings, namespace)
+    cost = {k: v for k, v in labels.items() if settings.costLabels and k in settings.costLabels.fromNamespaceLabels}
+    metadata = pod_metadata(settings, cost)
+    defaults = settings.securityDefaults is not None and settings.securityDefaults.enabled
+    mutated = copy.deepcopy(obj)
+    if labels:
+        mutated.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
+    if job.kind == "TrainJob":
+        replicated = []
+        for ps in job.pod_sets:
+            if ps.role not in ("launcher", "worker"):
+                continue
+            pod_patch: dict = {}
+            if metadata:
+                pod_patch["metadata"] = copy.deepcopy(metadata)
+            spec_patch = security_defaults(ps.pod.get("spec") or {}) if defaults else {}
+            if spec_patch:
+                pod_patch["spec"] = spec_patch
+            if pod_patch:
+                replicated.append({"name": ps.name, "template": {"spec": {"template": pod_patch}}})
+        patches = [p for p in (mutated.get("spec") or {}).get("runtimePatches") or [] if p.get("manager") != MANAGER]
+        if replicated:
+            patches.append({"manager": MANAGER, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": replicated}}}})
+        if patches or (mutated.get("spec") or {}).get("runtimePatches"):
+            mutated.setdefault("spec", {})["runtimePatches"] = patches
+    elif job.kind == "MPIJob":
+        for key in ("Launcher", "Worker"):
+            template = (((mutated.get("spec") or {}).get("mpiReplicaSpecs") or {}).get(key) or {}).get("template")
+            if template is None:
+                continue
+            for part in ("labels", "annotations"):
+                if metadata.get(part):
+                    template.setdefault("metadata", {}).setdefault(part, {}).update(metadata[part])
+            if defaults:
+                template["spec"] = _merge_defaults(template.get("spec") or {})
+    return _minimal_patch(obj, mutated)
+
+
+def _merge_defaults(pod_spec: dict) -> dict:
+    return smp.merge(pod_spec, security_defaults(pod_spec))
+
+
+def _minimal_patch(before: dict, after: dict) -> list[dict]:
+    """A JSONPatch from before to after, made by the python-json-patch library."""
+    return list(jsonpatch.make_patch(before, after))
+
+
+def apply(obj: dict, patch: list[dict]) -> dict:
+    return jsonpatch.apply_patch(obj, patch) if patch else obj
