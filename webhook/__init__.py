@@ -1,0 +1,1 @@
+"""Admission webhook for Kubeflow Trainer TrainJobs: HTTPS server, decisions, injections."""

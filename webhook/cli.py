@@ -1,0 +1,224 @@
+"""``trainjob-admission``: the command line. Parsing and exit codes live here; the work is done
+by the policy engine, the server and the decision log, so every command decides the same way.
+
+Exit codes: 0 allowed/ok, 1 denied or test failures, 2 invalid input or bundle, 3 not found,
+6 cluster unreachable.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import yaml
+
+from policies import report
+from policies.bundle import BUILTIN_PREFIX, BundleError, builtin_names, load_bundles
+from policies.cases import CaseError, load_cases, run_case
+from policies.engine import AdmissionInput, evaluate
+from policies.state import ClusterState, StateError, load_objects
+
+EXIT_OK, EXIT_DENIED, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_UNREACHABLE = 0, 1, 2, 3, 6
+DEFAULT_BUNDLE = BUILTIN_PREFIX + "default"
+
+
+class CliError(Exception):
+    def __init__(self, message: str, code: int = EXIT_INVALID):
+        super().__init__(message)
+        self.code = code
+
+
+def _bundles(specs: list[str] | None) -> list:
+    try:
+        return load_bundles(specs or [DEFAULT_BUNDLE])
+    except FileNotFoundError as exc:
+        raise CliError(f"bundle not found: {exc}", EXIT_NOT_FOUND) from None
+    except BundleError as exc:
+        raise CliError(f"invalid bundle:\n{exc}") from None
+
+
+def _objects(path: str) -> list[dict]:
+    if not Path(path).exists():
+        raise CliError(f"file not found: {path}", EXIT_NOT_FOUND)
+    try:
+        return load_objects(path)
+    except StateError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _state(args: argparse.Namespace, namespace: str) -> ClusterState:
+    if getattr(args, "kubeconfig", None):
+        from webhook.kubestate import ClusterUnreachable, read_state
+
+        try:
+            return read_state(args.kubeconfig, namespace)
+        except ClusterUnreachable as exc:
+            raise CliError(str(exc), EXIT_UNREACHABLE) from None
+    objects: list[dict] = []
+    for path in getattr(args, "cluster_state", None) or []:
+        objects += _objects(path)
+    return ClusterState.from_objects(objects)
+
+
+def _request(obj: dict, args: argparse.Namespace) -> AdmissionInput:
+    meta = obj.setdefault("metadata", {})
+    meta.setdefault("namespace", args.namespace)
+    return AdmissionInput(obj, operation=args.operation, username=args.user, groups=args.group or [])
+
+
+def cmd_review(args: argparse.Namespace) -> int:
+    bundles = _bundles(args.bundle)
+    objects = _objects(args.file)
+    if not objects:
+        raise CliError(f"{args.file}: no object to review")
+    code, outputs = EXIT_OK, []
+    for obj in objects:
+        request = _request(obj, args)
+        decision = evaluate(request, bundles, _state(args, request.namespace))
+        outputs.append(decision.as_json() if args.output == "json" else report.decision_text(obj, decision))
+        if not decision.allowed:
+            code = EXIT_DENIED
+    if args.output == "json":
+        print(json.dumps(outputs[0] if len(outputs) == 1 else outputs, indent=2))
+    else:
+        print("\n\n".join(outputs))
+    return code
+
+
+def cmd_policy_lint(args: argparse.Namespace) -> int:
+    problems = 0
+    for path in args.paths:
+        try:
+            bundles = load_bundles([path])
+        except FileNotFoundError:
+            raise CliError(f"not found: {path}", EXIT_NOT_FOUND) from None
+        except BundleError as exc:
+            problems += len(exc.problems)
+            for problem in exc.problems:
+                print(f"ERROR {problem}")
+            continue
+        for bundle in bundles:
+            print(f"OK    {bundle.source}: bundle {bundle.name} {bundle.version} ({bundle.spec.mode}, "
+                  f"{len(bundle.rules)} rules, {bundle.digest[:19]})")
+            for compiled in bundle.rules:
+                if not (compiled.rule.message or compiled.rule.messageExpression):
+                    print(f"WARN  {bundle.source}: bundle {bundle.name}: rule {compiled.rule.name}: no message; "
+                          "submitters will only see the expression")
+    return EXIT_INVALID if problems else EXIT_OK
+
+
+def cmd_policy_test(args: argparse.Namespace) -> int:
+    bundles = _bundles([args.path])
+    if not Path(args.cases).exists():
+        raise CliError(f"not found: {args.cases}", EXIT_NOT_FOUND)
+    try:
+        results = [run_case(path, case, bundles) for path, case in load_cases(Path(args.cases))]
+    except CaseError as exc:
+        raise CliError(str(exc)) from None
+    for result in results:
+        print(f"{'PASS' if result.passed else 'FAIL'}  {result.name}  ({result.source})")
+        for failure in result.failures:
+            print(f"      {failure}")
+    failed = sum(not r.passed for r in results)
+    print(f"{len(results) - failed} passed, {failed} failed")
+    return EXIT_DENIED if failed else EXIT_OK
+
+
+def cmd_policy_explain(args: argparse.Namespace) -> int:
+    bundles = _bundles(args.bundle)
+    for obj in _objects(args.file):
+        request = _request(obj, args)
+        decision = evaluate(request, bundles, _state(args, request.namespace))
+        if args.output == "json":
+            print(json.dumps({"results": [r.as_dict() for r in decision.results],
+                              "job": decision.job.as_cel() if decision.job else None}, indent=2))
+        else:
+            print(report.explain_text(decision))
+    return EXIT_OK
+
+
+def _add_review_inputs(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-f", "--file", required=True, help="the TrainJob or MPIJob (YAML or JSON)")
+    parser.add_argument("--bundle", action="append", metavar="PATH",
+                        help=f"bundle file, directory or builtin:NAME (repeatable; default {DEFAULT_BUNDLE})")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--cluster-state", action="append", metavar="F",
+                        help="objects as `kubectl get -o yaml` prints them: runtimes, Namespace, ResourceQuotas (repeatable)")
+    source.add_argument("--kubeconfig", metavar="K", help="read runtimes, namespace and quotas from a live cluster")
+    parser.add_argument("--namespace", default="default", help="namespace when the object has none (default: default)")
+    parser.add_argument("--operation", choices=["CREATE", "UPDATE"], default="CREATE")
+    parser.add_argument("--user", default="cli-user", help="request.userInfo.username seen by rules")
+    parser.add_argument("--group", action="append", help="request.userInfo.groups (repeatable)")
+    parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
+
+
+EPILOG = """examples:
+  trainjob-admission review -f job.yaml --cluster-state state.yaml
+  trainjob-admission review -f job.yaml --bundle policies/ --kubeconfig ~/.kube/config -o json
+  trainjob-admission policy lint bundles/
+  trainjob-admission policy test bundles/prod.yaml --cases tests/cases/
+  trainjob-admission policy explain -f job.yaml --bundle bundles/prod.yaml --cluster-state state.yaml
+  trainjob-admission serve --bundle /etc/trainjob-admission/bundles --cert-dir /tls
+  trainjob-admission decisions query --log decisions.jsonl --decision deny --since 2h
+  trainjob-admission decisions verify --log decisions.jsonl
+  trainjob-admission certs issue --service trainjob-admission --namespace trainjob-admission --out ./tls
+  trainjob-admission demo
+
+exit codes: 0 allowed/ok, 1 denied or failed tests, 2 invalid input or bundle, 3 not found, 6 cluster unreachable
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trainjob-admission",
+        description="Admission webhook and policy service for MPI TrainJobs (Kubeflow Trainer v2).",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    review = commands.add_parser("review", help="decide a job offline, exactly as the webhook would",
+                                 description="Decide a TrainJob/MPIJob offline with the given bundles and cluster state. "
+                                             "Exit 0 allowed, 1 denied.",
+                                 epilog="example: trainjob-admission review -f examples/jobs/allowed.yaml "
+                                        "--cluster-state examples/cluster-state.yaml --cluster-state examples/runtimes/mpi-openmpi.yaml")
+    _add_review_inputs(review)
+    review.set_defaults(func=cmd_review)
+
+    policy = commands.add_parser("policy", help="lint, test and explain policy bundles")
+    policy_commands = policy.add_subparsers(dest="policy_command", required=True, metavar="SUBCOMMAND")
+    lint = policy_commands.add_parser("lint", help="check bundles: schema, CEL syntax, unknown variables and functions",
+                                      epilog=f"built-in bundles: {', '.join(BUILTIN_PREFIX + n for n in builtin_names())}")
+    lint.add_argument("paths", nargs="+", metavar="PATH")
+    lint.set_defaults(func=cmd_policy_lint)
+    test = policy_commands.add_parser("test", help="run test cases (object + expected decision and messages)",
+                                      epilog="case format: see `policies/cases.py` or docs/admin-guide.md")
+    test.add_argument("path", help="bundle file or directory")
+    test.add_argument("--cases", required=True, metavar="DIR")
+    test.set_defaults(func=cmd_policy_test)
+    explain = policy_commands.add_parser("explain", help="every rule's result on an object")
+    _add_review_inputs(explain)
+    explain.set_defaults(func=cmd_policy_explain)
+
+    from webhook.commands import register_server_commands  # serve, demo, decisions, certs
+
+    register_server_commands(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.code
+    except yaml.YAMLError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
