@@ -1,8 +1,168 @@
-"""Server-side commands: serve, demo, decisions, certs."""
+"""Server-side commands: serve, demo, decisions query/verify, certs issue."""
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import yaml
+
+from .reviewer import ReviewerConfig
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from policies.state import ClusterState, StateError, load_objects
+
+    from .cli import EXIT_INVALID, CliError
+    from .server import ServerConfig, WebhookServer
+
+    settings: dict = {}
+    if args.config:
+        try:
+            settings = yaml.safe_load(Path(args.config).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise CliError(f"cannot read --config {args.config}: {exc}", EXIT_INVALID) from None
+    cert_dir = Path(args.cert_dir or settings.get("certDir", "")) if (args.cert_dir or settings.get("certDir")) else None
+    config = ServerConfig(
+        host=args.host or settings.get("host", "0.0.0.0"),
+        port=args.port if args.port is not None else int(settings.get("port", 8443)),
+        cert_file=cert_dir / "tls.crt" if cert_dir else None,
+        key_file=cert_dir / "tls.key" if cert_dir else None,
+        bundle_specs=args.bundle or settings.get("bundles") or ["builtin:default"],
+        decision_log=Path(args.decision_log or settings["decisionLog"]) if (args.decision_log or settings.get("decisionLog")) else None,
+        reviewer=ReviewerConfig(failure_mode=args.failure_mode or settings.get("failureMode", "deny"),
+                                timeout_seconds=float(settings.get("timeoutSeconds", 5.0))),
+    )
+    if cert_dir is None and not args.insecure_http:
+        raise CliError("--cert-dir is required (the API server only calls webhooks over TLS); "
+                       "create one with `trainjob-admission certs issue`", EXIT_INVALID)
+    objects: list[dict] = []
+    try:
+        for path in args.cluster_state or []:
+            objects += load_objects(path)
+    except StateError as exc:
+        raise CliError(str(exc), EXIT_INVALID) from None
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    async def run() -> None:
+        kubeconfig = args.kubeconfig or settings.get("kubeconfig")
+        if kubeconfig or args.in_cluster:
+            from .kubestate import run_with_cluster
+
+            await run_with_cluster(config, kubeconfig)
+            return
+        server = WebhookServer(config, ClusterState.from_objects(objects))
+        await server.start()
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await server.stop()
+
+    asyncio.run(run())
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import main
+
+    return main(Path(args.workdir) if args.workdir else None)
+
+
+def cmd_decisions_query(args: argparse.Namespace) -> int:
+    from .cli import EXIT_INVALID, EXIT_NOT_FOUND, CliError
+    from .decisionlog import log_files, parse_time, query, render
+
+    files = log_files(args.log)
+    if not files:
+        raise CliError(f"no decision log at {args.log}", EXIT_NOT_FOUND)
+    try:
+        since = parse_time(args.since) if args.since else None
+        until = parse_time(args.until) if args.until else None
+    except ValueError as exc:
+        raise CliError(str(exc), EXIT_INVALID) from None
+    records = query(files, user=args.user, namespace=args.namespace, kind=args.kind, decision=args.decision,
+                    rule=args.rule, since=since, until=until)
+    print(render(records, args.output))
+    return 0
+
+
+def cmd_decisions_verify(args: argparse.Namespace) -> int:
+    from .cli import CliError, EXIT_NOT_FOUND
+    from .decisionlog import log_files, verify
+
+    files = log_files(args.log)
+    if not files:
+        raise CliError(f"no decision log at {args.log}", EXIT_NOT_FOUND)
+    report = verify(files)
+    print(report)
+    return 0 if report.ok else 1
+
+
+def cmd_certs_issue(args: argparse.Namespace) -> int:
+    from certs.issue import issue
+
+    issued = issue(args.service, args.namespace, Path(args.out), ip_addresses=args.ip or [],
+                   extra_dns=args.dns or [], days=args.days)
+    print(f"CA certificate:      {issued.ca_cert}")
+    print(f"serving certificate: {issued.cert} (key {issued.key}), valid until {issued.not_after:%Y-%m-%d}")
+    print(f"caBundle for the webhook configurations: {issued.ca_bundle}")
+    return 0
 
 
 def register_server_commands(commands: argparse._SubParsersAction) -> None:
     """Add the server-side subcommands to the CLI parser."""
+    serve = commands.add_parser(
+        "serve", help="run the HTTPS admission webhook",
+        description="Serve /validate, /mutate, /healthz, /readyz and /metrics over TLS 1.2+.",
+        epilog="examples:\n  trainjob-admission serve --cert-dir ./tls --bundle bundles/ --kubeconfig ~/.kube/config\n"
+               "  trainjob-admission serve --cert-dir ./tls --cluster-state state.yaml --decision-log decisions.jsonl",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    serve.add_argument("--config", metavar="F", help="YAML with host, port, certDir, bundles, decisionLog, failureMode, timeoutSeconds, kubeconfig")
+    serve.add_argument("--bundle", action="append", metavar="PATH", help="bundle file/dir or builtin:NAME; watched for changes")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--cert-dir", metavar="D", help="directory with tls.crt and tls.key (reloaded when renewed)")
+    serve.add_argument("--kubeconfig", metavar="K", help="read runtimes, namespaces, quotas and PolicyBundles from this cluster")
+    serve.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
+    serve.add_argument("--cluster-state", action="append", metavar="F", help="static cluster objects instead of a cluster")
+    serve.add_argument("--decision-log", metavar="F", help="file sink for the decision log (also written to stdout)")
+    serve.add_argument("--failure-mode", choices=["deny", "allow"], help="answer for /validate when a job cannot be evaluated (default deny)")
+    serve.add_argument("--insecure-http", action="store_true", help=argparse.SUPPRESS)
+    serve.set_defaults(func=cmd_serve)
+
+    demo = commands.add_parser("demo", help="start the server on loopback and decide the sample jobs over HTTPS")
+    demo.add_argument("--workdir", help="keep the CA, certificates and decision log here (default: a temp dir)")
+    demo.set_defaults(func=cmd_demo)
+
+    decisions = commands.add_parser("decisions", help="query and verify the decision log")
+    sub = decisions.add_subparsers(dest="decisions_command", required=True, metavar="SUBCOMMAND")
+    query = sub.add_parser("query", help="filter decisions",
+                           epilog="example: trainjob-admission decisions query --log decisions.jsonl --decision deny --since 2h -o csv")
+    query.add_argument("--log", required=True, metavar="F")
+    query.add_argument("--user")
+    query.add_argument("--namespace")
+    query.add_argument("--kind", choices=["TrainJob", "MPIJob"])
+    query.add_argument("--decision", choices=["allow", "deny", "warn", "error"])
+    query.add_argument("--rule", help="a rule that failed, e.g. default/quota")
+    query.add_argument("--since", help="RFC3339 time or a duration like 15m, 2h, 7d")
+    query.add_argument("--until")
+    query.add_argument("-o", "--output", choices=["table", "json", "csv"], default="table")
+    query.set_defaults(func=cmd_decisions_query)
+    verify_parser = sub.add_parser("verify", help="check the hash chain; names an edited, inserted or removed record")
+    verify_parser.add_argument("--log", required=True, metavar="F")
+    verify_parser.set_defaults(func=cmd_decisions_verify)
+
+    certs = commands.add_parser("certs", help="certificates for the webhook")
+    certs_sub = certs.add_subparsers(dest="certs_command", required=True, metavar="SUBCOMMAND")
+    issue_parser = certs_sub.add_parser("issue", help="make a CA and a serving certificate, and the caBundle")
+    issue_parser.add_argument("--service", required=True)
+    issue_parser.add_argument("--namespace", required=True)
+    issue_parser.add_argument("--out", required=True, metavar="D")
+    issue_parser.add_argument("--ip", action="append", help="IP SANs, e.g. 127.0.0.1 for a webhook on the host")
+    issue_parser.add_argument("--dns", action="append", help="extra DNS SANs")
+    issue_parser.add_argument("--days", type=int, default=365)
+    issue_parser.set_defaults(func=cmd_certs_issue)

@@ -1,0 +1,134 @@
+"""The real server over real TLS (a trustme CA) on loopback, in a background event loop."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import http.client
+import json
+import ssl
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trustme
+import yaml
+
+from webhook.decisionlog import DecisionLog
+from webhook.demo import admission_review, sample_state
+from webhook.server import ServerConfig, WebhookServer
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@dataclass
+class Running:
+    server: WebhookServer
+    port: int
+    ca: trustme.CA
+    log_path: Path
+    loop: asyncio.AbstractEventLoop
+    cert_dir: Path
+
+    def client_context(self, **kwargs: Any) -> ssl.SSLContext:
+        context = ssl.create_default_context()
+        self.ca.configure_trust(context)
+        for key, value in kwargs.items():
+            setattr(context, key, value)
+        return context
+
+    def post(self, path: str, body: bytes | dict, timeout: float = 10) -> tuple[int, Any]:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        conn = http.client.HTTPSConnection("localhost", self.port, context=self.client_context(), timeout=timeout)
+        try:
+            conn.request("POST", path, body=data, headers={"Content-Type": "application/json"})
+            reply = conn.getresponse()
+            raw = reply.read()
+        finally:
+            conn.close()
+        try:
+            return reply.status, json.loads(raw)
+        except ValueError:
+            return reply.status, raw.decode(errors="replace")
+
+    def get(self, path: str) -> tuple[int, str]:
+        conn = http.client.HTTPSConnection("localhost", self.port, context=self.client_context(), timeout=10)
+        try:
+            conn.request("GET", path)
+            reply = conn.getresponse()
+            return reply.status, reply.read().decode()
+        finally:
+            conn.close()
+
+    def review(self, obj: dict, endpoint: str = "validate", **request: Any) -> dict:
+        payload = admission_review(obj)
+        payload["request"].update(request)
+        status, body = self.post(f"/{endpoint}", payload)
+        assert status == 200, body
+        return body["response"]
+
+    def records(self) -> list[dict]:
+        return [json.loads(line) for line in self.log_path.read_text().splitlines() if line.strip()]
+
+
+def job(name: str) -> dict:
+    return yaml.safe_load((EXAMPLES / "jobs" / name).read_text())
+
+
+def decode_patch(response: dict) -> list[dict]:
+    return json.loads(base64.b64decode(response["patch"])) if response.get("patch") else []
+
+
+def start_server(tmp_path: Path, bundle_specs: list[str] | None = None, reload_interval: float = 0.2) -> tuple[Running, threading.Thread]:
+    ca = trustme.CA()
+    cert = ca.issue_cert("localhost", "127.0.0.1", "trainjob-admission.trainjob-admission.svc")
+    cert_dir = tmp_path / "tls"
+    cert_dir.mkdir()
+    cert.private_key_pem.write_to_path(str(cert_dir / "tls.key"))
+    cert.cert_chain_pems[0].write_to_path(str(cert_dir / "tls.crt"))
+    log_path = tmp_path / "decisions.jsonl"
+    config = ServerConfig(host="127.0.0.1", port=0, cert_file=cert_dir / "tls.crt", key_file=cert_dir / "tls.key",
+                          bundle_specs=bundle_specs or ["builtin:default"], decision_log=log_path,
+                          reload_interval=reload_interval)
+    loop = asyncio.new_event_loop()
+    server = WebhookServer(config, sample_state(), decision_log=DecisionLog(log_path, stdout=None))
+    ready = threading.Event()
+    holder: dict[str, int] = {}
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        holder["port"] = loop.run_until_complete(server.start())
+        ready.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert ready.wait(15), "server did not start"
+    return Running(server, holder["port"], ca, log_path, loop, cert_dir), thread
+
+
+def stop_server(running: Running, thread: threading.Thread) -> None:
+    asyncio.run_coroutine_threadsafe(running.server.stop(), running.loop).result(15)
+    running.loop.call_soon_threadsafe(running.loop.stop)
+    thread.join(15)
+
+
+@pytest.fixture
+def webhook_server(tmp_path: Path):
+    running, thread = start_server(tmp_path)
+    yield running
+    stop_server(running, thread)
+
+
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory: pytest.TempPathFactory):
+    """One server for tests that only read (fuzzing); saves a TLS setup per test."""
+    running, thread = start_server(tmp_path_factory.mktemp("shared"))
+    yield running
+    stop_server(running, thread)
+
+
+def new_uid() -> str:
+    return str(uuid.uuid4())

@@ -1,0 +1,191 @@
+"""The HTTPS server answering real AdmissionReview v1 JSON over real TLS."""
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import time
+
+import pytest
+
+from webhook import server as server_module
+from webhook.decisionlog import verify
+
+from .conftest import decode_patch, job, start_server, stop_server
+
+pytestmark = pytest.mark.server
+
+
+def test_allowed_job_is_mutated_then_validated(webhook_server):
+    mutated = webhook_server.review(job("allowed.yaml"), "mutate")
+    assert mutated["allowed"] is True
+    patch = decode_patch(mutated)
+    runtime_patch = next(op for op in patch if op["path"] == "/spec/runtimePatches")["value"][0]
+    assert runtime_patch["manager"] == "trainjob-admission.io/webhook"
+    for replicated in runtime_patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]:
+        meta = replicated["template"]["spec"]["template"]["metadata"]
+        assert meta["annotations"]["sidecar.istio.io/inject"] == "false"
+    assert {"op": "add", "path": "/metadata/labels", "value": {"kueue.x-k8s.io/queue-name": "default"}} in patch
+
+    validated = webhook_server.review(job("allowed.yaml"), "validate")
+    assert validated["allowed"] is True
+    decision_id = validated["auditAnnotations"]["decision-id"]
+    record = next(r for r in webhook_server.records() if r["id"] == decision_id)
+    assert record["decision"] == "allow" and record["user"] == "alice" and record["namespace"] == "team-a"
+    assert {i["kind"] for i in record["injections"]} == {"Secret", "NetworkPolicy"}
+
+
+def test_over_quota_denied_with_numbers_and_fix(webhook_server):
+    response = webhook_server.review(job("over-quota.yaml"))
+    assert response["allowed"] is False
+    assert response["status"]["code"] == 403
+    message = response["status"]["message"]
+    assert "job needs 32 nvidia.com/gpu" in message and "24 are in use" in message
+    assert "reduce spec.trainer.numNodes to 2" in message
+
+
+def test_privileged_runtime_denied(webhook_server):
+    response = webhook_server.review(job("privileged.yaml"))
+    assert response["allowed"] is False
+    assert "securityContext.privileged" in response["status"]["message"]
+
+
+def test_legacy_mpijob_gets_deprecation_warning(webhook_server):
+    response = webhook_server.review(job("legacy-mpijob.yaml"))
+    assert response["allowed"] is True
+    assert any("deprecated" in w for w in response["warnings"])
+
+
+def test_dry_run_plans_no_injection(webhook_server):
+    response = webhook_server.review(job("allowed.yaml"), dryRun=True)
+    record = next(r for r in webhook_server.records() if r["id"] == response["auditAnnotations"]["decision-id"])
+    assert record["dryRun"] is True
+    assert all(i.get("status") == "planned" for i in record["injections"])
+
+
+@pytest.mark.parametrize("body, expected", [
+    (b"not json", "not JSON"),
+    (b"[]", "not a JSON object"),
+    (b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}', "uid"),
+])
+def test_malformed_body_gets_400_and_is_logged(webhook_server, body, expected):
+    status, payload = webhook_server.post("/validate", body)
+    assert status == 400
+    assert expected in payload["error"]
+    record = next(r for r in webhook_server.records() if r["id"] == payload["decisionId"])
+    assert record["decision"] == "error" and record["allowed"] is False
+
+
+def test_wrong_api_version_with_uid_is_refused_in_its_own_terms(webhook_server):
+    status, payload = webhook_server.post("/validate", {"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview",
+                                                        "request": {"uid": "u-1"}})
+    assert status == 200
+    assert payload["response"]["uid"] == "u-1" and payload["response"]["allowed"] is False
+
+
+def test_deeply_nested_object_is_refused(webhook_server):
+    obj = job("allowed.yaml")
+    nested: dict = {}
+    cursor = nested
+    for _ in range(500):
+        cursor["x"] = {}
+        cursor = cursor["x"]
+    obj["spec"]["extra"] = nested
+    response = webhook_server.review(obj)
+    assert response["allowed"] is False and "nested deeper" in response["status"]["message"]
+
+
+def test_body_over_limit_is_refused(webhook_server):
+    status, _ = webhook_server.post("/validate", b"{" + b" " * (server_module.MAX_BODY_BYTES + 10) + b"}")
+    assert status == 413
+
+
+def test_tls_1_1_client_is_refused(webhook_server):
+    context = webhook_server.client_context()
+    context.minimum_version = ssl.TLSVersion.TLSv1
+    context.maximum_version = ssl.TLSVersion.TLSv1_1
+    with pytest.raises(ssl.SSLError):
+        with socket.create_connection(("127.0.0.1", webhook_server.port), timeout=5) as raw:
+            with context.wrap_socket(raw, server_hostname="localhost"):
+                pass
+
+
+def test_health_ready_and_metrics(webhook_server):
+    assert webhook_server.get("/healthz") == (200, "ok")
+    assert webhook_server.get("/readyz") == (200, "ok")
+    webhook_server.review(job("over-quota.yaml"))
+    status, text = webhook_server.get("/metrics")
+    assert status == 200
+    assert 'trainjob_admission_requests_total{decision="deny",endpoint="validate",kind="TrainJob"} 1.0' in text
+    assert 'trainjob_admission_rule_results_total{bundle="default",effect="deny",rule="quota"} 1.0' in text
+    assert "trainjob_admission_certificate_expiry_timestamp_seconds" in text
+    assert "trainjob_admission_request_duration_seconds_bucket" in text
+
+
+def test_slow_client_is_cut_off(tmp_path, monkeypatch):
+    monkeypatch.setattr(server_module, "FIRST_REQUEST_TIMEOUT", 1.0)
+    running, thread = start_server(tmp_path)
+    try:
+        with socket.create_connection(("127.0.0.1", running.port), timeout=10) as raw:
+            with running.client_context().wrap_socket(raw, server_hostname="localhost") as tls:
+                tls.sendall(b"POST /validate HTTP/1.1\r\nHost: localhost\r\n")  # never finishes the headers
+                started = time.monotonic()
+                assert tls.recv(1024) == b""  # the server closed the connection
+                assert time.monotonic() - started < 5
+        assert running.get("/healthz") == (200, "ok")  # and keeps serving others
+    finally:
+        stop_server(running, thread)
+
+
+BUNDLE = """
+apiVersion: policy.trainjob-admission.io/v1alpha1
+kind: PolicyBundle
+metadata: {{name: gpu-cap}}
+spec:
+  version: "{version}"
+  params: {{maxJobGpus: {cap}}}
+  validations:
+    - name: cap
+      expression: {expression}
+      message: too many GPUs
+"""
+
+
+def test_bundle_reload_keeps_last_good_version(tmp_path):
+    bundle = tmp_path / "bundle.yaml"
+    bundle.write_text(BUNDLE.format(version="1", cap=100, expression="job.totals.gpus <= params.maxJobGpus"))
+    running, thread = start_server(tmp_path, bundle_specs=[str(bundle)])
+    try:
+        assert running.review(job("allowed.yaml"))["allowed"] is True
+        bundle.write_text(BUNDLE.format(version="2", cap=2, expression="job.totals.gpus <= "))  # broken
+        time.sleep(1.0)
+        assert [b.version for b in running.server.registry.active] == ["1"]
+        assert running.review(job("allowed.yaml"))["allowed"] is True
+        assert "syntax error" in next(iter(running.server.registry.errors.values()))
+        bundle.write_text(BUNDLE.format(version="3", cap=2, expression="job.totals.gpus <= params.maxJobGpus"))
+        deadline = time.monotonic() + 5
+        while [b.version for b in running.server.registry.active] != ["3"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        response = running.review(job("allowed.yaml"))
+        assert response["allowed"] is False and "too many GPUs" in response["status"]["message"]
+        _, metrics = running.get("/metrics")
+        assert 'trainjob_admission_bundle_reloads_total{result="failure"}' in metrics
+    finally:
+        stop_server(running, thread)
+
+
+def test_log_verifies_after_traffic(webhook_server):
+    for name in ("allowed.yaml", "over-quota.yaml", "legacy-mpijob.yaml"):
+        webhook_server.review(job(name), "mutate")
+        webhook_server.review(job(name), "validate")
+    report = verify([webhook_server.log_path])
+    assert report.ok, str(report)
+    assert len(webhook_server.records()) == 6
+    assert "BEGIN" not in webhook_server.log_path.read_text()  # never key material
+
+
+def test_unparseable_quota_in_state_does_not_crash(webhook_server):
+    webhook_server.server.state.upsert({"kind": "ResourceQuota", "metadata": {"name": "junk", "namespace": "team-a"},
+                                        "status": {"hard": {"pods": "lots"}}})
+    assert webhook_server.review(job("allowed.yaml"))["allowed"] is True
+    assert json.loads(json.dumps(webhook_server.records()[-1]))["decision"] == "allow"

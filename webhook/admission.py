@@ -1,0 +1,134 @@
+"""admission.k8s.io/v1 AdmissionReview in and out: parsing hostile input into an
+:class:`~policies.engine.AdmissionInput`, and a Decision back into an AdmissionResponse."""
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from policies.engine import AdmissionInput, Decision
+
+API_VERSION = "admission.k8s.io/v1"
+SUPPORTED = {("trainer.kubeflow.org", "TrainJob"), ("kubeflow.org", "MPIJob")}
+MAX_DEPTH = 64  # Kubernetes objects are far shallower; deeper input is hostile
+MAX_WARNING_LENGTH = 256  # the API server truncates longer warnings
+MAX_MESSAGE_LENGTH = 4096
+
+
+class ReviewError(ValueError):
+    """The request is not an AdmissionReview we can decide; ``uid`` is kept when we found one."""
+
+    def __init__(self, message: str, uid: str = ""):
+        super().__init__(message)
+        self.uid = uid
+
+
+@dataclass
+class ParsedReview:
+    uid: str
+    request: AdmissionInput
+    kind: str
+    passthrough: bool  # operations we do not police (DELETE, CONNECT): allowed untouched
+
+
+def depth_ok(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Iterative depth check, so a deeply nested payload cannot exhaust the recursion limit."""
+    stack = [(value, 1)]
+    while stack:
+        current, depth = stack.pop()
+        if depth > limit:
+            return False
+        if isinstance(current, dict):
+            stack.extend((v, depth + 1) for v in current.values())
+        elif isinstance(current, list):
+            stack.extend((v, depth + 1) for v in current)
+    return True
+
+
+def parse(body: bytes) -> ParsedReview:
+    try:
+        review = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise ReviewError(f"body is not JSON: {str(exc)[:120]}") from None
+    if not isinstance(review, dict):
+        raise ReviewError("body is not a JSON object")
+    request = review.get("request")
+    uid = str(request.get("uid", ""))[:128] if isinstance(request, dict) else ""
+    if review.get("apiVersion") != API_VERSION or review.get("kind") != "AdmissionReview":
+        raise ReviewError(f"expected apiVersion {API_VERSION} kind AdmissionReview, got "
+                          f"{str(review.get('apiVersion'))[:64]} {str(review.get('kind'))[:64]}", uid)
+    if not isinstance(request, dict) or not uid:
+        raise ReviewError("request or request.uid is missing", uid)
+    if not depth_ok(review):
+        raise ReviewError(f"object is nested deeper than {MAX_DEPTH} levels", uid)
+    kind = request.get("kind") if isinstance(request.get("kind"), dict) else {}
+    group, kind_name = str(kind.get("group", "")), str(kind.get("kind", ""))
+    operation = str(request.get("operation", ""))
+    if operation in ("DELETE", "CONNECT"):
+        return ParsedReview(uid, AdmissionInput({}, operation=operation, uid=uid), kind_name, True)
+    if (group, kind_name) not in SUPPORTED:
+        raise ReviewError(f"unsupported kind {group}/{kind_name}: this webhook decides TrainJob and MPIJob", uid)
+    if operation not in ("CREATE", "UPDATE"):
+        raise ReviewError(f"unsupported operation {operation[:32]!r}", uid)
+    obj = request.get("object")
+    if not isinstance(obj, dict) or not isinstance(obj.get("spec", {}), dict):
+        raise ReviewError("request.object is missing or not an object", uid)
+    obj.setdefault("apiVersion", f"{group}/{kind.get('version', '')}")
+    obj.setdefault("kind", kind_name)
+    metadata = obj.setdefault("metadata", {})
+    if not isinstance(metadata, dict):
+        raise ReviewError("request.object.metadata is not an object", uid)
+    if request.get("namespace") and not metadata.get("namespace"):
+        metadata["namespace"] = str(request["namespace"])
+    if not metadata.get("name") and request.get("name"):
+        metadata["name"] = str(request["name"])
+    user = request.get("userInfo") if isinstance(request.get("userInfo"), dict) else {}
+    groups = user.get("groups") if isinstance(user.get("groups"), list) else []
+    old = request.get("oldObject")
+    return ParsedReview(
+        uid,
+        AdmissionInput(
+            obj,
+            operation=operation,
+            old_object=old if isinstance(old, dict) else None,
+            username=str(user.get("username", "")),
+            groups=[str(g) for g in groups],
+            user_uid=str(user.get("uid", "")),
+            dry_run=bool(request.get("dryRun", False)),
+            uid=uid,
+        ),
+        kind_name,
+        False,
+    )
+
+
+def _truncate(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def response(uid: str, *, allowed: bool, message: str = "", warnings: list[str] | None = None,
+             patch: list[dict] | None = None, decision_id: str = "", code: int = 403) -> dict:
+    body: dict[str, Any] = {"uid": uid, "allowed": allowed}
+    if not allowed:
+        body["status"] = {"code": code, "reason": "Forbidden" if code == 403 else "BadRequest",
+                          "message": _truncate(message, MAX_MESSAGE_LENGTH)}
+    if warnings:
+        body["warnings"] = [_truncate(w, MAX_WARNING_LENGTH) for w in warnings]
+    if patch:
+        body["patchType"] = "JSONPatch"
+        body["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+    if decision_id:
+        body["auditAnnotations"] = {"decision-id": decision_id}
+    return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": body}
+
+
+def from_decision(uid: str, decision: Decision, decision_id: str, *, mutate: bool) -> dict:
+    return response(
+        uid,
+        allowed=decision.allowed,
+        message=decision.status_message,
+        warnings=decision.warnings,
+        patch=decision.patch if mutate and decision.allowed else None,
+        decision_id=decision_id,
+    )

@@ -1,0 +1,109 @@
+"""Active bundles for the server, hot-reloaded per source file.
+
+Each source (a file, or a cluster object name) holds its last good bundles. A change that does
+not compile is reported and the last good version stays active; readers always see one
+consistent, immutable tuple, swapped in a single assignment.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from policies.bundle import BUILTIN_PREFIX, Bundle, BundleError, bundle_files, compile_document, order, parse_documents, read_source
+
+log = logging.getLogger("trainjob_admission.bundles")
+
+
+@dataclass
+class SourceState:
+    bundles: tuple[Bundle, ...] = ()
+    fingerprint: tuple = ()
+    error: str = ""
+
+
+@dataclass
+class BundleRegistry:
+    specs: list[str]
+    sources: dict[str, SourceState] = field(default_factory=dict)
+    active: tuple[Bundle, ...] = ()
+    reloads: int = 0
+    failures: int = 0
+
+    def _files(self) -> list[str]:
+        files: list[str] = []
+        for spec in self.specs:
+            if spec.startswith(BUILTIN_PREFIX):
+                files.append(spec)
+            elif Path(spec).exists():
+                files.extend(str(p) for p in bundle_files(Path(spec)))
+        return files
+
+    @staticmethod
+    def _fingerprint(source: str) -> tuple:
+        if source.startswith(BUILTIN_PREFIX):
+            return ("builtin",)
+        try:
+            st = os.stat(source)
+        except OSError:
+            return ()
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def update_source(self, source: str, text: str, fingerprint: tuple = ()) -> bool:
+        """Compile ``text`` as the new content of ``source``; on error keep the last good one."""
+        state = self.sources.setdefault(source, SourceState())
+        state.fingerprint = fingerprint
+        try:
+            bundles = tuple(compile_document(doc, source) for doc in parse_documents(text, source))
+        except BundleError as exc:
+            state.error = str(exc)
+            self.failures += 1
+            log.error("bundle rejected, keeping the last good version: %s", exc)
+            return False
+        state.bundles, state.error = bundles, ""
+        self.reloads += 1
+        self._publish()
+        return True
+
+    def remove_source(self, source: str) -> None:
+        if self.sources.pop(source, None) is not None:
+            self._publish()
+
+    def poll(self) -> bool:
+        """Re-read sources whose files changed; returns True when the active set changed."""
+        before = self.active
+        files = self._files()
+        for source in list(self.sources):
+            if source not in files and not source.startswith("cluster:"):
+                self.remove_source(source)
+        for source in files:
+            fingerprint = self._fingerprint(source)
+            known = self.sources.get(source)
+            if known is not None and known.fingerprint == fingerprint:
+                continue
+            try:
+                texts = read_source(source)
+            except (BundleError, FileNotFoundError) as exc:
+                self.sources.setdefault(source, SourceState()).error = str(exc)
+                self.failures += 1
+                continue
+            for name, text in texts:
+                self.update_source(name, text, fingerprint)
+        return self.active != before
+
+    def _publish(self) -> None:
+        bundles = [b for state in self.sources.values() for b in state.bundles]
+        seen: set[str] = set()
+        unique = []
+        for bundle in order(bundles):
+            if bundle.name in seen:
+                log.error("bundle %s is defined twice (%s); keeping the first", bundle.name, bundle.source)
+                continue
+            seen.add(bundle.name)
+            unique.append(bundle)
+        self.active = tuple(unique)
+
+    @property
+    def errors(self) -> dict[str, str]:
+        return {source: state.error for source, state in self.sources.items() if state.error}

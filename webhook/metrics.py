@@ -1,0 +1,28 @@
+"""Prometheus metrics, on a registry of our own so tests can run several servers in one process."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("trainjob_admission_requests", "AdmissionReviews by endpoint, decision and kind",
+                                ["endpoint", "decision", "kind"], registry=self.registry)
+        self.rule_results = Counter("trainjob_admission_rule_results", "Rules that failed, by bundle, rule and effect",
+                                    ["bundle", "rule", "effect"], registry=self.registry)
+        self.latency = Histogram("trainjob_admission_request_duration_seconds", "Time to decide and log one review",
+                                 ["endpoint"], registry=self.registry,
+                                 buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+        self.bundle_reloads = Counter("trainjob_admission_bundle_reloads", "Bundle reloads by result",
+                                      ["result"], registry=self.registry)
+        self.bundles_active = Gauge("trainjob_admission_bundles_active", "Bundles in force", registry=self.registry)
+        self.cert_expiry = Gauge("trainjob_admission_certificate_expiry_timestamp_seconds",
+                                 "notAfter of the serving certificate (unix time)", registry=self.registry)
+        self.injections = Counter("trainjob_admission_injections", "Objects injected by kind and result",
+                                  ["kind", "result"], registry=self.registry)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,127 @@
+"""One AdmissionReview from bytes to response: parse, decide (bounded in time), log, answer.
+
+The HTTP layer stays thin: it hands the body here and writes back what comes out. Every
+request, including the malformed and the failed, is logged before the response is returned.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from policies.engine import Decision, evaluate
+from policies.state import ClusterState
+
+from . import admission
+from .bundles import BundleRegistry
+from .decisionlog import DecisionLog
+from .metrics import Metrics
+
+log = logging.getLogger("trainjob_admission.reviewer")
+
+Injector = Callable[[admission.ParsedReview, Decision], Awaitable[list[dict]]]
+
+
+@dataclass
+class ReviewerConfig:
+    failure_mode: str = "deny"  # what /validate answers when a request cannot be evaluated
+    timeout_seconds: float = 5.0
+
+
+class Reviewer:
+    def __init__(self, registry: BundleRegistry, state: ClusterState, decision_log: DecisionLog, metrics: Metrics,
+                 config: ReviewerConfig, injector: Injector | None = None):
+        self.registry, self.state, self.log, self.metrics = registry, state, decision_log, metrics
+        self.config, self.injector = config, injector
+
+    async def review(self, body: bytes, endpoint: str) -> tuple[int, dict]:
+        """Returns (HTTP status, JSON body). 200 for every AdmissionReview we could answer."""
+        started = time.perf_counter()
+        decision_id = str(uuid.uuid4())
+        try:
+            parsed = admission.parse(body)
+        except admission.ReviewError as exc:
+            await self._record(decision_id, endpoint, started, decision="error", allowed=False, uid=exc.uid,
+                               messages=[str(exc)])
+            if exc.uid:  # an AdmissionReview we can answer: refuse it in its own terms
+                return 200, admission.response(exc.uid, allowed=False, message=f"invalid AdmissionReview: {exc}",
+                                               decision_id=decision_id, code=400)
+            return 400, {"error": str(exc), "decisionId": decision_id}
+        if parsed.passthrough:
+            await self._record(decision_id, endpoint, started, decision="allow", allowed=True, uid=parsed.uid,
+                               operation=parsed.request.operation)
+            return 200, admission.response(parsed.uid, allowed=True, decision_id=decision_id)
+        mutate = endpoint == "mutate"
+        try:
+            decision = await asyncio.wait_for(
+                asyncio.to_thread(evaluate, parsed.request, list(self.registry.active), self.state),
+                timeout=self.config.timeout_seconds,
+            )
+        except (asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - any failure must still be answered and logged
+            return await self._failure(parsed, decision_id, endpoint, started, exc)
+        injected: list[dict] = []
+        if not mutate and decision.allowed and decision.injections and not parsed.request.dry_run and self.injector:
+            injected = await self.injector(parsed, decision)
+        await self._record_decision(decision_id, endpoint, started, parsed, decision, injected)
+        if mutate:
+            # The mutating call only patches; refusals and warnings come from /validate, once.
+            return 200, admission.response(parsed.uid, allowed=True,
+                                           patch=decision.patch if decision.allowed else None,
+                                           decision_id=decision_id)
+        return 200, admission.from_decision(parsed.uid, decision, decision_id, mutate=False)
+
+    async def _failure(self, parsed: admission.ParsedReview, decision_id: str, endpoint: str, started: float,
+                       exc: BaseException) -> tuple[int, dict]:
+        reason = "timed out" if isinstance(exc, asyncio.TimeoutError) else f"failed ({type(exc).__name__})"
+        log.exception("evaluation %s for %s", reason, parsed.uid, exc_info=exc)
+        allow = endpoint == "mutate" or self.config.failure_mode == "allow"
+        message = (f"trainjob-admission could not evaluate this job: evaluation {reason}; "
+                   f"failure mode is {'allow' if allow else 'deny'}. Retry, and tell your admin the decision id {decision_id}")
+        await self._record(decision_id, endpoint, started, decision="error", allowed=allow, uid=parsed.uid,
+                           operation=parsed.request.operation, kind=parsed.kind, messages=[message],
+                           **_who(parsed))
+        return 200, admission.response(parsed.uid, allowed=allow, message=message, decision_id=decision_id,
+                                       warnings=[message] if allow else None)
+
+    async def _record_decision(self, decision_id: str, endpoint: str, started: float, parsed: admission.ParsedReview,
+                               decision: Decision, injected: list[dict]) -> None:
+        for result in decision.results:
+            if result.result != "pass":
+                self.metrics.rule_results.labels(result.bundle, result.rule, result.effect).inc()
+        await self._record(
+            decision_id, endpoint, started,
+            decision=decision.decision, allowed=decision.allowed, uid=parsed.uid,
+            operation=parsed.request.operation, kind=parsed.kind, dryRun=parsed.request.dry_run,
+            bundles=decision.bundles,
+            rules=[r.as_dict() for r in decision.results],
+            messages=[m["message"] for m in decision.messages],
+            warnings=decision.warnings,
+            patch=[{"op": op["op"], "path": op["path"]} for op in decision.patch] if endpoint == "mutate" else [],
+            injections=injected or ([{**i, "status": "planned"} for i in decision.injections] if endpoint == "validate" else []),
+            job=decision.job.totals if decision.job else None,
+            **_who(parsed),
+        )
+
+    async def _record(self, decision_id: str, endpoint: str, started: float, **fields) -> None:
+        latency = time.perf_counter() - started
+        record = {
+            "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "id": decision_id,
+            "endpoint": endpoint,
+            **fields,
+            "latencyMs": round(latency * 1000, 3),
+        }
+        # Written (and fsynced) before the response leaves: no decision is ever lost.
+        await asyncio.to_thread(self.log.append, record)
+        self.metrics.requests.labels(endpoint, fields.get("decision", "error"), fields.get("kind", "")).inc()
+        self.metrics.latency.labels(endpoint).observe(latency)
+
+
+def _who(parsed: admission.ParsedReview) -> dict:
+    meta = parsed.request.object.get("metadata") or {}
+    return {"user": parsed.request.username, "groups": parsed.request.groups,
+            "namespace": meta.get("namespace", ""), "name": meta.get("name", "") or meta.get("generateName", "")}
