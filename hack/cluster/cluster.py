@@ -1,0 +1,1194 @@
+#!/usr/bin/env python3
+"""A real Kubernetes control plane on loopback for the cluster test tier.
+
+Subcommands (run with .venv/bin/python hack/cluster/cluster.py CMD):
+  gomod   regenerate hack/cluster/tools/go.mod from VERSIONS (needs the module proxy)
+  build   build every component from Go modules into hack/cluster/bin/ (cached by version)
+  up      start etcd, kube-apiserver, kube-controller-manager, kube-scheduler, KWOK,
+          the JobSet controller and the Trainer controller manager; no-op if already up
+  down    stop every process `up` started and remove nothing but the processes
+  status  print what runs and where
+  env     print shell exports (KUBECONFIG, KUBECTL, ...) for the running cluster
+
+Everything listens on 127.0.0.1 only.  State lives in hack/cluster/run/ (git-ignored).
+Importable: tests use `Cluster`, `register_webhook`, `issue_serving_cert` from here.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import fcntl
+import hashlib
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+BIN = HERE / "bin"
+RUN = HERE / "run"
+TOOLS = HERE / "tools"  # the Go wrapper module
+
+# ---------------------------------------------------------------------------------------------
+# Versions: the one place they are pinned.  tools/go.mod is generated from this by `gomod`,
+# and `build` refuses to run when go.mod disagrees.
+# ---------------------------------------------------------------------------------------------
+VERSIONS = {
+    "kubernetes": "v1.36.3",  # kube-apiserver, kube-controller-manager, kube-scheduler, kubectl
+    "etcd": "v3.6.8",  # the etcd server k8s.io/kubernetes v1.36.3 itself resolves
+    "kwok": "v0.8.0",
+    "jobset": "v0.12.0",
+    "trainer": "v2.3.0",
+}
+MODULES = {
+    "kubernetes": "k8s.io/kubernetes",
+    "etcd": "go.etcd.io/etcd/server/v3",
+    "kwok": "sigs.k8s.io/kwok",
+    "jobset": "sigs.k8s.io/jobset",
+    "trainer": "github.com/kubeflow/trainer/v2",
+}
+
+
+def staging_version(k8s: str = VERSIONS["kubernetes"]) -> str:
+    """k8s.io/kubernetes v1.X.Y publishes its staging modules (k8s.io/api, ...) as v0.X.Y."""
+    major, minor, patch = k8s.lstrip("v").split(".")
+    return f"v0.{minor}.{patch}"
+
+
+# component -> (main package, version key, name `go build -o DIR/` gives the binary)
+COMPONENTS = {
+    "etcd": ("go.etcd.io/etcd/server/v3", "etcd", "server"),
+    "kube-apiserver": ("k8s.io/kubernetes/cmd/kube-apiserver", "kubernetes", "kube-apiserver"),
+    "kube-controller-manager": (
+        "k8s.io/kubernetes/cmd/kube-controller-manager", "kubernetes", "kube-controller-manager"),
+    "kube-scheduler": ("k8s.io/kubernetes/cmd/kube-scheduler", "kubernetes", "kube-scheduler"),
+    "kubectl": ("k8s.io/kubernetes/cmd/kubectl", "kubernetes", "kubectl"),
+    "kwok": ("sigs.k8s.io/kwok/cmd/kwok", "kwok", "kwok"),
+    "jobset": ("sigs.k8s.io/jobset", "jobset", "jobset"),
+    "trainer-controller-manager": (
+        "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager", "trainer",
+        "trainer-controller-manager"),
+}
+
+# Fixed loopback ports (a busy one is replaced by a free one at `up`; see run/state.json).
+DEFAULT_PORTS = {
+    "etcd-client": 23790,
+    "etcd-peer": 23800,
+    "apiserver": 36443,
+    "controller-manager": 36257,
+    "scheduler": 36259,
+    "kwok": 36247,
+    "jobset-webhook": 36543,
+    "jobset-metrics": 36580,
+    "jobset-health": 36581,
+    "trainer-webhook": 36643,
+    "trainer-metrics": 36680,
+    "trainer-health": 36681,
+}
+
+LOOPBACK = "127.0.0.1"
+SERVICE_CIDR = "10.96.0.0/16"  # virtual only: nothing here routes or is ever contacted
+
+# Fake nodes that KWOK keeps Ready.
+NODES = [
+    {"name": f"kwok-node-{i}", "cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "8", "pods": "110"}
+    for i in range(2)
+]
+
+# Labels our KWOK stages react to (set them on a pod template).
+FAIL_EXIT_CODE_LABEL = "kwok.x-k8s.io/fail-exit-code"  # value: exit code, e.g. "3"
+OOM_LABEL = "kwok.x-k8s.io/oom"  # value: "true" -> terminated reason OOMKilled, exit 137
+RUN_SECONDS_ANNOTATION = "kwok.x-k8s.io/run-ms"  # optional: ms a pod stays Running (default 3000)
+
+NAMESPACES = {"team-a": "alice", "team-b": "bob"}
+
+
+def log(msg: str) -> None:
+    print(f"[cluster] {msg}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Go toolchain and build
+# ---------------------------------------------------------------------------------------------
+def find_go() -> str | None:
+    """The go binary: $GO, then PATH, then /usr/local/go/bin/go; None when there is none."""
+    for cand in (os.environ.get("GO"), shutil.which("go"), "/usr/local/go/bin/go"):
+        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def go_env(go: str) -> dict:
+    env = dict(os.environ)
+    env.update(
+        GOTOOLCHAIN="local",  # never download a toolchain
+        GOWORK="off",
+        CGO_ENABLED="0",  # static binaries, no C compiler needed
+        GOFLAGS="-buildvcs=false -mod=mod",
+    )
+    env["PATH"] = str(Path(go).parent) + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def binary(component: str) -> Path:
+    _, vkey, _ = COMPONENTS[component]
+    return BIN / f"{component}-{VERSIONS[vkey]}"
+
+
+def ldflags() -> str:
+    k8s = VERSIONS["kubernetes"]
+    major, minor, _ = k8s.lstrip("v").split(".")
+    parts = ["-s", "-w"]
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        parts += [
+            f"-X={pkg}.gitVersion={k8s}",
+            f"-X={pkg}.gitMajor={major}",
+            f"-X={pkg}.gitMinor={minor}",
+            f"-X={pkg}.gitTreeState=clean",
+            f"-X={pkg}.buildDate=1970-01-01T00:00:00Z",
+        ]
+    parts += [
+        f"-X=sigs.k8s.io/kwok/pkg/consts.Version={VERSIONS['kwok']}",
+        f"-X=sigs.k8s.io/jobset/pkg/version.GitVersion={VERSIONS['jobset']}",
+    ]
+    return " ".join(parts)
+
+
+def _gomod_requires() -> dict:
+    """module -> version from tools/go.mod's direct require lines."""
+    out = {}
+    for line in (TOOLS / "go.mod").read_text().splitlines():
+        f = line.split()
+        if len(f) >= 2 and f[0] in MODULES.values() and f[1].startswith("v"):
+            out[f[0]] = f[1]
+    return out
+
+
+def check_gomod() -> None:
+    req = _gomod_requires()
+    bad = [f"{m}: go.mod has {req.get(m)}, VERSIONS has {VERSIONS[k]}"
+           for k, m in MODULES.items() if req.get(m) != VERSIONS[k]]
+    text = (TOOLS / "go.mod").read_text()
+    if f"=> k8s.io/api {staging_version()}" not in text:
+        bad.append(f"replace block is not at {staging_version()}")
+    if bad:
+        raise SystemExit("hack/cluster/tools/go.mod is out of date with VERSIONS "
+                         "(run: .venv/bin/python hack/cluster/cluster.py gomod):\n  "
+                         + "\n  ".join(bad))
+
+
+def fingerprint(go: str) -> str:
+    h = hashlib.sha256()
+    h.update((TOOLS / "go.mod").read_bytes())
+    h.update((TOOLS / "go.sum").read_bytes())
+    h.update(ldflags().encode())
+    h.update(subprocess.run([go, "version"], capture_output=True, text=True, timeout=60).stdout.encode())
+    return h.hexdigest()[:16]
+
+
+def cmd_gomod(_args=None) -> int:
+    """Write tools/go.mod from VERSIONS; the replace list comes from k8s.io/kubernetes' go.mod."""
+    go = find_go()
+    if not go:
+        raise SystemExit("go not found")
+    env = go_env(go)
+    k8s = f"{MODULES['kubernetes']}@{VERSIONS['kubernetes']}"
+    info = json.loads(subprocess.run([go, "mod", "download", "-json", k8s], env=env, check=True,
+                                     capture_output=True, text=True, timeout=600).stdout)
+    staging = []
+    for line in Path(info["GoMod"]).read_text().splitlines():
+        f = line.split()
+        if len(f) == 3 and f[1] == "=>" and f[2].startswith("./staging/"):
+            staging.append(f[0])
+    sv = staging_version()
+    lines = [
+        "// Wrapper module for the cluster test tier: builds etcd, kube-apiserver,",
+        "// kube-controller-manager, kube-scheduler, kubectl, KWOK, the JobSet controller and the",
+        "// Trainer controller manager in one `go build`, so shared packages compile once.",
+        "// Generated by `hack/cluster/cluster.py gomod` from its VERSIONS dict; the replace",
+        "// block maps every k8s.io staging module of k8s.io/kubernetes to its published version.",
+        "module trainjob-admission/hack/cluster/tools",
+        "",
+        "go 1.26.0",
+        "",
+        "require (",
+        *[f"\t{MODULES[k]} {VERSIONS[k]}" for k in sorted(MODULES, key=lambda k: MODULES[k])],
+        ")",
+        "",
+        "tool (",
+        *[f"\t{p}" for p in sorted({c[0] for c in COMPONENTS.values()})],
+        ")",
+        "",
+        "replace (",
+        *[f"\t{m} => {m} {sv}" for m in sorted(staging)],
+        ")",
+        "",
+    ]
+    (TOOLS / "go.mod").write_text("\n".join(lines))
+    subprocess.run([go, "mod", "tidy"], cwd=TOOLS, env=env, check=True, timeout=1800)
+    log("tools/go.mod regenerated; commit go.mod and go.sum")
+    return 0
+
+
+def built() -> bool:
+    go = find_go()
+    stamp = BIN / ".fingerprint"
+    if not all(binary(c).exists() for c in COMPONENTS) or not stamp.exists():
+        return False
+    return go is None or stamp.read_text().strip() == fingerprint(go)
+
+
+def cmd_build(_args=None) -> int:
+    go = find_go()
+    if not go:
+        log("SKIP: no Go toolchain (set GO=/path/to/go or put go on PATH); cannot build")
+        return 3
+    check_gomod()
+    if built():
+        log(f"build: cached, nothing to do ({BIN})")
+        return 0
+    BIN.mkdir(parents=True, exist_ok=True)
+    env = go_env(go)
+    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=BIN))
+    pkgs = sorted({c[0] for c in COMPONENTS.values()})
+    cmd = [go, "build", "-p", "2", "-trimpath", "-ldflags", ldflags(), "-o", str(tmp) + "/", *pkgs]
+    log(f"build: {len(pkgs)} main packages in one go build (GOCACHE={env.get('GOCACHE') or 'default'})")
+    t0 = time.monotonic()
+    try:
+        subprocess.run(cmd, cwd=TOOLS, env=env, check=True, timeout=5400)
+        for comp, (_, _, out) in COMPONENTS.items():
+            os.replace(tmp / out, binary(comp))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    (BIN / ".fingerprint").write_text(fingerprint(go) + "\n")
+    dt = time.monotonic() - t0
+    (BIN / ".build-seconds").write_text(f"{dt:.0f}\n")
+    log(f"build: done in {dt:.0f} s -> {BIN}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Module cache: upstream CRDs, webhook manifests and runtimes are read from there at `up`
+# ---------------------------------------------------------------------------------------------
+def _escape_module_path(mod: str) -> str:
+    return "".join("!" + c.lower() if c.isupper() else c for c in mod)
+
+
+def module_dir(key: str) -> Path:
+    """Directory of MODULES[key]@VERSIONS[key] in the Go module cache (downloaded if needed)."""
+    mod, ver = MODULES[key], VERSIONS[key]
+    go = find_go()
+    if go:
+        out = subprocess.run([go, "mod", "download", "-json", f"{mod}@{ver}"], cwd=TOOLS,
+                             env=go_env(go), capture_output=True, text=True, timeout=600)
+        if out.returncode == 0:
+            d = json.loads(out.stdout).get("Dir")
+            if d and Path(d).is_dir():
+                return Path(d)
+    cache = os.environ.get("GOMODCACHE") or str(Path(os.environ.get("GOPATH") or Path.home() / "go") / "pkg" / "mod")
+    d = Path(cache) / f"{_escape_module_path(mod)}@{ver}"
+    if not d.is_dir():
+        raise RuntimeError(f"{mod}@{ver} is not in the Go module cache ({d}); run `make cluster-build`")
+    return d
+
+
+def _yaml_docs(path: Path) -> list:
+    import yaml
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def _kustomization(dirpath: Path) -> dict:
+    import yaml
+    return yaml.safe_load((dirpath / "kustomization.yaml").read_text()) or {}
+
+
+def _resource_files(dirpath: Path) -> list:
+    """Plain files listed under `resources:` of a kustomization (sub-kustomizations skipped)."""
+    return [dirpath / r for r in _kustomization(dirpath).get("resources", []) if (dirpath / r).is_file()]
+
+
+def _json_pointer(doc, pointer: str):
+    parts = [p.replace("~1", "/").replace("~0", "~") for p in pointer.lstrip("/").split("/")]
+    for part in parts[:-1]:
+        doc = doc[int(part)] if isinstance(doc, list) else doc[part]
+    return doc, parts[-1]
+
+
+def _json_patch(doc, ops: list):
+    """The subset of RFC 6902 (add/replace/remove) that upstream kustomize patches use."""
+    for op in ops:
+        parent, key = _json_pointer(doc, op["path"])
+        if isinstance(parent, list):
+            idx = len(parent) if key == "-" else int(key)
+            if op["op"] == "add":
+                parent.insert(idx, op["value"])
+            elif op["op"] == "replace":
+                parent[idx] = op["value"]
+            elif op["op"] == "remove":
+                del parent[idx]
+        else:
+            if op["op"] in ("add", "replace"):
+                parent[key] = op["value"]
+            elif op["op"] == "remove":
+                del parent[key]
+    return doc
+
+
+def upstream_webhooks(dirpath: Path, port: int, ca_pem: bytes, prefix: str) -> list:
+    """Webhook configurations of an upstream kustomize dir, rewritten to URL webhooks on loopback.
+
+    The kustomization's JSON6902 patches are applied, then every `clientConfig.service` becomes
+    `clientConfig.url: https://127.0.0.1:PORT<path>` with our CA as caBundle.
+    """
+    import base64
+    kinds = {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
+    objs = [d for f in _resource_files(dirpath) for d in _yaml_docs(f) if d.get("kind") in kinds]
+    originals = [o["metadata"]["name"] for o in objs]
+    for patch in _kustomization(dirpath).get("patches", []):
+        tgt = patch.get("target") or {}
+        if "path" not in patch:
+            continue
+        ops = _yaml_docs(dirpath / patch["path"])
+        ops = ops[0] if len(ops) == 1 and isinstance(ops[0], list) else ops
+        if not isinstance(ops, list) or not all(isinstance(o, dict) and "op" in o for o in ops):
+            continue  # strategic-merge patches do not occur in the webhook dirs we read
+        for obj, orig in zip(objs, originals):
+            if tgt.get("kind") == obj["kind"] and tgt.get("name", orig) == orig:
+                _json_patch(obj, ops)
+    for obj in objs:
+        obj["metadata"] = {"name": f"{prefix}-{obj['metadata']['name']}",
+                           "labels": {"app.kubernetes.io/managed-by": "trainjob-admission-cluster"}}
+        for wh in obj["webhooks"]:
+            path = wh["clientConfig"].get("service", {}).get("path", "/")
+            wh["clientConfig"] = {"url": f"https://{LOOPBACK}:{port}{path}",
+                                  "caBundle": base64.b64encode(ca_pem).decode()}
+    return objs
+
+
+# ---------------------------------------------------------------------------------------------
+# PKI: one CA signs the apiserver, the webhooks of JobSet/Trainer and every client identity
+# ---------------------------------------------------------------------------------------------
+class PKI:
+    def __init__(self, root: Path):
+        self.root = root
+        self.ca_crt = root / "ca.crt"
+        self.ca_key = root / "ca.key"
+
+    def create_ca(self) -> None:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+        self.root.mkdir(parents=True, exist_ok=True)
+        key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "trainjob-admission-test-ca")])
+        now = datetime.datetime.now(datetime.timezone.utc)
+        cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+                .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                .not_valid_before(now - datetime.timedelta(hours=1))
+                .not_valid_after(now + datetime.timedelta(days=30))
+                .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+                .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                             content_commitment=False, key_encipherment=False,
+                                             data_encipherment=False, key_agreement=False,
+                                             encipher_only=False, decipher_only=False), critical=True)
+                .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+                .sign(key, hashes.SHA256()))
+        self._write(self.ca_crt, self.ca_key, cert, key)
+
+    @staticmethod
+    def _write(crt: Path, keyp: Path, cert, key) -> None:
+        from cryptography.hazmat.primitives import serialization
+        crt.parent.mkdir(parents=True, exist_ok=True)
+        crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        keyp.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+        os.chmod(keyp, 0o600)
+
+    def issue(self, crt: Path, keyp: Path, cn: str, orgs=(), hosts=(), server=False, client=False):
+        """Write a leaf cert/key signed by the CA. hosts: DNS names and IP addresses (SANs)."""
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+        ca_cert = x509.load_pem_x509_certificate(self.ca_crt.read_bytes())
+        ca_key = serialization.load_pem_private_key(self.ca_key.read_bytes(), None)
+        key = ec.generate_private_key(ec.SECP256R1())
+        attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in orgs]
+        attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, cn))
+        now = datetime.datetime.now(datetime.timezone.utc)
+        usages = ([ExtendedKeyUsageOID.SERVER_AUTH] if server else []) + \
+                 ([ExtendedKeyUsageOID.CLIENT_AUTH] if client else [])
+        b = (x509.CertificateBuilder().subject_name(x509.Name(attrs)).issuer_name(ca_cert.subject)
+             .public_key(key.public_key()).serial_number(x509.random_serial_number())
+             .not_valid_before(now - datetime.timedelta(hours=1))
+             .not_valid_after(now + datetime.timedelta(days=30))
+             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+             .add_extension(x509.KeyUsage(digital_signature=True, key_encipherment=False,
+                                          content_commitment=False, data_encipherment=False,
+                                          key_agreement=False, key_cert_sign=False, crl_sign=False,
+                                          encipher_only=False, decipher_only=False), critical=True)
+             .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+                            critical=False))
+        if hosts:
+            sans = []
+            for h in hosts:
+                try:
+                    sans.append(x509.IPAddress(ipaddress.ip_address(h)))
+                except ValueError:
+                    sans.append(x509.DNSName(h))
+            b = b.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        self._write(crt, keyp, b.sign(ca_key, hashes.SHA256()), key)
+        return crt, keyp
+
+    def service_account_keys(self):
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        key = ec.generate_private_key(ec.SECP256R1())
+        (self.root / "sa.key").write_bytes(key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+        (self.root / "sa.pub").write_bytes(key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+
+
+def issue_serving_cert(out_dir, hosts=(LOOPBACK, "localhost"), name: str = "webhook"):
+    """Issue a TLS serving cert from the running cluster's CA (for a webhook served on the host).
+
+    Returns (cert_path, key_path, ca_pem_bytes); pass ca_pem_bytes to register_webhook().
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    pki = PKI(RUN / "pki")
+    pki.issue(out / f"{name}.crt", out / f"{name}.key", cn=name, hosts=hosts, server=True)
+    return out / f"{name}.crt", out / f"{name}.key", pki.ca_crt.read_bytes()
+
+
+def write_kubeconfig(path: Path, server: str, ca_pem: bytes, crt: Path, key: Path, user: str,
+                     namespace: str | None = None) -> Path:
+    import base64
+    b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
+    ctx = {"cluster": "trainjob-admission", "user": user}
+    if namespace:
+        ctx["namespace"] = namespace
+    cfg = {
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "trainjob-admission",
+                      "cluster": {"server": server, "certificate-authority-data": b64(ca_pem)}}],
+        "users": [{"name": user, "user": {"client-certificate-data": b64(crt.read_bytes()),
+                                           "client-key-data": b64(key.read_bytes())}}],
+        "contexts": [{"name": f"{user}@trainjob-admission", "context": ctx}],
+        "current-context": f"{user}@trainjob-admission",
+    }
+    path.write_text(json.dumps(cfg, indent=1))
+    os.chmod(path, 0o600)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Paths of a running cluster
+# ---------------------------------------------------------------------------------------------
+STATE = RUN / "state.json"
+LOCK = HERE / "bin" / ".cluster.lock"
+ADMIN_KUBECONFIG = RUN / "admin.kubeconfig"  # kubernetes-admin, group system:masters
+USER_A_KUBECONFIG = RUN / "user-a.kubeconfig"  # alice: ClusterRole edit in namespace team-a only
+USER_B_KUBECONFIG = RUN / "user-b.kubeconfig"  # bob:   ClusterRole edit in namespace team-b only
+CA_CERT = RUN / "pki" / "ca.crt"
+KUBECTL = binary("kubectl")
+
+
+def kubectl(*args, kubeconfig=ADMIN_KUBECONFIG, check=True, input=None, timeout=120):
+    """Run the built kubectl v1.36 against the cluster; returns CompletedProcess (text)."""
+    cmd = [str(KUBECTL), f"--kubeconfig={kubeconfig}", "--request-timeout=60s", *map(str, args)]
+    p = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(map(str, args))} failed ({p.returncode}):\n{p.stderr}{p.stdout}")
+    return p
+
+
+def apply_objects(objs, kubeconfig=ADMIN_KUBECONFIG, server_side=False, timeout=120):
+    body = "\n".join(json.dumps(o) for o in objs)
+    extra = ["--server-side", "--force-conflicts", "--field-manager=trainjob-admission-cluster"] if server_side else []
+    return kubectl("apply", *extra, "-f", "-", kubeconfig=kubeconfig, input=body, timeout=timeout)
+
+
+def _load_state() -> dict:
+    try:
+        return json.loads(STATE.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_state(state: dict) -> None:
+    tmp = STATE.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
+    os.replace(tmp, STATE)
+
+
+def _ssl_context(client: bool = True) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(CA_CERT))
+    if client:
+        ctx.load_cert_chain(str(RUN / "pki" / "admin.crt"), str(RUN / "pki" / "admin.key"))
+    return ctx
+
+
+def _get(url: str, timeout: float = 3.0, ctx=None) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout, context=ctx) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+    except (OSError, ssl.SSLError) as e:
+        return 0, str(e)
+
+
+class ComponentDied(RuntimeError):
+    pass
+
+
+def _wait(what: str, pred, timeout: float, interval: float = 0.25):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = pred()
+            if last:
+                return last
+        except ComponentDied:
+            raise
+        except Exception as e:  # noqa: BLE001 - keep polling, report the last error
+            last = e
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes
+# ---------------------------------------------------------------------------------------------
+def _port_in_use(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex((LOOPBACK, port)) == 0
+
+
+def _pick_ports() -> dict:
+    ports, taken = {}, set()
+    for name, port in DEFAULT_PORTS.items():
+        if _port_in_use(port) or port in taken:
+            with socket.socket() as s:
+                s.bind((LOOPBACK, 0))
+                port = s.getsockname()[1]
+            log(f"port {DEFAULT_PORTS[name]} ({name}) is busy; using {port}")
+        ports[name] = port
+        taken.add(port)
+    return ports
+
+
+def _cmdline(pid: int) -> list:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # reap if it is our own child
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _is_ours(pid: int, exe: str | None = None) -> bool:
+    """A process is ours when it runs one of the binaries in hack/cluster/bin."""
+    cmd = _cmdline(pid)
+    if not cmd or not cmd[0]:
+        return False
+    if exe is not None:
+        return cmd[0] == exe
+    return cmd[0].startswith(str(BIN) + os.sep)
+
+
+def _stop_pid(pid: int, name: str, timeout: float = 5.0) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)  # each component leads its own process group
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+        deadline = time.monotonic() + (timeout if sig == signal.SIGTERM else 5)
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.05)
+        if not _alive(pid):
+            return
+        if sig == signal.SIGTERM:
+            log(f"{name} (pid {pid}) still running {timeout:.0f} s after SIGTERM; sending SIGKILL")
+    raise RuntimeError(f"could not stop {name} (pid {pid})")
+
+
+def _stray_pids() -> list:
+    """PIDs running binaries from hack/cluster/bin (left behind by a crashed run)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid() and _is_ours(int(d.name)):
+            out.append(int(d.name))
+    return out
+
+
+def _stop_all(state: dict) -> None:
+    procs = state.get("procs", {})
+    for name in reversed(list(procs)):
+        pid, exe = procs[name]["pid"], procs[name]["exe"]
+        if _alive(pid) and _is_ours(pid, exe):
+            _stop_pid(pid, name)
+    for pid in _stray_pids():
+        log(f"stopping stray {_cmdline(pid)[0]} (pid {pid})")
+        _stop_pid(pid, "stray")
+
+
+def _spawn(state: dict, name: str, argv: list, env: dict | None = None) -> None:
+    logdir = RUN / "logs"
+    logdir.mkdir(parents=True, exist_ok=True)
+    full_env = dict(os.environ)
+    for k in ("KUBECONFIG", "HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"):
+        full_env.pop(k, None)
+    full_env["NO_PROXY"] = full_env["no_proxy"] = "127.0.0.1,localhost"
+    full_env.update(env or {})
+    with open(logdir / f"{name}.log", "ab") as logf:
+        p = subprocess.Popen([str(a) for a in argv], stdin=subprocess.DEVNULL, stdout=logf,
+                             stderr=subprocess.STDOUT, env=full_env, cwd=str(RUN),
+                             start_new_session=True)
+    state.setdefault("procs", {})[name] = {"pid": p.pid, "exe": str(argv[0])}
+    _save_state(state)
+
+
+def _check_running(state: dict) -> None:
+    for name, p in state.get("procs", {}).items():
+        if not _alive(p["pid"]):
+            tail = (RUN / "logs" / f"{name}.log").read_text(errors="replace")[-3000:]
+            raise ComponentDied(f"{name} exited during start-up; last log lines:\n{tail}")
+
+
+# ---------------------------------------------------------------------------------------------
+# up / down
+# ---------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _locked(timeout: float = 600):
+    LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with open(LOCK, "a+") as f:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("another cluster.py holds hack/cluster/bin/.cluster.lock")
+                time.sleep(0.5)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def is_up() -> bool:
+    """True when run/state.json says up, every process lives and the apiserver is ready."""
+    state = _load_state()
+    if state.get("status") != "up":
+        return False
+    for p in state.get("procs", {}).values():
+        if not (_alive(p["pid"]) and _is_ours(p["pid"], p["exe"])):
+            return False
+    code, _ = _get(f"https://{LOOPBACK}:{state['ports']['apiserver']}/readyz", ctx=_ssl_context())
+    return code == 200
+
+
+def status() -> dict:
+    """The state of the running cluster (ports, pids, kubeconfig paths); {} when down."""
+    return _load_state() if is_up() else {}
+
+
+def _apiserver_url(ports: dict) -> str:
+    return f"https://{LOOPBACK}:{ports['apiserver']}"
+
+
+def _bootstrap_objects() -> list:
+    objs = []
+    for who in ("kwok-controller", "jobset-controller", "trainer-controller"):
+        objs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                     "metadata": {"name": f"tja-test:{who}"},
+                     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                 "name": "cluster-admin"},
+                     "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": who}]})
+    # Let the `edit` role cover the CRDs users of this product touch (aggregated into edit/admin).
+    objs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                 "metadata": {"name": "tja-test:trainer-edit",
+                              "labels": {"rbac.authorization.k8s.io/aggregate-to-edit": "true",
+                                         "rbac.authorization.k8s.io/aggregate-to-admin": "true"}},
+                 "rules": [{"apiGroups": ["trainer.kubeflow.org"],
+                            "resources": ["trainjobs", "trainingruntimes"],
+                            "verbs": ["get", "list", "watch", "create", "update", "patch", "delete",
+                                      "deletecollection"]},
+                           {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs/status"],
+                            "verbs": ["get"]},
+                           {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"],
+                            "verbs": ["get", "list", "watch"]}]})
+    for ns, user in NAMESPACES.items():
+        objs.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        objs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                     "metadata": {"name": f"{user}-edit", "namespace": ns},
+                     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                 "name": "edit"},
+                     "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]})
+    # Everyone may read the installed ClusterTrainingRuntimes (cluster-scoped, so not via edit).
+    objs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                 "metadata": {"name": "tja-test:runtime-reader"},
+                 "rules": [{"apiGroups": ["trainer.kubeflow.org"], "resources": ["clustertrainingruntimes"],
+                            "verbs": ["get", "list", "watch"]}]})
+    objs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                 "metadata": {"name": "tja-test:runtime-reader"},
+                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                             "name": "tja-test:runtime-reader"},
+                 "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+                               "name": "system:authenticated"}]})
+    return objs
+
+
+def _node_objects() -> list:
+    out = []
+    for n in NODES:
+        res = {k: v for k, v in n.items() if k != "name"}
+        out.append({"apiVersion": "v1", "kind": "Node",
+                    "metadata": {"name": n["name"],
+                                 "labels": {"type": "kwok", "kubernetes.io/hostname": n["name"],
+                                            "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+                                            "nvidia.com/gpu.present": "true"},
+                                 "annotations": {"kwok.x-k8s.io/node": "fake"}},
+                    "spec": {},
+                    "status": {"capacity": res, "allocatable": res}})
+    return out
+
+
+def _mpi_runtimes(trainer_dir: Path) -> list:
+    """The ClusterTrainingRuntimes shipped in the trainer module whose mlPolicy is MPI."""
+    rdir = trainer_dir / "manifests" / "base" / "runtimes"
+    out = []
+    for f in _resource_files(rdir):
+        for d in _yaml_docs(f):
+            if d.get("kind") == "ClusterTrainingRuntime" and "mpi" in (d.get("spec", {}).get("mlPolicy") or {}):
+                out.append(d)
+    if not out:
+        raise RuntimeError(f"no MPI ClusterTrainingRuntime found under {rdir}")
+    return out
+
+
+def up(timeout: float = 300) -> dict:
+    """Start the whole control plane (no-op when it is already up). Returns the state dict."""
+    with _locked():
+        if is_up():
+            log("up: already running (no-op)")
+            return _load_state()
+        if not built():
+            raise RuntimeError("binaries are not built; run `make cluster-build` first")
+        old = _load_state()
+        if old or _stray_pids():
+            log("up: cleaning a stale run (crashed or half-started)")
+            _stop_all(old)
+        if RUN.exists():
+            shutil.rmtree(RUN)
+        RUN.mkdir(parents=True)
+        t0 = time.monotonic()
+        try:
+            state = _start(t0, timeout)
+        except BaseException:
+            log(f"up: failed; stopping what was started (logs kept in {RUN / 'logs'})")
+            with contextlib.suppress(Exception):
+                _stop_all(_load_state())
+            st = _load_state()
+            if st:
+                st["status"] = "failed"
+                _save_state(st)
+            raise
+        return state
+
+
+def _start(t0: float, timeout: float) -> dict:
+    deadline = t0 + timeout
+    left = lambda: max(5.0, deadline - time.monotonic())  # noqa: E731
+    ports = _pick_ports()
+    state = {"status": "starting", "ports": ports, "procs": {}, "versions": VERSIONS,
+             "apiserver": _apiserver_url(ports), "kubectl": str(KUBECTL),
+             "kubeconfigs": {"admin": str(ADMIN_KUBECONFIG), "user-a": str(USER_A_KUBECONFIG),
+                             "user-b": str(USER_B_KUBECONFIG)},
+             "ca": str(CA_CERT), "nodes": NODES, "namespaces": NAMESPACES}
+    _save_state(state)
+
+    # -- certificates and kubeconfigs
+    pki = PKI(RUN / "pki")
+    pki.create_ca()
+    pki.service_account_keys()
+    ca_pem = pki.ca_crt.read_bytes()
+    server = _apiserver_url(ports)
+    pki.issue(RUN / "pki/apiserver.crt", RUN / "pki/apiserver.key", "kube-apiserver", server=True,
+              hosts=(LOOPBACK, "localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+                     "kubernetes.default.svc.cluster.local",
+                     str(next(ipaddress.ip_network(SERVICE_CIDR).hosts()))))
+    identities = {
+        "admin": ("kubernetes-admin", ["system:masters"], ADMIN_KUBECONFIG, None),
+        "user-a": ("alice", [], USER_A_KUBECONFIG, "team-a"),
+        "user-b": ("bob", [], USER_B_KUBECONFIG, "team-b"),
+        "kube-controller-manager": ("system:kube-controller-manager", [], RUN / "kube-controller-manager.kubeconfig", None),
+        "kube-scheduler": ("system:kube-scheduler", [], RUN / "kube-scheduler.kubeconfig", None),
+        "kwok": ("kwok-controller", [], RUN / "kwok.kubeconfig", None),
+        "jobset": ("jobset-controller", [], RUN / "jobset.kubeconfig", None),
+        "trainer": ("trainer-controller", [], RUN / "trainer.kubeconfig", None),
+    }
+    for ident, (cn, orgs, kc, ns) in identities.items():
+        crt, key = pki.issue(RUN / f"pki/{ident}.crt", RUN / f"pki/{ident}.key", cn, orgs, client=True)
+        write_kubeconfig(kc, server, ca_pem, crt, key, cn, ns)
+    (RUN / "jobset/certs").mkdir(parents=True)
+    pki.issue(RUN / "jobset/certs/tls.crt", RUN / "jobset/certs/tls.key", "jobset-webhook",
+              hosts=(LOOPBACK, "localhost"), server=True)
+    (RUN / "jobset/metrics-certs").mkdir(parents=True)
+    pki.issue(RUN / "jobset/metrics-certs/tls.crt", RUN / "jobset/metrics-certs/tls.key", "jobset-metrics",
+              hosts=(LOOPBACK, "localhost"), server=True)
+    # controller-runtime's default CertDir is $TMPDIR/k8s-webhook-server/serving-certs
+    tdir = RUN / "trainer/tmp/k8s-webhook-server/serving-certs"
+    tdir.mkdir(parents=True)
+    pki.issue(tdir / "tls.crt", tdir / "tls.key", "trainer-webhook", hosts=(LOOPBACK, "localhost"), server=True)
+    log(f"up: certificates and kubeconfigs ready ({time.monotonic() - t0:.1f} s)")
+
+    # -- etcd
+    p = ports
+    _spawn(state, "etcd", [
+        binary("etcd"), "--name=default", f"--data-dir={RUN / 'etcd-data'}",
+        f"--listen-client-urls=http://{LOOPBACK}:{p['etcd-client']}",
+        f"--advertise-client-urls=http://{LOOPBACK}:{p['etcd-client']}",
+        f"--listen-peer-urls=http://{LOOPBACK}:{p['etcd-peer']}",
+        f"--initial-advertise-peer-urls=http://{LOOPBACK}:{p['etcd-peer']}",
+        f"--initial-cluster=default=http://{LOOPBACK}:{p['etcd-peer']}",
+        "--unsafe-no-fsync=true", "--log-level=warn", "--quota-backend-bytes=4294967296"])
+    _wait("etcd /health", lambda: (_check_running(state), _get(f"http://{LOOPBACK}:{p['etcd-client']}/health")[0] == 200)[1], left())
+    log(f"up: etcd ready ({time.monotonic() - t0:.1f} s)")
+
+    # -- kube-apiserver
+    pki_dir = RUN / "pki"
+    _spawn(state, "kube-apiserver", [
+        binary("kube-apiserver"),
+        f"--etcd-servers=http://{LOOPBACK}:{p['etcd-client']}",
+        f"--bind-address={LOOPBACK}", f"--advertise-address={LOOPBACK}", f"--secure-port={p['apiserver']}",
+        f"--cert-dir={RUN / 'apiserver'}",
+        f"--tls-cert-file={pki_dir / 'apiserver.crt'}", f"--tls-private-key-file={pki_dir / 'apiserver.key'}",
+        f"--client-ca-file={pki.ca_crt}",
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NamespaceLifecycle,LimitRanger,ServiceAccount,NodeRestriction,"
+        "DefaultTolerationSeconds,PodSecurity,Priority,MutatingAdmissionWebhook,"
+        "ValidatingAdmissionWebhook,ResourceQuota",
+        f"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={pki_dir / 'sa.pub'}",
+        f"--service-account-signing-key-file={pki_dir / 'sa.key'}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--endpoint-reconciler-type=none",  # endpoints may not hold loopback addresses
+        "--allow-privileged=true", "--profiling=false", "--v=1"])
+    _wait("kube-apiserver /readyz", lambda: (_check_running(state), _get(f"{server}/readyz", ctx=_ssl_context())[0] == 200)[1], left())
+    log(f"up: kube-apiserver ready at {server} ({time.monotonic() - t0:.1f} s)")
+
+    # -- objects that must exist before the controllers start
+    apply_objects(_bootstrap_objects())
+    apply_objects(_node_objects())
+    for n in NODES:  # status is not taken from a create; set capacity explicitly
+        res = {k: v for k, v in n.items() if k != "name"}
+        kubectl("patch", "node", n["name"], "--subresource=status", "--type=merge",
+                "-p", json.dumps({"status": {"capacity": res, "allocatable": res}}))
+    jobset_dir, trainer_dir = module_dir("jobset"), module_dir("trainer")
+    crd_files = _resource_files(jobset_dir / "config/components/crd/bases") if (
+        jobset_dir / "config/components/crd/bases/kustomization.yaml").exists() else sorted(
+        (jobset_dir / "config/components/crd/bases").glob("*.yaml"))
+    crd_files += _resource_files(trainer_dir / "manifests/base/crds")
+    apply_objects([d for f in crd_files for d in _yaml_docs(f)], server_side=True)
+    log(f"up: RBAC, namespaces, {len(NODES)} nodes and {len(crd_files)} upstream CRDs applied "
+        f"({time.monotonic() - t0:.1f} s)")
+
+    # -- controllers
+    _spawn(state, "kube-controller-manager", [
+        binary("kube-controller-manager"),
+        f"--kubeconfig={RUN / 'kube-controller-manager.kubeconfig'}",
+        f"--authentication-kubeconfig={RUN / 'kube-controller-manager.kubeconfig'}",
+        f"--authorization-kubeconfig={RUN / 'kube-controller-manager.kubeconfig'}",
+        f"--bind-address={LOOPBACK}", f"--secure-port={p['controller-manager']}",
+        f"--cert-dir={RUN / 'kube-controller-manager'}",
+        "--controllers=*", "--leader-elect=false", "--use-service-account-credentials=true",
+        f"--service-account-private-key-file={pki_dir / 'sa.key'}", f"--root-ca-file={pki.ca_crt}",
+        f"--cluster-signing-cert-file={pki.ca_crt}", f"--cluster-signing-key-file={pki.ca_key}",
+        "--allocate-node-cidrs=false", "--profiling=false", "--v=1"])
+    _spawn(state, "kube-scheduler", [
+        binary("kube-scheduler"),
+        f"--kubeconfig={RUN / 'kube-scheduler.kubeconfig'}",
+        f"--authentication-kubeconfig={RUN / 'kube-scheduler.kubeconfig'}",
+        f"--authorization-kubeconfig={RUN / 'kube-scheduler.kubeconfig'}",
+        f"--bind-address={LOOPBACK}", f"--secure-port={p['scheduler']}",
+        f"--cert-dir={RUN / 'kube-scheduler'}", "--leader-elect=false", "--profiling=false", "--v=1"])
+    kwok_cfg = RUN / "kwok" / "kwok.yaml"
+    kwok_cfg.parent.mkdir(parents=True)
+    kwok_cfg.write_text(json.dumps({
+        "apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration",
+        "options": {"manageNodesWithLabelSelector": "type=kwok", "nodeIP": LOOPBACK,
+                    "cidr": "10.244.0.1/16", "serverAddress": f"{LOOPBACK}:{p['kwok']}",
+                    "nodeLeaseDurationSeconds": 40, "nodeLeaseParallelism": 4,
+                    # the config loader does not default these, so spell them out
+                    "podPlayStageParallelism": 4, "nodePlayStageParallelism": 4,
+                    "podsOnNodeSyncParallelism": 2, "enablePodsOnNodeSyncListPager": True,
+                    "enableDebuggingHandlers": False, "enableProfilingHandler": False,
+                    "enableContentionProfiling": False}}) + "\n---\n" + (HERE / "kwok/stages.yaml").read_text())
+    _spawn(state, "kwok", [binary("kwok"), f"--kubeconfig={RUN / 'kwok.kubeconfig'}", f"--config={kwok_cfg}"],
+           env={"HOME": str(RUN / "kwok")})
+
+    kubectl("wait", "--for=condition=Established", "--timeout=60s",
+            *[f"crd/{d['metadata']['name']}" for f in crd_files for d in _yaml_docs(f)], timeout=90)
+    # ...and served by discovery, which the controllers read once at start
+    _wait("trainer.kubeflow.org and jobset.x-k8s.io in discovery", lambda: all(
+        kubectl("api-resources", f"--api-group={g}", "-o", "name", check=False).stdout.strip()
+        for g in ("trainer.kubeflow.org", "jobset.x-k8s.io")), left())
+    jobset_cfg = RUN / "jobset" / "config.yaml"
+    jobset_cfg.write_text(json.dumps({
+        "apiVersion": "config.jobset.x-k8s.io/v1alpha1", "kind": "Configuration",
+        "leaderElection": {"leaderElect": False},
+        "internalCertManagement": {"enable": False},
+        "webhook": {"port": p["jobset-webhook"], "host": LOOPBACK, "certDir": str(RUN / "jobset/certs")},
+        "metrics": {"bindAddress": f"{LOOPBACK}:{p['jobset-metrics']}", "certDir": str(RUN / "jobset/metrics-certs")},
+        "health": {"healthProbeBindAddress": f"{LOOPBACK}:{p['jobset-health']}"}}))
+    _spawn(state, "jobset", [binary("jobset"), f"--config={jobset_cfg}"],
+           env={"KUBECONFIG": str(RUN / "jobset.kubeconfig"), "TMPDIR": str(RUN / "jobset")})
+    trainer_cfg = RUN / "trainer" / "config.yaml"
+    trainer_cfg.write_text(json.dumps({
+        "apiVersion": "config.trainer.kubeflow.org/v1alpha1", "kind": "Configuration",
+        "leaderElection": {"leaderElect": False},
+        "certManagement": {"enable": False},
+        "webhook": {"port": p["trainer-webhook"], "host": LOOPBACK},
+        "metrics": {"bindAddress": f"{LOOPBACK}:{p['trainer-metrics']}", "secureServing": False},
+        "health": {"healthProbeBindAddress": f"{LOOPBACK}:{p['trainer-health']}",
+                   "readinessEndpointName": "readyz", "livenessEndpointName": "healthz"}}))
+    _spawn(state, "trainer-controller-manager", [binary("trainer-controller-manager"), f"--config={trainer_cfg}"],
+           env={"KUBECONFIG": str(RUN / "trainer.kubeconfig"), "TMPDIR": str(RUN / "trainer/tmp")})
+
+    for name, url in (("jobset", f"http://{LOOPBACK}:{p['jobset-health']}/readyz"),
+                      ("trainer", f"http://{LOOPBACK}:{p['trainer-health']}/readyz"),
+                      ("kube-controller-manager", f"https://{LOOPBACK}:{p['controller-manager']}/healthz"),
+                      ("kube-scheduler", f"https://{LOOPBACK}:{p['scheduler']}/healthz")):
+        insecure = ssl._create_unverified_context() if url.startswith("https") else None  # self-signed
+        _wait(f"{name} {url}", lambda: (_check_running(state), _get(url, ctx=insecure)[0] == 200)[1], left())
+    log(f"up: controllers healthy ({time.monotonic() - t0:.1f} s)")
+
+    # -- their admission webhooks, as URL webhooks on loopback with our CA
+    hooks = upstream_webhooks(jobset_dir / "config/components/webhook", p["jobset-webhook"], ca_pem, "jobset")
+    hooks += upstream_webhooks(trainer_dir / "manifests/base/webhook", p["trainer-webhook"], ca_pem, "trainer")
+    apply_objects(hooks)
+    runtimes = _mpi_runtimes(trainer_dir)
+    _wait("ClusterTrainingRuntimes accepted by the Trainer webhook",
+          lambda: apply_objects(runtimes, server_side=True).returncode == 0, left(), interval=1.0)
+    state["runtimes"] = [r["metadata"]["name"] for r in runtimes]
+
+    def nodes_ready():
+        items = json.loads(kubectl("get", "nodes", "-o", "json").stdout)["items"]
+        ok = [n for n in items if any(c["type"] == "Ready" and c["status"] == "True"
+                                      for c in n["status"].get("conditions", []))
+              and not any(t["effect"] in ("NoSchedule", "NoExecute") for t in n["spec"].get("taints", []))]
+        return len(ok) == len(NODES)
+    _wait("KWOK nodes Ready and untainted", lambda: (_check_running(state), nodes_ready())[1], left(), interval=0.5)
+    for ns in NAMESPACES:
+        _wait(f"serviceaccount default in {ns}",
+              lambda: kubectl("get", "sa", "default", "-n", ns, check=False).returncode == 0, left())
+    state["status"] = "up"
+    state["start_seconds"] = round(time.monotonic() - t0, 1)
+    _save_state(state)
+    log(f"up: ready in {state['start_seconds']} s  (KUBECONFIG={ADMIN_KUBECONFIG})")
+    return state
+
+
+def down() -> None:
+    """Stop every process `up` started (and strays from hack/cluster/bin); logs stay in run/logs."""
+    with _locked():
+        state = _load_state()
+        _stop_all(state)
+        busy = [f"{n}:{port}" for n, port in (state.get("ports") or {}).items() if _port_in_use(port)]
+        if state:
+            state["status"] = "down"
+            _save_state(state)
+        if busy:
+            raise RuntimeError(f"ports still listening after down: {', '.join(busy)}")
+        log("down: all control-plane processes stopped")
+
+
+# ---------------------------------------------------------------------------------------------
+# Registering a webhook that runs on the host (the product under test)
+# ---------------------------------------------------------------------------------------------
+TRAINJOB_RULES = [
+    {"apiGroups": ["trainer.kubeflow.org"], "apiVersions": ["v1alpha1"],
+     "operations": ["CREATE", "UPDATE"], "resources": ["trainjobs"], "scope": "Namespaced"},
+    {"apiGroups": ["kubeflow.org"], "apiVersions": ["v2beta1"],
+     "operations": ["CREATE", "UPDATE"], "resources": ["mpijobs"], "scope": "Namespaced"},
+]
+
+
+def register_webhook(name: str, url: str, ca_bundle_pem: bytes | str, *, mutating: bool = True,
+                     validating: bool = True, mutate_path: str = "/mutate",
+                     validate_path: str = "/validate", rules: list | None = None,
+                     failure_policy: str = "Fail", side_effects: str = "None",
+                     timeout_seconds: int = 10, namespace_selector: dict | None = None,
+                     object_selector: dict | None = None, reinvocation_policy: str = "Never",
+                     kubeconfig=ADMIN_KUBECONFIG, settle_seconds: float = 1.0) -> list:
+    """Point the apiserver at a webhook served on the host; returns [(kind, name), ...].
+
+    name            object name of the Mutating/ValidatingWebhookConfiguration (both use it)
+    url             https://127.0.0.1:PORT (base; the paths below are appended)
+    ca_bundle_pem   PEM of the CA that signed the webhook's serving cert (bytes or str)
+    mutating / validating  which configurations to create (mutate_path / validate_path)
+    rules           admissionregistration/v1 RuleWithOperations list; default TRAINJOB_RULES:
+                    trainer.kubeflow.org/v1alpha1 trainjobs and kubeflow.org/v2beta1 mpijobs,
+                    CREATE and UPDATE
+    failure_policy  "Fail" or "Ignore";  side_effects "None" or "NoneOnDryRun"
+    namespace_selector / object_selector  LabelSelector dicts (default: match everything)
+    settle_seconds  pause after creation so the apiserver's informer has the new config
+
+    The webhook names are "<mutate|validate>.<name>.admission.test". Remove the objects again
+    with unregister_webhook(name) (the conftest fixture `register_webhook` does it for you).
+    """
+    import base64
+    if isinstance(ca_bundle_pem, str):
+        ca_bundle_pem = ca_bundle_pem.encode()
+    if not url.startswith(f"https://{LOOPBACK}:") and not url.startswith("https://localhost:"):
+        raise ValueError("webhook url must be https on loopback")
+    common = {
+        "admissionReviewVersions": ["v1"], "sideEffects": side_effects, "failurePolicy": failure_policy,
+        "timeoutSeconds": timeout_seconds, "matchPolicy": "Equivalent",
+        "rules": rules if rules is not None else TRAINJOB_RULES,
+        "namespaceSelector": namespace_selector or {}, "objectSelector": object_selector or {},
+    }
+    objs = []
+    for kind, enabled, path, op in (("MutatingWebhookConfiguration", mutating, mutate_path, "mutate"),
+                                    ("ValidatingWebhookConfiguration", validating, validate_path, "validate")):
+        if not enabled:
+            continue
+        wh = dict(common, name=f"{op}.{name}.admission.test",
+                  clientConfig={"url": url.rstrip("/") + path,
+                                "caBundle": base64.b64encode(ca_bundle_pem).decode()})
+        if kind.startswith("Mutating"):
+            wh["reinvocationPolicy"] = reinvocation_policy
+        objs.append({"apiVersion": "admissionregistration.k8s.io/v1", "kind": kind,
+                     "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "trainjob-admission-tests"}},
+                     "webhooks": [wh]})
+    apply_objects(objs, kubeconfig=kubeconfig)
+    if settle_seconds:
+        time.sleep(settle_seconds)
+    return [(o["kind"], name) for o in objs]
+
+
+def unregister_webhook(name: str, kubeconfig=ADMIN_KUBECONFIG) -> None:
+    """Delete the Mutating/ValidatingWebhookConfiguration called `name` (missing ones are fine)."""
+    kubectl("delete", "mutatingwebhookconfiguration,validatingwebhookconfiguration",
+            f"--field-selector=metadata.name={name}", "--ignore-not-found", "--wait=true",
+            kubeconfig=kubeconfig)
+
+
+# ---------------------------------------------------------------------------------------------
+# Subcommands
+# ---------------------------------------------------------------------------------------------
+def cmd_up(_args=None) -> int:
+    if not built():
+        rc = cmd_build()
+        if rc:
+            return rc
+    up()
+    return 0
+
+
+def cmd_down(_args=None) -> int:
+    down()
+    return 0
+
+
+def cmd_status(_args=None) -> int:
+    st = _load_state()
+    if not st:
+        print("down (no state)")
+        return 1
+    running = is_up()
+    print(f"status: {'up' if running else st.get('status')}")
+    for name, p in st.get("procs", {}).items():
+        print(f"  {name:28s} pid {p['pid']:>7}  {'alive' if _alive(p['pid']) else 'dead'}")
+    for name, port in st.get("ports", {}).items():
+        print(f"  port {name:22s} {LOOPBACK}:{port}")
+    for k, v in st.get("kubeconfigs", {}).items():
+        print(f"  kubeconfig {k:16s} {v}")
+    return 0 if running else 1
+
+
+def cmd_env(_args=None) -> int:
+    st = _load_state()
+    if not st:
+        print("# cluster is down", file=sys.stderr)
+        return 1
+    print(f"export KUBECONFIG={ADMIN_KUBECONFIG}")
+    print(f"export KUBECTL={KUBECTL}")
+    print(f"export TJA_APISERVER={st['apiserver']}")
+    print(f"export TJA_CLUSTER_CA={CA_CERT}")
+    print(f"export TJA_USER_A_KUBECONFIG={USER_A_KUBECONFIG}")
+    print(f"export TJA_USER_B_KUBECONFIG={USER_B_KUBECONFIG}")
+    return 0
+
+
+def cmd_test(args=None) -> int:
+    """build + up + pytest tests/cluster -m cluster + down (unless it was already up)."""
+    if find_go() is None and not built():
+        log("SKIP cluster tier: no Go toolchain found (install Go >= 1.26 or set GO=...); "
+            "the control plane is built from Go modules")
+        return 0
+    rc = cmd_build()
+    if rc:
+        return rc
+    was_up = is_up()
+    t0 = time.monotonic()
+    up()
+    log(f"test: control plane up in {time.monotonic() - t0:.1f} s")
+    try:
+        extra = list(getattr(args, "pytest_args", None) or [])
+        rc = subprocess.call([sys.executable, "-m", "pytest", "tests/cluster", "-m", "cluster", *extra],
+                             cwd=REPO)
+        if rc == 5:
+            log("test: no cluster tests collected")
+            rc = 0
+        return rc
+    finally:
+        if not was_up:
+            down()
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name in ("gomod", "build", "up", "down", "status", "env"):
+        sub.add_parser(name)
+    t = sub.add_parser("test")
+    t.add_argument("pytest_args", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    return globals()[f"cmd_{args.cmd}"](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

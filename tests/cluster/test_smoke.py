@@ -1,0 +1,186 @@
+"""Smoke tests of the control plane itself: the real Trainer, JobSet, Job controller, scheduler,
+KWOK, ResourceQuota, garbage collector and RBAC, before any product webhook is involved."""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+MPI_RUNTIME = "deepspeed-distributed"  # the MPI ClusterTrainingRuntime shipped in the trainer module
+K8S_VERSION = "v1.36.3"
+
+
+def trainjob(name, ns, runtime=MPI_RUNTIME, kind="ClusterTrainingRuntime", num_nodes=2,
+             pod_labels=None, pod_annotations=None, gpus=1):
+    spec = {
+        "runtimeRef": {"name": runtime, "kind": kind, "apiGroup": "trainer.kubeflow.org"},
+        "trainer": {"numNodes": num_nodes,
+                    "resourcesPerNode": {"requests": {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": str(gpus)},
+                                         "limits": {"nvidia.com/gpu": str(gpus)}}},
+    }
+    if pod_labels or pod_annotations:
+        meta = {}
+        if pod_labels:
+            meta["labels"] = pod_labels
+        if pod_annotations:
+            meta["annotations"] = pod_annotations
+        spec["runtimePatches"] = [{
+            "manager": "trainjob-admission.test/smoke",
+            "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+                {"name": rj, "template": {"spec": {"template": {"metadata": meta}}}}
+                for rj in ("node", "launcher")]}}},
+        }]
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+            "metadata": {"name": name, "namespace": ns}, "spec": spec}
+
+
+def condition(obj, ctype):
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c["type"] == ctype:
+            return c
+    return None
+
+
+def test_versions_nodes_and_runtime(control_plane, kubectl, get_json):
+    v = json.loads(kubectl("version", "-o", "json").stdout)
+    assert v["clientVersion"]["gitVersion"] == K8S_VERSION
+    assert v["serverVersion"]["gitVersion"] == K8S_VERSION
+    nodes = {n["metadata"]["name"]: n for n in get_json("nodes")["items"]}
+    assert len(nodes) >= 2
+    for want in control_plane.nodes:
+        n = nodes[want["name"]]
+        assert n["status"]["allocatable"]["nvidia.com/gpu"] == want["nvidia.com/gpu"]
+        assert n["status"]["capacity"]["cpu"] == want["cpu"]
+        assert condition(n, "Ready")["status"] == "True"
+    assert MPI_RUNTIME in control_plane.runtimes
+    rt = get_json("clustertrainingruntime", MPI_RUNTIME)
+    assert "mpi" in rt["spec"]["mlPolicy"]
+    for crd in ("trainjobs.trainer.kubeflow.org", "jobsets.jobset.x-k8s.io"):
+        assert condition(get_json("crd", crd), "Established")["status"] == "True"
+
+
+def test_mpi_trainjob_runs_to_complete_then_gc(namespace, kubectl, get_json, wait_for, control_plane):
+    ns = namespace
+    kubectl("apply", "-f", "-", input=json.dumps({
+        "apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "q", "namespace": ns},
+        "spec": {"hard": {"pods": "20", "requests.nvidia.com/gpu": "8",
+                          "count/trainjobs.trainer.kubeflow.org": "1"}}}))
+    wait_for("quota status", lambda: (get_json("resourcequota", "q", "-n", ns).get("status") or {}).get("used"), 60)
+
+    kubectl("apply", "-f", "-", input=json.dumps(
+        trainjob("smoke", ns, pod_annotations={"kwok.x-k8s.io/run-duration": "6s"})))
+    tj = get_json("trainjob", "smoke", "-n", ns)
+    uid = tj["metadata"]["uid"]
+
+    # The real Trainer: JobSet plus the MPI Secret and hostfile ConfigMap, owned by the TrainJob.
+    js = wait_for("JobSet smoke", lambda: kubectl("get", "jobset", "smoke", "-n", ns, check=False).returncode == 0
+                  and get_json("jobset", "smoke", "-n", ns), 60)
+    assert any(o["uid"] == uid for o in js["metadata"]["ownerReferences"])
+    for kind, name in (("secret", "smoke-mpi-ssh-auth"), ("configmap", "smoke-mpi-hostfile")):
+        obj = wait_for(f"{kind} {name}", lambda: kubectl("get", kind, name, "-n", ns, check=False).returncode == 0
+                       and get_json(kind, name, "-n", ns), 60)
+        assert any(o["uid"] == uid for o in obj["metadata"]["ownerReferences"]), obj["metadata"]
+    assert "smoke" in get_json("configmap", "smoke-mpi-hostfile", "-n", ns)["data"]["hostfile"]
+
+    # Quota counts the TrainJob, and a second one is refused by the ResourceQuota admission.
+    wait_for("quota counts the TrainJob", lambda: get_json("resourcequota", "q", "-n", ns)["status"]["used"]
+             .get("count/trainjobs.trainer.kubeflow.org") == "1", 60)
+    second = kubectl("apply", "-f", "-", input=json.dumps(trainjob("second", ns)), check=False)
+    assert second.returncode != 0 and "exceeded quota" in second.stderr, second.stderr
+
+    # JobSet -> Jobs -> pods -> scheduled on KWOK nodes -> Running, counted by the quota.
+    node_names = {n["name"] for n in control_plane.nodes}
+    jobs = wait_for("Jobs of the JobSet", lambda: [j for j in get_json(
+        "jobs", "-n", ns, "-l", "jobset.sigs.k8s.io/jobset-name=smoke")["items"]], 60)
+    assert all(j["metadata"]["ownerReferences"][0]["kind"] == "JobSet" for j in jobs)
+
+    def gpus_in_use():
+        used = get_json("resourcequota", "q", "-n", ns)["status"].get("used", {})
+        return int(used.get("requests.nvidia.com/gpu", "0")) >= 1
+    wait_for("quota status.used counts GPU requests of running pods", gpus_in_use, 60, interval=0.3)
+
+    tj = wait_for("TrainJob Complete", lambda: (lambda o: condition(o, "Complete") and
+                  condition(o, "Complete")["status"] == "True" and o)(get_json("trainjob", "smoke", "-n", ns)), 240)
+    assert not condition(tj, "Failed") or condition(tj, "Failed")["status"] != "True"
+    pods = get_json("pods", "-n", ns, "-l", "jobset.sigs.k8s.io/jobset-name=smoke")["items"]
+    assert len(pods) >= 2
+    assert all(p["spec"]["nodeName"] in node_names for p in pods), [p["spec"].get("nodeName") for p in pods]
+    launcher = [p for p in pods if p["metadata"]["labels"].get("jobset.sigs.k8s.io/replicatedjob-name") == "launcher"]
+    assert launcher and all(p["status"]["phase"] == "Succeeded" for p in launcher)
+    assert condition(get_json("jobset", "smoke", "-n", ns), "Completed")["status"] == "True"
+
+    # Deleting the TrainJob: the garbage collector removes what the Trainer created.
+    kubectl("delete", "trainjob", "smoke", "-n", ns, "--wait=true", "--timeout=60s", timeout=90)
+    for kind, name in (("secret", "smoke-mpi-ssh-auth"), ("configmap", "smoke-mpi-hostfile"), ("jobset", "smoke")):
+        wait_for(f"{kind} {name} garbage-collected",
+                 lambda: "NotFound" in kubectl("get", kind, name, "-n", ns, check=False).stderr, 90)
+
+
+def test_rbac_users_are_confined_to_their_namespace(control_plane, kubectl):
+    from kubernetes import client, config
+    from kubernetes.client.rest import ApiException
+
+    def lister(kubeconfig):
+        api = client.CustomObjectsApi(config.new_client_from_config(config_file=str(kubeconfig)))
+        return lambda ns: api.list_namespaced_custom_object(
+            "trainer.kubeflow.org", "v1alpha1", ns, "trainjobs", _request_timeout=30)
+
+    alice = lister(control_plane.user_a_kubeconfig)
+    admin = lister(control_plane.admin_kubeconfig)
+    with pytest.raises(ApiException) as exc:
+        alice("team-b")
+    assert exc.value.status == 403
+    assert alice("team-a")["items"] == []  # allowed in her own namespace
+    assert admin("team-b")["items"] == []
+    p = kubectl("get", "trainjobs", "-n", "team-b", kubeconfig=control_plane.user_a_kubeconfig, check=False)
+    assert p.returncode != 0 and "forbidden" in p.stderr.lower(), p.stderr
+    p = kubectl("auth", "can-i", "create", "trainjobs.trainer.kubeflow.org", "-n", "team-a",
+                kubeconfig=control_plane.user_a_kubeconfig, check=False)
+    assert p.stdout.strip() == "yes"
+
+
+def test_kwok_fail_exit_code_label(namespace, kubectl, get_json, wait_for):
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "exit3", "namespace": namespace},
+           "spec": {"backoffLimit": 0, "template": {
+               "metadata": {"labels": {"kwok.x-k8s.io/fail-exit-code": "3"}},
+               "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}}}
+    kubectl("apply", "-f", "-", input=json.dumps(job))
+    j = wait_for("Job exit3 Failed", lambda: (lambda o: condition(o, "Failed") and o)(
+        get_json("job", "exit3", "-n", namespace)), 120)
+    assert condition(j, "Failed")["status"] == "True"
+    pod = get_json("pods", "-n", namespace, "-l", "job-name=exit3")["items"][0]
+    assert pod["status"]["phase"] == "Failed"
+    term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert term["exitCode"] == 3 and term["reason"] == "Error"
+
+
+def test_oom_labelled_pod_fails_trainjob(namespace, kubectl, get_json, wait_for):
+    ns = namespace
+    # Same MPI runtime, namespaced copy with backoffLimit 0 so one OOM ends the Job at once.
+    rt = get_json("clustertrainingruntime", MPI_RUNTIME)
+    spec = copy.deepcopy(rt["spec"])
+    for rj in spec["template"]["spec"]["replicatedJobs"]:
+        rj["template"]["spec"]["backoffLimit"] = 0
+    kubectl("apply", "-f", "-", input=json.dumps({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainingRuntime",
+        "metadata": {"name": "mpi-no-retry", "namespace": ns, "labels": rt["metadata"].get("labels", {})},
+        "spec": spec}))
+    tj = trainjob("oom", ns, runtime="mpi-no-retry", kind="TrainingRuntime",
+                  pod_labels={"kwok.x-k8s.io/oom": "true"})
+    kubectl("apply", "-f", "-", input=json.dumps(tj))
+
+    def oom_pod():
+        for p in get_json("pods", "-n", ns, "-l", "jobset.sigs.k8s.io/jobset-name=oom")["items"]:
+            for cs in p["status"].get("containerStatuses") or []:
+                t = cs.get("state", {}).get("terminated")
+                if t and t.get("reason") == "OOMKilled":
+                    return p, t
+        return None
+    pod, term = wait_for("a pod terminated with OOMKilled", oom_pod, 120)
+    assert pod["status"]["phase"] == "Failed" and term["exitCode"] == 137
+    tj = wait_for("TrainJob Failed", lambda: (lambda o: condition(o, "Failed") and
+                  condition(o, "Failed")["status"] == "True" and o)(get_json("trainjob", "oom", "-n", ns)), 180)
+    assert not condition(tj, "Complete") or condition(tj, "Complete")["status"] != "True"
