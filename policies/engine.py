@@ -19,7 +19,7 @@ from .state import ClusterState
 
 DEPRECATION_WARNING = (
     "kubeflow.org/v2beta1 MPIJob is deprecated: migrate to a trainer.kubeflow.org/v1alpha1 TrainJob "
-    "with an MPI ClusterTrainingRuntime (docs/admin-guide.md, 'Migrating MPIJobs')"
+    "with an MPI ClusterTrainingRuntime (spec.runtimeRef), e.g. mpi-openmpi"
 )
 MAX_STATUS_MESSAGES = 5
 
