@@ -313,7 +313,7 @@ def _schema_problem(err: dict, document: Any, source: str, bundle: str | None) -
     path = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[")
     message = err.get("msg", "invalid")
     if err.get("type") == "extra_forbidden":
-        message = "unknown field (check the spelling against docs/admin-guide.md)"
+        message = "unknown field (check the spelling; see policies/bundles/default.yaml for every field)"
     elif err.get("type") == "literal_error":
         message = f"{message}, got {err.get('input')!r}"
     return Problem(source, message, bundle, rule, path or None)

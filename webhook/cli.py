@@ -192,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     lint.add_argument("paths", nargs="+", metavar="PATH")
     lint.set_defaults(func=cmd_policy_lint)
     test = policy_commands.add_parser("test", help="run test cases (object + expected decision and messages)",
-                                      epilog="case format: see `policies/cases.py` or docs/admin-guide.md")
+                                      epilog="case format: see `policies/cases.py`")
     test.add_argument("path", help="bundle file or directory")
     test.add_argument("--cases", required=True, metavar="DIR")
     test.set_defaults(func=cmd_policy_test)
