@@ -105,8 +105,8 @@ def cmd_decisions_verify(args: argparse.Namespace) -> int:
 def cmd_certs_issue(args: argparse.Namespace) -> int:
     from certs.issue import issue
 
-    issued = issue(args.service, args.namespace, Path(args.out), ip_addresses=args.ip or [],
-                   extra_dns=args.dns or [], days=args.days)
+    ips = {"ip_addresses": args.ip} if args.ip else {}  # default: 127.0.0.1, for a webhook on the host
+    issued = issue(args.service, args.namespace, Path(args.out), extra_dns=args.dns or [], days=args.days, **ips)
     print(f"CA certificate:      {issued.ca_cert}")
     print(f"serving certificate: {issued.cert} (key {issued.key}), valid until {issued.not_after:%Y-%m-%d}")
     print(f"caBundle for the webhook configurations: {issued.ca_bundle}")
