@@ -116,15 +116,22 @@ NAMESPACES = {"team-a": "alice", "team-b": "bob"}
 
 
 def log(msg: str) -> None:
-    print(f"[cluster] {msg}", flush=True)
+    try:
+        print(f"[cluster] {msg}", flush=True)
+    except (BrokenPipeError, OSError):  # a closed stdout must never abort up/down half-way
+        pass
 
 
 # ---------------------------------------------------------------------------------------------
 # Go toolchain and build
 # ---------------------------------------------------------------------------------------------
 def find_go() -> str | None:
-    """The go binary: $GO, then PATH, then /usr/local/go/bin/go; None when there is none."""
-    for cand in (os.environ.get("GO"), shutil.which("go"), "/usr/local/go/bin/go"):
+    """The go binary: $GO if set, else PATH, then /usr/local/go/bin/go; None when there is none."""
+    if "GO" in os.environ:  # an explicit GO= wins, even when it points nowhere (GO=none)
+        cands = (os.environ["GO"],)
+    else:
+        cands = (shutil.which("go"), "/usr/local/go/bin/go")
+    for cand in cands:
         if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
             return cand
     return None
@@ -859,6 +866,8 @@ def _start(t0: float, timeout: float) -> dict:
     for ident, (cn, orgs, kc, ns) in identities.items():
         crt, key = pki.issue(RUN / f"pki/{ident}.crt", RUN / f"pki/{ident}.key", cn, orgs, client=True)
         write_kubeconfig(kc, server, ca_pem, crt, key, cn, ns)
+    pki.issue(RUN / "pki/front-proxy-client.crt", RUN / "pki/front-proxy-client.key", "front-proxy-client",
+              client=True)
     (RUN / "jobset/certs").mkdir(parents=True)
     pki.issue(RUN / "jobset/certs/tls.crt", RUN / "jobset/certs/tls.key", "jobset-webhook",
               hosts=(LOOPBACK, "localhost"), server=True)
@@ -902,6 +911,12 @@ def _start(t0: float, timeout: float) -> dict:
         f"--service-account-signing-key-file={pki_dir / 'sa.key'}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--endpoint-reconciler-type=none",  # endpoints may not hold loopback addresses
+        # front-proxy (aggregation) identity, so the extension-apiserver-authentication CA is complete
+        f"--requestheader-client-ca-file={pki.ca_crt}", "--requestheader-allowed-names=front-proxy-client",
+        "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={pki_dir / 'front-proxy-client.crt'}",
+        f"--proxy-client-key-file={pki_dir / 'front-proxy-client.key'}",
         "--allow-privileged=true", "--profiling=false", "--v=1"])
     _wait("kube-apiserver /readyz", lambda: (_check_running(state), _get(f"{server}/readyz", ctx=_ssl_context())[0] == 200)[1], left())
     log(f"up: kube-apiserver ready at {server} ({time.monotonic() - t0:.1f} s)")
@@ -1126,7 +1141,10 @@ def cmd_status(_args=None) -> int:
         print("down (no state)")
         return 1
     running = is_up()
-    print(f"status: {'up' if running else st.get('status')}")
+    recorded = st.get("status")
+    print("status: up" if running else
+          f"status: NOT healthy (state file says {recorded!r}; `up` will clean and restart)"
+          if recorded == "up" else f"status: {recorded}")
     for name, p in st.get("procs", {}).items():
         print(f"  {name:28s} pid {p['pid']:>7}  {'alive' if _alive(p['pid']) else 'dead'}")
     for name, port in st.get("ports", {}).items():

@@ -184,3 +184,61 @@ def test_oom_labelled_pod_fails_trainjob(namespace, kubectl, get_json, wait_for)
     tj = wait_for("TrainJob Failed", lambda: (lambda o: condition(o, "Failed") and
                   condition(o, "Failed")["status"] == "True" and o)(get_json("trainjob", "oom", "-n", ns)), 180)
     assert not condition(tj, "Complete") or condition(tj, "Complete")["status"] != "True"
+
+
+def test_host_webhook_registration_is_called_by_the_apiserver(namespace, kubectl, get_json,
+                                                             register_webhook, serving_cert):
+    """The plumbing the product's e2e tests use: a webhook on 127.0.0.1, registered by URL."""
+    import base64
+    import http.server
+    import ssl
+    import threading
+
+    calls = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            req = review["request"]
+            path = self.path.split("?", 1)[0]  # the apiserver appends ?timeout=10s
+            calls.append((path, req["operation"], req["kind"]["kind"]))
+            resp = {"uid": req["uid"], "allowed": True}
+            labels = req["object"]["metadata"].get("labels") or {}
+            if path == "/mutate":
+                patch = [{"op": "add", "path": "/metadata/labels", "value": {**labels, "tja-test/mutated": "yes"}}]
+                resp.update(patchType="JSONPatch", patch=base64.b64encode(json.dumps(patch).encode()).decode())
+            elif labels.get("tja-test/deny") == "yes":
+                resp.update(allowed=False, status={"code": 403, "message": "denied by the test webhook"})
+            body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                               "response": resp}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    crt, key, ca_pem = serving_cert("test-webhook")
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(crt, key)
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        name = f"tja-smoke-{namespace}"
+        register_webhook(name, f"https://127.0.0.1:{srv.server_address[1]}", ca_pem,
+                         namespace_selector={"matchLabels": {"kubernetes.io/metadata.name": namespace}})
+        denied = trainjob("denied", namespace)
+        denied["metadata"]["labels"] = {"tja-test/deny": "yes"}
+        p = kubectl("apply", "-f", "-", input=json.dumps(denied), check=False)
+        assert p.returncode != 0 and "denied by the test webhook" in p.stderr, p.stderr
+        kubectl("apply", "-f", "-", input=json.dumps(trainjob("allowed", namespace)))
+        got = get_json("trainjob", "allowed", "-n", namespace)
+        assert (got["metadata"].get("labels") or {}).get("tja-test/mutated") == "yes", (calls, got["metadata"])
+        assert ("/mutate", "CREATE", "TrainJob") in calls and ("/validate", "CREATE", "TrainJob") in calls
+        control = get_json("validatingwebhookconfiguration", name)
+        assert control["webhooks"][0]["clientConfig"]["url"].endswith("/validate")
+    finally:
+        srv.shutdown()
