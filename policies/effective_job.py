@@ -147,7 +147,9 @@ def pod_resources(pod_spec: dict) -> tuple[dict[str, int], dict[str, int]]:
     """Per-pod requests and limits as the scheduler and quota count them.
 
     Effective request = max(sum of app containers + restartable (sidecar) init containers,
-    each regular init container); a request left out defaults to the limit (API defaulting).
+    each init container plus the sidecars started before it), as PodRequests/PodLimits in
+    k8s.io/component-helpers/resource/helpers.go; a request left out defaults to the limit (API
+    defaulting).
     """
 
     def container_numbers(container: dict) -> tuple[dict[str, int], dict[str, int]]:
@@ -166,16 +168,30 @@ def pod_resources(pod_spec: dict) -> tuple[dict[str, int], dict[str, int]]:
         container_requests, container_limits = container_numbers(container)
         add(requests, container_requests)
         add(limits, container_limits)
+    # Sidecars keep running while later init containers run, so each init container's use
+    # includes the sidecars started before it.
+    sidecar_requests: dict[str, int] = {}
+    sidecar_limits: dict[str, int] = {}
+    init_peak_requests: dict[str, int] = {}
+    init_peak_limits: dict[str, int] = {}
     for init in pod_spec.get("initContainers") or []:
         init_requests, init_limits = container_numbers(init)
         if init.get("restartPolicy") == "Always":
             add(requests, init_requests)
             add(limits, init_limits)
-            continue
-        for name, amount in init_requests.items():
-            requests[name] = max(requests.get(name, 0), amount)
-        for name, amount in init_limits.items():
-            limits[name] = max(limits.get(name, 0), amount)
+            add(sidecar_requests, init_requests)
+            add(sidecar_limits, init_limits)
+            use_requests, use_limits = dict(sidecar_requests), dict(sidecar_limits)
+        else:
+            use_requests, use_limits = dict(init_requests), dict(init_limits)
+            add(use_requests, sidecar_requests)
+            add(use_limits, sidecar_limits)
+        for peak, use in ((init_peak_requests, use_requests), (init_peak_limits, use_limits)):
+            for name, amount in use.items():
+                peak[name] = max(peak.get(name, 0), amount)
+    for total, peak in ((requests, init_peak_requests), (limits, init_peak_limits)):
+        for name, amount in peak.items():
+            total[name] = max(total.get(name, 0), amount)
     for name, amount in numbers(pod_spec.get("overhead")).items():
         requests[name] = requests.get(name, 0) + amount
     return requests, limits
