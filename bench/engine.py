@@ -1,0 +1,105 @@
+"""Engine throughput: reviews per second for the sample jobs with the default bundle against an
+empty bundle (no checks, no rules, no mutations, no injections), measured side by side in one run.
+
+The empty bundle still matches every job, so both sides pay for building the effective job; the
+ratio is what the default bundle's checks, CEL rule and mutations cost on top. Rounds alternate
+between the two sides so machine noise hits both alike. Not a test: it asserts nothing.
+
+    .venv/bin/python bench/engine.py [--seconds 12]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from policies.bundle import API_VERSION, KIND, compile_document, default_bundles  # noqa: E402
+from policies.engine import AdmissionInput, evaluate  # noqa: E402
+from policies.state import ClusterState, load_objects  # noqa: E402
+
+EXAMPLES = ROOT / "examples"
+STATE_FILES = ["cluster-state.yaml", "runtimes/mpi-openmpi.yaml", "runtimes/mpi-privileged.yaml"]
+
+
+def sample_jobs() -> list[tuple[str, dict]]:
+    jobs = []
+    for path in sorted((EXAMPLES / "jobs").glob("*.yaml")):
+        (obj,) = load_objects(path)
+        jobs.append((path.stem, obj))
+    return jobs
+
+
+def empty_bundle():
+    return [compile_document({"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "empty"}, "spec": {}},
+                             "<empty>")]
+
+
+def run_round(jobs, bundles, state, seconds: float) -> tuple[int, float, dict[str, list[float]]]:
+    """Review every job in turn until ``seconds`` pass; returns (reviews, elapsed, per-job latencies)."""
+    count, per_job = 0, {name: [] for name, _ in jobs}
+    start = time.perf_counter()
+    deadline = start + seconds
+    while time.perf_counter() < deadline:
+        for name, obj in jobs:
+            request = AdmissionInput(copy.deepcopy(obj), username="bench")
+            t0 = time.perf_counter()
+            evaluate(request, bundles, state)
+            per_job[name].append(time.perf_counter() - t0)
+            count += 1
+    return count, time.perf_counter() - start, per_job
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=12.0, help="total measuring time (default 12)")
+    parser.add_argument("--rounds", type=int, default=6, help="alternating rounds per side (default 6)")
+    args = parser.parse_args()
+
+    state = ClusterState.from_objects(o for f in STATE_FILES for o in load_objects(EXAMPLES / f))
+    jobs = sample_jobs()
+    sides = {"default": default_bundles(), "empty": empty_bundle()}
+    # Both sides must be able to decide every sample (all runtimes are in the state) before timing.
+    for name, bundles in sides.items():
+        for _, obj in jobs:
+            evaluate(AdmissionInput(copy.deepcopy(obj)), bundles, state)
+    run_round(jobs, sides["default"], state, 0.3)  # warm-up
+    run_round(jobs, sides["empty"], state, 0.3)
+
+    slice_seconds = args.seconds / (2 * args.rounds)
+    totals = {name: [0, 0.0] for name in sides}
+    rates: dict[str, list[float]] = {name: [] for name in sides}
+    latencies: dict[str, dict[str, list[float]]] = {name: {j: [] for j, _ in jobs} for name in sides}
+    for _ in range(args.rounds):
+        for name, bundles in sides.items():
+            count, elapsed, per_job = run_round(jobs, bundles, state, slice_seconds)
+            totals[name][0] += count
+            totals[name][1] += elapsed
+            rates[name].append(count / elapsed)
+            for job, values in per_job.items():
+                latencies[name][job].extend(values)
+
+    print(f"engine reviews/s, {len(jobs)} sample jobs round-robin, {args.rounds} alternating rounds of "
+          f"{slice_seconds:.1f}s per side (python {sys.version.split()[0]})")
+    print(f"{'job':<18} {'default us':>11} {'empty us':>10} {'ratio':>7}")
+    for job, _ in jobs:
+        d = statistics.median(latencies["default"][job]) * 1e6
+        e = statistics.median(latencies["empty"][job]) * 1e6
+        print(f"{job:<18} {d:>11.0f} {e:>10.0f} {d / e:>6.2f}x")
+    overall = {name: count / elapsed for name, (count, elapsed) in totals.items()}
+    print()
+    for name in sides:
+        spread = f"(rounds {min(rates[name]):.0f}-{max(rates[name]):.0f})"
+        print(f"{name + ' bundle':<15} {overall[name]:>9.0f} reviews/s  {spread}")
+    print(f"ratio empty/default: {overall['empty'] / overall['default']:.2f}x "
+          f"(the default bundle costs {overall['empty'] / overall['default']:.2f} times an empty one)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""Shared fixtures for the unit tier: the shipped examples, bundles built from dicts, and small
+runtime/TrainJob builders so each test states only what it is about."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+from policies.bundle import API_VERSION, KIND, Bundle, compile_document, default_bundles, load_bundles
+from policies.engine import AdmissionInput, Decision, evaluate
+from policies.state import ClusterState, load_objects
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+STATE_FILES = [
+    EXAMPLES / "cluster-state.yaml",
+    EXAMPLES / "runtimes" / "mpi-openmpi.yaml",
+    EXAMPLES / "runtimes" / "mpi-privileged.yaml",
+]
+NODE_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
+
+
+def load_one(path: Path) -> dict:
+    objects = load_objects(path)
+    assert len(objects) == 1, f"{path}: expected one object"
+    return objects[0]
+
+
+@pytest.fixture(scope="session")
+def _example_objects() -> list[dict]:
+    return [obj for path in STATE_FILES for obj in load_objects(path)]
+
+
+@pytest.fixture
+def example_state(_example_objects) -> ClusterState:
+    """team-a (restricted, cost-center label, GPU quota 24/32 used) + both example runtimes."""
+    return ClusterState.from_objects(copy.deepcopy(_example_objects))
+
+
+@pytest.fixture
+def example_job() -> Callable[[str], dict]:
+    def load(name: str) -> dict:
+        return load_one(EXAMPLES / "jobs" / f"{name}.yaml")
+
+    return load
+
+
+@pytest.fixture(scope="session")
+def default() -> list[Bundle]:
+    return default_bundles()
+
+
+@pytest.fixture(scope="session")
+def production() -> list[Bundle]:
+    return load_bundles([str(EXAMPLES / "bundles" / "production.yaml")])
+
+
+def bundle_document(spec: dict | None = None, name: str = "test") -> dict:
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name}, "spec": spec or {}}
+
+
+@pytest.fixture
+def make_bundle() -> Callable[..., Bundle]:
+    def make(spec: dict | None = None, name: str = "test") -> Bundle:
+        return compile_document(bundle_document(spec, name), f"<{name}>")
+
+    return make
+
+
+@pytest.fixture
+def review() -> Callable[..., Decision]:
+    def run(obj: dict, bundles: list[Bundle], state: ClusterState, operation: str = "CREATE",
+            old: dict | None = None, **kwargs: Any) -> Decision:
+        return evaluate(AdmissionInput(copy.deepcopy(obj), operation=operation, old_object=old, **kwargs), bundles, state)
+
+    return run
+
+
+def pod_spec(cpu: str = "1", memory: str = "2Gi", gpus: int = 0, secure: bool = True, name: str = "node",
+             image: str = "quay.io/acme-ml/openmpi-runtime:4.1", **extra: Any) -> dict:
+    """A one-container pod spec; ``secure`` makes it Pod Security "restricted" conformant."""
+    container: dict = {"name": name, "image": image, "resources": {"requests": {"cpu": cpu, "memory": memory}}}
+    if gpus:
+        container["resources"]["limits"] = {"nvidia.com/gpu": gpus}
+    spec: dict = {"containers": [container], **extra}
+    if secure:
+        spec["securityContext"] = {"runAsNonRoot": True, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}}
+        container["securityContext"] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    return spec
+
+
+def make_runtime(name: str = "rt", *, launcher_as_node: bool = True, num_proc: int | None = 1, mpi: bool = True,
+                 node: dict | None = None, launcher: dict | None = None, ancestor: str = "launcher",
+                 ml_num_nodes: int = 1, kind: str = "ClusterTrainingRuntime", namespace: str | None = None,
+                 node_parallelism: int | None = None) -> dict:
+    """An MPI runtime shaped like examples/runtimes/mpi-openmpi.yaml: replicated jobs node and
+    launcher; ``ancestor`` names the one labelled as the trainer ancestor."""
+    jobs = []
+    for job_name, spec in (("node", node if node is not None else pod_spec()),
+                           ("launcher", launcher if launcher is not None else pod_spec())):
+        template: dict = {"spec": {"template": {"spec": copy.deepcopy(spec)}}}
+        if job_name == ancestor:
+            template["metadata"] = {"labels": {NODE_LABEL: "trainer"}}
+        if job_name == "node" and node_parallelism is not None:
+            template["spec"]["parallelism"] = node_parallelism
+        jobs.append({"name": job_name, "template": template})
+    ml_policy: dict = {"numNodes": ml_num_nodes}
+    if mpi:
+        ml_policy["mpi"] = {"mpiImplementation": "OpenMPI", "runLauncherAsNode": launcher_as_node,
+                            "sshAuthMountPath": "/home/mpiuser/.ssh"}
+        if num_proc is not None:
+            ml_policy["mpi"]["numProcPerNode"] = num_proc
+    metadata: dict = {"name": name}
+    if namespace:
+        metadata["namespace"] = namespace
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": kind, "metadata": metadata,
+            "spec": {"mlPolicy": ml_policy, "template": {"spec": {"replicatedJobs": jobs}}}}
+
+
+def make_trainjob(name: str = "job", namespace: str = "team-a", runtime: str = "rt", *,
+                  runtime_kind: str | None = None, labels: dict | None = None,
+                  runtime_patches: list | None = None, **trainer: Any) -> dict:
+    ref: dict = {"name": runtime}
+    if runtime_kind:
+        ref["kind"] = runtime_kind
+    obj: dict = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                 "metadata": {"name": name, "namespace": namespace}, "spec": {"runtimeRef": ref}}
+    if labels:
+        obj["metadata"]["labels"] = dict(labels)
+    if trainer:
+        obj["spec"]["trainer"] = trainer
+    if runtime_patches is not None:
+        obj["spec"]["runtimePatches"] = runtime_patches
+    return obj
+
+
+def namespace_obj(name: str = "team-a", labels: dict | None = None, annotations: dict | None = None) -> dict:
+    meta: dict = {"name": name, "labels": dict(labels or {})}
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
+
+
+def quota_obj(hard: dict, used: dict | None = None, name: str = "compute", namespace: str = "team-a",
+              **spec_extra: Any) -> dict:
+    return {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"hard": dict(hard), **spec_extra},
+            "status": {"hard": dict(hard), "used": dict(used or {})}}
+
+
+def state_of(*objects: dict) -> ClusterState:
+    return ClusterState.from_objects(copy.deepcopy(list(objects)))
+
+
+def dump(obj: Any) -> str:
+    return yaml.safe_dump(obj, sort_keys=False)
+
+
+@pytest.fixture(scope="session")
+def build():
+    """The builders above, for tests (conftest modules are not importable by name)."""
+    import types
+
+    return types.SimpleNamespace(
+        pod_spec=pod_spec, runtime=make_runtime, trainjob=make_trainjob, namespace=namespace_obj,
+        quota=quota_obj, state=state_of, bundle_document=bundle_document, load_one=load_one,
+        examples=EXAMPLES, fixtures=FIXTURES, root=ROOT, state_files=STATE_FILES,
+    )

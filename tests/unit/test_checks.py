@@ -1,0 +1,389 @@
+"""Built-in checks: quota pre-check, GPU limits, job shape, Pod Security / OpenShift SCC."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from policies.bundle import GpuCheck, PodSecurityCheck, ShapeCheck
+from policies.checks import gpu, podsecurity, quota, shape
+from policies.effective_job import build as effective
+
+
+def job_of(build, runtime=None, name="job", namespace="team-a", labels=None, **trainer):
+    runtime = runtime or build.runtime()
+    return effective(build.trainjob(name=name, namespace=namespace, runtime=runtime["metadata"]["name"],
+                                    labels=labels, **trainer), build.state(runtime))
+
+
+def per_node(cpu="2", memory="8Gi", gpus=0):
+    resources: dict = {"requests": {"cpu": cpu, "memory": memory}}
+    if gpus:
+        resources["limits"] = {"nvidia.com/gpu": gpus}
+    return resources
+
+
+# --- quota ------------------------------------------------------------------------------------
+
+def test_quota_example_over_quota_gives_numbers_and_fix(example_job, example_state):
+    job = effective(example_job("over-quota"), example_state)
+    (finding,) = quota.check(job, example_state.namespace_quotas("team-a"))
+    assert "job needs 32 nvidia.com/gpu (7 workers x 4 + 1 launcher x 4)" in finding.message
+    assert 'quota "compute" in team-a allows 32 and 24 are in use' in finding.message
+    assert finding.remediation == "reduce spec.trainer.numNodes to 2 or ask your admin to raise the quota"
+
+
+def test_quota_used_is_subtracted(build):
+    job = job_of(build, numNodes=4, resourcesPerNode=per_node(gpus=2))  # 4 nodes x 2 = 8 GPUs
+    assert quota.check(job, [build.quota({"requests.nvidia.com/gpu": "8"}, {"requests.nvidia.com/gpu": "0"})]) == []
+    (finding,) = quota.check(job, [build.quota({"requests.nvidia.com/gpu": "8"}, {"requests.nvidia.com/gpu": "1"})])
+    assert "job needs 8 nvidia.com/gpu" in finding.message and "1 are in use" in finding.message
+    assert "reduce spec.trainer.numNodes to 3" in finding.remediation  # 7 free = launcher 2 + 2 workers x 2
+
+
+def test_quota_launcher_not_a_node_fix_counts_workers_only(build):
+    job = job_of(build, build.runtime(launcher_as_node=False, ancestor="node"), numNodes=6,
+                 resourcesPerNode=per_node(gpus=4))
+    (finding,) = quota.check(job, [build.quota({"requests.nvidia.com/gpu": "32"}, {"requests.nvidia.com/gpu": "20"})])
+    assert "job needs 24 nvidia.com/gpu (6 workers x 4)" in finding.message
+    assert "reduce spec.trainer.numNodes to 3" in finding.remediation
+
+
+@pytest.mark.parametrize("key, hard, words", [
+    ("requests.cpu", "10", "job needs 16 cpu requests (3 workers x 4 + 1 launcher x 4)"),  # launcher is a node
+    ("cpu", "10", "job needs 16 cpu requests"),
+    ("requests.memory", "16Gi", "job needs 32Gi memory requests"),
+    ("memory", "16Gi", "job needs 32Gi memory requests"),
+    ("limits.cpu", "6", "job needs 8 cpu limits (3 workers x 2 + 1 launcher x 2)"),
+    ("pods", "3", "job needs 4 pods"),
+    ("count/pods", "3", "job needs 4 pods"),
+])
+def test_quota_keys(build, key, hard, words):
+    resources = {"requests": {"cpu": "4", "memory": "8Gi"}, "limits": {"cpu": "8", "memory": "8Gi"}}
+    if key == "limits.cpu":
+        resources["limits"]["cpu"] = "2"
+        resources["requests"]["cpu"] = "1"
+    job = job_of(build, numNodes=4, resourcesPerNode=resources)
+    findings = [f for f in quota.check(job, [build.quota({key: hard})]) if f.severity != "warn"]
+    assert len(findings) == 1 and words in findings[0].message, findings
+    assert f"allows {hard}" in findings[0].message
+
+
+def test_quota_ignores_resources_a_job_does_not_consume(build):
+    job = job_of(build, numNodes=4)
+    assert quota.check(job, [build.quota({"count/secrets": "1", "services": "0", "requests.storage": "1"},
+                                         {"count/secrets": "5"})]) == []
+
+
+def test_scoped_quotas_are_skipped(build):
+    job = job_of(build, numNodes=4, resourcesPerNode=per_node(gpus=4))
+    tight = {"requests.nvidia.com/gpu": "1"}
+    assert quota.check(job, [build.quota(tight, scopes=["NotBestEffort"])]) == []
+    assert quota.check(job, [build.quota(tight, scopeSelector={"matchExpressions": [
+        {"scopeName": "PriorityClass", "operator": "In", "values": ["high"]}]})]) == []
+    assert len(quota.check(job, [build.quota(tight)])) == 1
+
+
+def test_quota_update_counts_only_growth(build):
+    runtime = build.runtime()
+    old = job_of(build, runtime, numNodes=4, resourcesPerNode=per_node(gpus=4))   # 16 GPUs, already in `used`
+    grown = job_of(build, runtime, numNodes=6, resourcesPerNode=per_node(gpus=4))  # 24 GPUs
+    q = build.quota({"requests.nvidia.com/gpu": "32"}, {"requests.nvidia.com/gpu": "20"})
+    assert quota.check(grown, [q], old) == []  # needs 8 more, 12 free
+    (finding,) = quota.check(grown, [q])  # as a CREATE it would need all 24
+    assert "job needs 24" in finding.message
+    q_tight = build.quota({"requests.nvidia.com/gpu": "32"}, {"requests.nvidia.com/gpu": "28"})
+    (finding,) = quota.check(grown, [q_tight], old)
+    assert "job needs 8 nvidia.com/gpu" in finding.message and "28 are in use" in finding.message
+    same = job_of(build, runtime, numNodes=4, resourcesPerNode=per_node(gpus=4))
+    full = build.quota({"requests.nvidia.com/gpu": "32"}, {"requests.nvidia.com/gpu": "32"})
+    assert quota.check(same, [full], old) == []  # no growth, no demand
+
+
+def test_quota_missing_request_is_a_warning(build):
+    runtime = build.runtime(node=build.pod_spec(), launcher=build.pod_spec())
+    for spec in (runtime["spec"]["template"]["spec"]["replicatedJobs"]):
+        del spec["template"]["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["memory"]
+    job = job_of(build, runtime, numNodes=2)
+    findings = quota.check(job, [build.quota({"requests.memory": "100Gi"})])
+    (finding,) = findings
+    assert finding.severity == "warn"
+    assert 'quota "compute" in team-a tracks requests.memory' in finding.message
+    assert "node container 'node'" in finding.message and "launcher container 'node'" in finding.message
+    assert "resourcesPerNode.requests.memory" in finding.remediation
+    # Once the job sets it, no warning.
+    assert quota.check(job_of(build, runtime, numNodes=2, resourcesPerNode={"requests": {"memory": "1Gi"}}),
+                       [build.quota({"requests.memory": "100Gi"})]) == []
+
+
+def test_quota_missing_request_warns_through_the_engine(build, make_bundle, review):
+    runtime = build.runtime(node=build.pod_spec(), launcher=build.pod_spec())
+    for rjob in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+        del rjob["template"]["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"]
+    state = build.state(runtime, build.quota({"requests.cpu": "100"}))
+    decision = review(build.trainjob(numNodes=2), [make_bundle({"checks": {"quota": {}}})], state)
+    assert decision.allowed and decision.decision == "warn"
+    assert any("sets no cpu request" in w for w in decision.warnings)
+
+
+def test_quota_per_worker_fix_when_no_worker_count_fits(build):
+    job = job_of(build, build.runtime(launcher_as_node=False, ancestor="node"), numNodes=2,
+                 resourcesPerNode=per_node(cpu="8"))
+    (finding,) = quota.check(job, [build.quota({"requests.cpu": "12"}, {"requests.cpu": "0"})])
+    # 17 cpu needed: launcher 1 fixed, 11 left, not enough for one more 8-cpu worker beyond the first
+    assert "job needs 17 cpu requests" in finding.message
+    assert "reduce spec.trainer.numNodes to 1" in finding.remediation
+
+
+# --- GPU --------------------------------------------------------------------------------------
+
+def test_gpu_per_worker(example_job, example_state):
+    job = effective(example_job("too-many-gpus"), example_state)
+    findings = gpu.check(job, GpuCheck(maxPerWorker=8))
+    (finding,) = findings
+    assert "requests 9 nvidia.com/gpu; the limit is 8 per worker" in finding.message
+    assert 'spec.trainer.resourcesPerNode.limits["nvidia.com/gpu"] to 8 or less' in finding.remediation
+    assert gpu.check(job, GpuCheck(maxPerWorker=9)) == []
+
+
+def test_gpu_per_worker_names_workers_when_launcher_is_not_a_node(build):
+    job = job_of(build, build.runtime(launcher_as_node=False, ancestor="node"), numNodes=4,
+                 resourcesPerNode=per_node(gpus=6))
+    (finding,) = gpu.check(job, GpuCheck(maxPerWorker=4))
+    assert finding.message.startswith("each worker requests 6 nvidia.com/gpu; the limit is 4")
+    assert "the same 24 GPUs fit in 6 workers x 4" in finding.remediation
+
+
+def test_gpu_per_job(build):
+    job = job_of(build, build.runtime(launcher_as_node=False, ancestor="node"), numNodes=5,
+                 resourcesPerNode=per_node(gpus=4))
+    (finding,) = gpu.check(job, GpuCheck(maxPerJob=16))
+    assert finding.message == "job requests 20 GPUs (5 workers x 4); the limit is 16 per job"
+    assert finding.remediation.startswith("reduce workers to 4 (spec.trainer.numNodes)")
+    assert gpu.check(job, GpuCheck(maxPerJob=20)) == []
+
+
+def test_gpu_allowed_resource_names(build):
+    node = build.pod_spec()
+    node["containers"][0]["resources"]["limits"] = {"amd.com/gpu": 1}
+    job = job_of(build, build.runtime(node=node, launcher=build.pod_spec()), numNodes=2)
+    (finding,) = gpu.check(job, GpuCheck(allowedResources=["nvidia.com/gpu"]))
+    assert "node pods request 1 amd.com/gpu" in finding.message and "nvidia.com/gpu" in finding.remediation
+    assert gpu.check(job, GpuCheck(allowedResources=["nvidia.com/gpu", "amd.com/gpu"])) == []
+    assert gpu.check(job, GpuCheck(allowedResources=[])) == []  # empty: any accelerator
+
+
+@pytest.mark.parametrize("launcher_as_node, allow, denied", [(False, False, True), (False, True, False),
+                                                             (True, False, False)])
+def test_gpu_on_launcher(build, launcher_as_node, allow, denied):
+    runtime = build.runtime(launcher_as_node=launcher_as_node, ancestor="node",
+                            node=build.pod_spec(gpus=1), launcher=build.pod_spec(gpus=2))
+    job = job_of(build, runtime, numNodes=2)
+    findings = gpu.check(job, GpuCheck(allowOnLauncher=allow))
+    assert bool(findings) is denied
+    if denied:
+        assert "the launcher pod requests 2 nvidia.com/gpu" in findings[0].message
+
+
+# --- shape ------------------------------------------------------------------------------------
+
+def test_shape_max_workers(example_job, example_state):
+    job = effective(example_job("too-many-workers"), example_state)
+    (finding,) = shape.check(job, ShapeCheck(maxWorkers=64))
+    assert finding.message == "job has 65 workers; the limit is 64"
+    assert "set spec.trainer.numNodes to 64 or less" in finding.remediation
+    assert shape.check(job, ShapeCheck(maxWorkers=65)) == []
+
+
+def test_shape_min_cpu_and_memory(build):
+    job = job_of(build, numNodes=2, resourcesPerNode={"requests": {"cpu": "500m", "memory": "512Mi"}})
+    findings = shape.check(job, ShapeCheck(minWorkerCpu="1", minWorkerMemory="1Gi"))
+    assert [f.message for f in findings] == [
+        "each worker requests 500m cpu; the minimum per worker is 1",
+        "each worker requests 512Mi memory; the minimum per worker is 1Gi",
+    ]
+    assert findings[0].remediation == "set spec.trainer.resourcesPerNode.requests.cpu to at least 1"
+    assert shape.check(job, ShapeCheck(minWorkerCpu="500m", minWorkerMemory="512Mi")) == []
+
+
+def test_shape_allowed_runtimes(build):
+    job = job_of(build, numNodes=2)
+    (finding,) = shape.check(job, ShapeCheck(allowedRuntimes=["mpi-openmpi"]))
+    assert finding.message == "runtime 'rt' is not allowed here" and "mpi-openmpi" in finding.remediation
+    assert shape.check(job, ShapeCheck(allowedRuntimes=["rt"])) == []
+
+
+@pytest.mark.parametrize("image, allowed, ok", [
+    ("busybox", ["docker.io"], True),                       # bare names are Docker Hub
+    ("library/busybox:1", ["docker.io"], True),
+    ("busybox", ["quay.io"], False),
+    ("quay.io/acme-ml/train:1", ["quay.io/acme-ml"], True),
+    ("quay.io/acme-ml/train:1", ["quay.io/acme-ml/"], True),
+    ("quay.io/acme-mlx/train:1", ["quay.io/acme-ml"], False),  # prefix is per path segment
+    ("quay.io/other/train:1", ["quay.io/acme-ml"], False),
+    ("quay.io/other/train:1", ["quay.io"], True),
+    ("localhost:5000/x", ["localhost:5000"], True),
+    ("registry.internal:5000/ml/x", ["registry.internal"], False),
+    ("ghcr.io/kubeflow/trainer/x", ["ghcr.io/kubeflow"], True),
+])
+def test_registry_allowed(image, allowed, ok):
+    assert shape.registry_allowed(image, allowed) is ok
+
+
+def test_shape_registries_flags_each_image(build):
+    job = job_of(build, numNodes=2, image="docker.io/me/train:1")
+    (finding,) = shape.check(job, ShapeCheck(allowedRegistries=["quay.io/acme-ml"]))
+    assert "launcher image 'docker.io/me/train:1' comes from docker.io" in finding.message
+    (finding,) = shape.check(job_of(build, numNodes=2, image="train:1"), ShapeCheck(allowedRegistries=["quay.io"]))
+    assert "comes from docker.io" in finding.message
+
+
+def test_shape_required_labels(build):
+    job = job_of(build, numNodes=2, labels={"team": "a"})
+    (finding,) = shape.check(job, ShapeCheck(requiredLabels=["team", "cost-center"]))
+    assert finding.message == "job is missing required label cost-center"
+    assert shape.check(job_of(build, numNodes=2, labels={"team": "a", "cost-center": "x"}),
+                       ShapeCheck(requiredLabels=["team", "cost-center"])) == []
+
+
+# --- pod security -----------------------------------------------------------------------------
+
+PSS_ONLY = {"openshiftSCC": False, "honorNamespaceLabel": False}
+
+
+def _psa(build, node=None, launcher=None, namespace=None, **settings):
+    runtime = build.runtime(node=node or build.pod_spec(), launcher=launcher or build.pod_spec())
+    job = job_of(build, runtime, numNodes=2)
+    level, findings = podsecurity.check(job, PodSecurityCheck(**settings), namespace or build.namespace())
+    return level, " ".join(f.message for f in findings), findings
+
+
+def test_conformant_runtime_passes_restricted(build):
+    assert _psa(build, level="restricted", **PSS_ONLY)[2] == []
+
+
+def test_silent_pod_passes_baseline_but_not_restricted(build):
+    silent = build.pod_spec(secure=False)
+    assert _psa(build, node=silent, launcher=copy.deepcopy(silent), level="baseline", **PSS_ONLY)[2] == []
+    _, text, findings = _psa(build, node=silent, launcher=copy.deepcopy(silent), level="restricted", **PSS_ONLY)
+    assert len(findings) == 2  # one per pod set, each listing every violation
+    for path in ("spec.containers[node].securityContext.allowPrivilegeEscalation",
+                 "spec.containers[node].securityContext.runAsNonRoot",
+                 "spec.containers[node].securityContext.seccompProfile",
+                 "spec.containers[node].securityContext.capabilities.drop"):
+        assert path in findings[0].message and path in findings[1].message
+    assert 'node pod violates Pod Security "restricted"' in text
+    assert "replicatedJobs[launcher] pod template" in text
+    assert "set allowPrivilegeEscalation: false" in findings[0].remediation
+
+
+@pytest.mark.parametrize("mutate, path", [
+    (lambda s: s["containers"][0]["securityContext"].update(privileged=True),
+     "spec.containers[node].securityContext.privileged"),
+    (lambda s: s.update(hostNetwork=True), "spec.hostNetwork"),
+    (lambda s: s.update(hostPID=True), "spec.hostPID"),
+    (lambda s: s.update(volumes=[{"name": "dev", "hostPath": {"path": "/dev"}}]), "spec.volumes[dev].hostPath"),
+    (lambda s: s["containers"][0]["securityContext"].update(capabilities={"add": ["SYS_ADMIN"], "drop": ["ALL"]}),
+     "spec.containers[node].securityContext.capabilities.add"),
+    (lambda s: s["containers"][0].update(ports=[{"containerPort": 2222, "hostPort": 2222}]),
+     "spec.containers[node].ports[2222].hostPort"),
+    (lambda s: s["securityContext"].update(seccompProfile={"type": "Unconfined"}),
+     "spec.securityContext.seccompProfile.type"),
+    (lambda s: s["securityContext"].update(sysctls=[{"name": "kernel.msgmax", "value": "1"}]),
+     "spec.securityContext.sysctls"),
+    (lambda s: s.update(initContainers=[{"name": "init", "image": "x", "securityContext": {"privileged": True}}]),
+     "spec.initContainers[init].securityContext.privileged"),
+])
+@pytest.mark.parametrize("level", ["baseline", "restricted"])
+def test_baseline_violations_have_field_paths(build, mutate, path, level):
+    node = build.pod_spec()
+    mutate(node)
+    _, text, findings = _psa(build, node=node, level=level, **PSS_ONLY)
+    assert path in text
+    assert all(f.message.startswith("node pod") for f in findings)  # the launcher is fine
+
+
+def test_restricted_only_violations(build):
+    for mutate, path in [
+        (lambda s: s["containers"][0]["securityContext"].update(capabilities={"add": ["CHOWN"], "drop": ["ALL"]}),
+         "spec.containers[node].securityContext.capabilities.add"),
+        (lambda s: s["securityContext"].update(runAsUser=0), "spec.securityContext.runAsUser"),
+        (lambda s: s.update(volumes=[{"name": "nfs", "nfs": {"server": "x", "path": "/"}}]), "spec.volumes[nfs]"),
+    ]:
+        node = build.pod_spec()
+        mutate(node)
+        assert _psa(build, node=node, level="baseline", **PSS_ONLY)[2] == []
+        assert path in _psa(build, node=node, level="restricted", **PSS_ONLY)[1]
+
+
+def test_container_run_as_non_root_false_overrides_pod(build):
+    node = build.pod_spec()
+    node["containers"][0]["securityContext"]["runAsNonRoot"] = False
+    assert "securityContext.runAsNonRoot" in _psa(build, node=node, level="restricted", **PSS_ONLY)[1]
+
+
+def test_namespace_label_honoured_or_ignored(build):
+    silent = build.pod_spec(secure=False)
+    ns = build.namespace(labels={"pod-security.kubernetes.io/enforce": "baseline"})
+    level, _, findings = _psa(build, node=silent, launcher=copy.deepcopy(silent), namespace=ns,
+                              level="restricted", openshiftSCC=False, honorNamespaceLabel=True)
+    assert level == "baseline" and findings == []
+    level, _, findings = _psa(build, node=silent, launcher=copy.deepcopy(silent), namespace=ns,
+                              level="restricted", openshiftSCC=False, honorNamespaceLabel=False)
+    assert level == "restricted" and findings
+    # A stricter namespace label also wins over a looser bundle level.
+    strict = build.namespace(labels={"pod-security.kubernetes.io/enforce": "restricted"})
+    level, _, findings = _psa(build, node=silent, namespace=strict, level="baseline", openshiftSCC=False)
+    assert level == "restricted" and findings
+    # A bogus label value is ignored.
+    bogus = build.namespace(labels={"pod-security.kubernetes.io/enforce": "yes-please"})
+    assert _psa(build, namespace=bogus, level="baseline", openshiftSCC=False)[0] == "baseline"
+
+
+def test_privileged_level_skips_pss(build):
+    node = build.pod_spec()
+    node["containers"][0]["securityContext"]["privileged"] = True
+    assert _psa(build, node=node, level="privileged", **PSS_ONLY)[2] == []
+
+
+def test_openshift_scc_uid_range(build):
+    ns = build.namespace(annotations={"openshift.io/sa.scc.uid-range": "1000680000/10000"})
+    assert podsecurity.uid_range(ns) == (1000680000, 1000689999)
+    # pod_spec() sets runAsUser 1000: outside the namespace range.
+    _, text, findings = _psa(build, namespace=ns, level="privileged", openshiftSCC=True, honorNamespaceLabel=False)
+    assert "spec.securityContext.runAsUser" in text
+    assert "runAsUser 1000 is outside the namespace's UID range 1000680000-1000689999" in text
+    assert "OpenShift SCC restricted-v2" in text
+    inside = build.pod_spec()
+    inside["securityContext"]["runAsUser"] = 1000685000
+    assert _psa(build, node=inside, launcher=copy.deepcopy(inside), namespace=ns, level="privileged",
+                openshiftSCC=True)[2] == []
+    # No annotation: no range to check; SCC off: not checked at all.
+    assert _psa(build, level="privileged", openshiftSCC=True)[2] == []
+    assert _psa(build, namespace=ns, level="privileged", openshiftSCC=False)[2] == []
+
+
+def test_openshift_scc_rejects_explicit_contradictions_only(build):
+    silent = build.pod_spec(secure=False)  # SCC admission would fill these in: fine
+    assert _psa(build, node=silent, launcher=copy.deepcopy(silent), level="privileged", openshiftSCC=True)[2] == []
+    node = build.pod_spec(secure=False)
+    node["containers"][0]["securityContext"] = {"allowPrivilegeEscalation": True, "runAsUser": 0,
+                                                "capabilities": {"add": ["NET_ADMIN"]}}
+    node["volumes"] = [{"name": "host", "hostPath": {"path": "/"}}]
+    _, text, _ = _psa(build, node=node, level="privileged", openshiftSCC=True)
+    for path in ("spec.containers[node].securityContext.allowPrivilegeEscalation",
+                 "spec.containers[node].securityContext.runAsUser",
+                 "spec.containers[node].securityContext.capabilities.add",
+                 "spec.volumes[host].hostPath"):
+        assert path in text
+
+
+def test_example_privileged_runtime_is_denied_with_paths(example_job, example_state, default, review):
+    decision = review(example_job("privileged"), default, example_state)
+    assert not decision.allowed
+    (message,) = decision.messages
+    assert message["rule"] == "default/pod-security"
+    assert message["message"].startswith('launcher pod violates Pod Security "restricted"')
+    assert "spec.containers[node].securityContext.privileged (privileged is true)" in message["message"]
+    assert "ClusterTrainingRuntime mpi-privileged" in message["message"]
+    assert "remove privileged: true" in message["remediation"]

@@ -1,0 +1,246 @@
+"""The real console script, as a new user runs it. Every invocation is a subprocess of
+.venv/bin/trainjob-admission; they run concurrently once per session (each pays the interpreter
+start-up) and the tests assert on exit codes and output."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(sys.executable).parent / "trainjob-admission"
+BUNDLES = "tests/unit/fixtures/bundles"
+STATE = ["--cluster-state", "examples/cluster-state.yaml", "--cluster-state", "examples/runtimes/mpi-openmpi.yaml"]
+PRIVILEGED = STATE + ["--cluster-state", "examples/runtimes/mpi-privileged.yaml"]
+
+CALLS: dict[str, list[str]] = {
+    "allowed": ["review", "-f", "examples/jobs/allowed.yaml", *STATE],
+    "allowed-json": ["review", "-f", "examples/jobs/allowed.yaml", *STATE, "-o", "json"],
+    "too-many-gpus": ["review", "-f", "examples/jobs/too-many-gpus.yaml", *STATE],
+    "too-many-workers": ["review", "-f", "examples/jobs/too-many-workers.yaml", *STATE],
+    "privileged": ["review", "-f", "examples/jobs/privileged.yaml", *PRIVILEGED],
+    "over-quota": ["review", "-f", "examples/jobs/over-quota.yaml", *STATE],
+    "over-quota-json": ["review", "-f", "examples/jobs/over-quota.yaml", *STATE, "-o", "json"],
+    "legacy": ["review", "-f", "examples/jobs/legacy-mpijob.yaml", *STATE],
+    "review-missing-file": ["review", "-f", "examples/jobs/nope.yaml", *STATE],
+    "review-missing-bundle": ["review", "-f", "examples/jobs/allowed.yaml", *STATE, "--bundle", "nope/"],
+    "review-broken-bundle": ["review", "-f", "examples/jobs/allowed.yaml", *STATE,
+                             "--bundle", f"{BUNDLES}/cel-syntax-error.yaml"],
+    "review-custom-bundle": ["review", "-f", "examples/jobs/allowed.yaml", *STATE, "--bundle", f"{BUNDLES}/good.yaml",
+                             "--bundle", "builtin:default", "-o", "json"],
+    "lint-syntax": ["policy", "lint", f"{BUNDLES}/cel-syntax-error.yaml"],
+    "lint-variable": ["policy", "lint", f"{BUNDLES}/cel-unknown-variable.yaml"],
+    "lint-schema": ["policy", "lint", *(f"{BUNDLES}/{name}.yaml" for name in
+                                        ("unknown-field", "bad-mode", "duplicate-rules", "fips-ed25519"))],
+    "lint-good": ["policy", "lint", f"{BUNDLES}/good.yaml"],
+    "lint-examples": ["policy", "lint", "examples/bundles", "builtin:default"],
+    "lint-mixed": ["policy", "lint", f"{BUNDLES}/good.yaml", f"{BUNDLES}/cel-unknown-variable.yaml"],
+    "lint-missing": ["policy", "lint", "nope.yaml"],
+    "test-default": ["policy", "test", "builtin:default", "--cases", "examples/cases/default"],
+    "test-production": ["policy", "test", "examples/bundles/production.yaml", "--cases", "examples/cases/production"],
+    "test-wrong": ["policy", "test", "builtin:default", "--cases", "tests/unit/fixtures/cases"],
+    "explain": ["policy", "explain", "-f", "examples/jobs/over-quota.yaml", *STATE],
+    "explain-json": ["policy", "explain", "-f", "examples/jobs/allowed.yaml", *STATE, "-o", "json"],
+}
+
+
+@pytest.fixture(scope="module")
+def cli() -> dict[str, subprocess.CompletedProcess]:
+    if not SCRIPT.exists():
+        found = shutil.which("trainjob-admission")
+        assert found, "the console script is not installed (pip install -e .)"
+    script = str(SCRIPT) if SCRIPT.exists() else shutil.which("trainjob-admission")
+
+    def run(args: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.run([script, *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = dict(zip(CALLS, pool.map(run, CALLS.values())))
+    return results
+
+
+def out(result: subprocess.CompletedProcess) -> str:
+    return result.stdout + result.stderr
+
+
+# --- review -----------------------------------------------------------------------------------
+
+def test_review_allowed(cli):
+    result = cli["allowed"]
+    assert result.returncode == 0, out(result)
+    assert result.stdout.startswith("ALLOWED  TrainJob team-a/resnet-allreduce")
+    assert "4 pods (3 node + 1 launcher), 4 nvidia.com/gpu" in result.stdout
+    assert "inject: Secret resnet-allreduce-mpi-ssh-auth (keyType=rsa-4096)" in result.stdout
+
+
+def test_review_allowed_json_has_the_istio_and_queue_patch(cli):
+    result = cli["allowed-json"]
+    assert result.returncode == 0, out(result)
+    body = json.loads(result.stdout)  # only JSON on stdout
+    assert set(body) == {"allowed", "decision", "messages", "warnings", "patch", "injections", "job"}
+    assert body["allowed"] is True and body["decision"] == "allow" and body["messages"] == []
+    ops = {op["path"]: op for op in body["patch"]}
+    assert ops["/metadata/labels"]["value"] == {"kueue.x-k8s.io/queue-name": "default"}
+    (runtime_patch,) = ops["/spec/runtimePatches"]["value"]
+    assert runtime_patch["manager"] == "trainjob-admission.io/webhook"
+    jobs = runtime_patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    assert sorted(j["name"] for j in jobs) == ["launcher", "node"]
+    for j in jobs:
+        meta = j["template"]["spec"]["template"]["metadata"]
+        assert meta["labels"]["sidecar.istio.io/inject"] == "false"
+        assert meta["annotations"]["sidecar.istio.io/inject"] == "false"
+    assert body["job"]["gpus"] == 4 and body["job"]["pods"] == 4
+    assert [i["kind"] for i in body["injections"]] == ["Secret", "NetworkPolicy"]
+
+
+@pytest.mark.parametrize("name, rule, numbers", [
+    ("too-many-gpus", "default/gpu-limits", ["9 nvidia.com/gpu", "the limit is 8 per worker", "to 8 or less"]),
+    ("too-many-workers", "default/job-shape", ["job has 65 workers; the limit is 64", "numNodes to 64 or less"]),
+    ("privileged", "default/pod-security", ["spec.containers[node].securityContext.privileged",
+                                            "remove privileged: true"]),
+    ("over-quota", "default/quota", ["32 nvidia.com/gpu", "allows 32 and 24 are in use",
+                                     "reduce spec.trainer.numNodes to 2"]),
+])
+def test_review_denials_exit_1_with_numbers_and_fix(cli, name, rule, numbers):
+    result = cli[name]
+    assert result.returncode == 1, out(result)
+    assert result.stdout.startswith("DENIED  TrainJob team-a/")
+    assert f"x {rule}: " in result.stdout
+    for text in numbers:
+        assert text in result.stdout
+    assert "fix: " in result.stdout
+    assert "patch:" not in result.stdout and "inject:" not in result.stdout
+
+
+def test_review_denied_json(cli):
+    result = cli["over-quota-json"]
+    assert result.returncode == 1
+    body = json.loads(result.stdout)
+    assert body["allowed"] is False and body["decision"] == "deny" and body["patch"] == []
+    (message,) = body["messages"]
+    assert message["rule"] == "default/quota"
+    assert "24 are in use" in message["message"] and "numNodes to 2" in message["remediation"]
+
+
+def test_review_legacy_mpijob_warns(cli):
+    result = cli["legacy"]
+    assert result.returncode == 0
+    assert result.stdout.startswith("ALLOWED with warnings  MPIJob team-a/horovod-legacy")
+    assert "MPIJob is deprecated" in result.stdout
+
+
+def test_review_with_extra_bundle(cli):
+    result = cli["review-custom-bundle"]
+    assert result.returncode == 0, out(result)
+    assert json.loads(result.stdout)["allowed"] is True
+
+
+@pytest.mark.parametrize("name, code, words", [
+    ("review-missing-file", 3, "file not found: examples/jobs/nope.yaml"),
+    ("review-missing-bundle", 3, "bundle not found"),
+    ("review-broken-bundle", 2, "rule unbalanced"),
+    ("lint-missing", 3, "not found: nope.yaml"),
+])
+def test_errors_have_their_exit_codes(cli, name, code, words):
+    result = cli[name]
+    assert result.returncode == code, out(result)
+    assert words in result.stderr and result.stderr.startswith("error: ")
+
+
+# --- policy lint ------------------------------------------------------------------------------
+
+def test_lint_syntax_error_names_rule_and_position(cli):
+    result = cli["lint-syntax"]
+    assert result.returncode == 2
+    assert "ERROR tests/unit/fixtures/bundles/cel-syntax-error.yaml: bundle broken-syntax: rule unbalanced: " \
+           "expression: line 1, column " in result.stdout
+    assert "syntax error" in result.stdout
+    assert "rule fine" not in result.stdout  # the good rule is not blamed
+
+
+def test_lint_unknown_variable_names_rule_and_position(cli):
+    result = cli["lint-variable"]
+    assert result.returncode == 2
+    assert ("rule typo-in-variable: expression: line 2, column 3: undeclared reference to 'trainjob'"
+            in result.stdout)
+
+
+def test_lint_schema_errors_exit_2_and_name_the_field(cli):
+    result = cli["lint-schema"]
+    assert result.returncode == 2, out(result)
+    lines = result.stdout.splitlines()
+    assert len(lines) == 4 and all(line.startswith("ERROR ") for line in lines), result.stdout
+    expected = {
+        "unknown-field.yaml": "bundle broken-field: spec.checks.gpu.maxPerWorkr: unknown field",
+        "bad-mode.yaml": "bundle broken-mode: spec.mode: Input should be 'enforce' or 'audit', got 'dryrun'",
+        "duplicate-rules.yaml": "bundle broken-duplicates: spec: Value error, rule name 'limit' is used twice",
+        "fips-ed25519.yaml": "bundle broken-fips: spec.injections.sshKey: Value error, key type ed25519 is not "
+                             "allowed with fips: true",
+    }
+    for file, words in expected.items():
+        line = next(line for line in lines if f"/{file}:" in line)
+        assert words in line
+
+
+def test_lint_good_bundles_exit_0(cli):
+    result = cli["lint-good"]
+    assert result.returncode == 0, out(result)
+    assert result.stdout.startswith("OK    tests/unit/fixtures/bundles/good.yaml: bundle good 1.0.0 (enforce, 1 rules")
+
+
+def test_every_example_bundle_and_the_default_lint_clean(cli):
+    result = cli["lint-examples"]
+    assert result.returncode == 0, out(result)
+    lines = result.stdout.splitlines()
+    assert all(line.startswith("OK ") for line in lines), result.stdout
+    assert {line.split("bundle ")[1].split()[0] for line in lines} == {"production", "gpu-budget-rollout", "default"}
+
+
+def test_lint_reports_good_and_bad_and_fails(cli):
+    result = cli["lint-mixed"]
+    assert result.returncode == 2
+    assert "OK    tests/unit/fixtures/bundles/good.yaml" in result.stdout
+    assert "ERROR tests/unit/fixtures/bundles/cel-unknown-variable.yaml" in result.stdout
+
+
+# --- policy test / explain --------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, count", [("test-default", 7), ("test-production", 4)])
+def test_policy_test_examples_pass(cli, name, count):
+    result = cli[name]
+    assert result.returncode == 0, out(result)
+    assert result.stdout.rstrip().endswith(f"{count} passed, 0 failed")
+    assert "FAIL" not in result.stdout
+
+
+def test_policy_test_wrong_expectation_fails_and_names_it(cli):
+    result = cli["test-wrong"]
+    assert result.returncode == 1, out(result)
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("FAIL  wrong expectation: allowed job expected to be denied")
+    assert lines[1].strip() == "expected deny, got allow"
+    assert "PASS  a right expectation next to it still passes" in result.stdout
+    assert result.stdout.rstrip().endswith("1 passed, 1 failed")
+
+
+def test_explain_lists_every_rule_with_its_result(cli):
+    result = cli["explain"]
+    assert result.returncode == 0, out(result)
+    rows = [line.split(None, 4) for line in result.stdout.splitlines()[1:6]]
+    assert [(r[1], r[2], r[3]) for r in rows] == [
+        ("quota", "fail", "deny"), ("gpu-limits", "pass", "allow"), ("job-shape", "pass", "allow"),
+        ("pod-security", "pass", "allow"), ("max-job-gpus", "pass", "allow")]
+    assert "24 are in use" in rows[0][4]
+
+
+def test_explain_json(cli):
+    result = cli["explain-json"]
+    assert result.returncode == 0
+    body = json.loads(result.stdout)
+    assert [r["rule"] for r in body["results"]] == ["quota", "gpu-limits", "job-shape", "pod-security", "max-job-gpus"]
+    assert body["job"]["totals"]["gpus"] == 4 and body["job"]["numNodes"] == 4

@@ -1,0 +1,282 @@
+"""policies.engine.evaluate end to end: the example jobs, CEL rules, audit mode, matching, cases."""
+from __future__ import annotations
+
+import pytest
+
+from policies import report
+from policies.cases import Case, load_cases, run_case
+from policies.engine import DEPRECATION_WARNING
+
+
+def rule_named(decision, qualified):
+    return next(r for r in decision.results if r.qualified == qualified)
+
+
+# --- the example jobs under the default bundle ------------------------------------------------
+
+def test_allowed_example(example_job, example_state, default, review):
+    decision = review(example_job("allowed"), default, example_state)
+    assert decision.allowed and decision.decision == "allow" and decision.warnings == []
+    assert decision.bundles == [default[0].ref]
+    assert {r.result for r in decision.results} == {"pass"}
+    assert [r.rule for r in decision.results] == ["quota", "gpu-limits", "job-shape", "pod-security", "max-job-gpus"]
+    totals = decision.as_json()["job"]
+    assert totals["gpus"] == 4 and totals["pods"] == 4 and totals["cpu"] == 8000 and totals["memory"] == 32 << 30
+
+
+def test_too_many_gpus(example_job, example_state, default, review):
+    decision = review(example_job("too-many-gpus"), default, example_state)
+    assert not decision.allowed and decision.decision == "deny"
+    gpu = next(m for m in decision.messages if m["rule"] == "default/gpu-limits")
+    assert "9 nvidia.com/gpu" in gpu["message"] and "the limit is 8 per worker" in gpu["message"]
+    assert "to 8 or less" in gpu["remediation"]
+
+
+def test_too_many_workers(example_job, example_state, default, review):
+    decision = review(example_job("too-many-workers"), default, example_state)
+    (message,) = decision.messages
+    assert message["rule"] == "default/job-shape"
+    assert "65 workers" in message["message"] and "limit is 64" in message["message"]
+    assert "spec.trainer.numNodes to 64 or less" in message["remediation"]
+
+
+def test_over_quota(example_job, example_state, default, review):
+    decision = review(example_job("over-quota"), default, example_state)
+    (message,) = decision.messages
+    assert message["rule"] == "default/quota"
+    assert "32 nvidia.com/gpu" in message["message"]
+    assert "allows 32 and 24 are in use" in message["message"]
+    assert "reduce spec.trainer.numNodes to 2" in message["remediation"]
+    assert decision.status_message.startswith("[default/quota] job needs 32 nvidia.com/gpu")
+
+
+def test_privileged_needs_its_runtime(example_job, build, default, review):
+    from policies.state import ClusterState, load_objects
+    without = ClusterState.from_objects(o for p in build.state_files[:2] for o in load_objects(p))
+    decision = review(example_job("privileged"), default, without)
+    (message,) = decision.messages
+    assert message["rule"] == "default/job-model"
+    assert "ClusterTrainingRuntime 'mpi-privileged' not found" in message["message"]
+
+
+def test_legacy_mpijob_is_allowed_with_a_deprecation_warning(example_job, example_state, default, review):
+    decision = review(example_job("legacy-mpijob"), default, example_state)
+    assert decision.allowed and decision.decision == "warn"
+    assert decision.warnings == [DEPRECATION_WARNING]
+
+
+def test_many_violations_are_summarised(build, make_bundle, review):
+    silent = build.pod_spec(secure=False, cpu="100m", memory="64Mi", gpus=9)
+    state = build.state(build.runtime(node=silent, launcher=build.pod_spec(secure=False)))
+    bundle = make_bundle({"checks": {"gpu": {"maxPerWorker": 8, "maxPerJob": 10},
+                                     "shape": {"maxWorkers": 2, "minWorkerCpu": "1", "minWorkerMemory": "1Gi",
+                                               "requiredLabels": ["team"]},
+                                     "podSecurity": {}}})
+    decision = review(build.trainjob(numNodes=5), [bundle], state)
+    assert len(decision.messages) > 5
+    assert decision.status_message.startswith(f"{len(decision.messages)} policy violations: (1) [test/")
+    assert f"and {len(decision.messages) - 5} more" in decision.status_message
+
+
+# --- CEL rules --------------------------------------------------------------------------------
+
+def gpu_rule_bundle(make_bundle, max_gpus, **extra):
+    return make_bundle({"params": {"maxJobGpus": max_gpus}, "validations": [{
+        "name": "max-job-gpus", "expression": "job.totals.gpus <= params.maxJobGpus",
+        "messageExpression": "'job requests ' + string(job.totals.gpus) + ' GPUs; the limit is ' + string(params.maxJobGpus)",
+        "remediation": "use fewer GPUs", **extra}], **{k: v for k, v in extra.items() if k == "mode"}})
+
+
+def test_gpu_rule_as_written_passes_and_fails(example_job, example_state, make_bundle, review):
+    job = example_job("allowed")  # 4 GPUs
+    assert review(job, [gpu_rule_bundle(make_bundle, 4)], example_state).allowed
+    decision = review(job, [gpu_rule_bundle(make_bundle, 3)], example_state)
+    assert not decision.allowed
+    assert decision.messages == [{"rule": "test/max-job-gpus", "message": "job requests 4 GPUs; the limit is 3",
+                                  "remediation": "use fewer GPUs"}]
+
+
+def test_default_bundle_gpu_rule_params(example_job, example_state, default, review):
+    job = example_job("allowed")
+    job["spec"]["trainer"]["numNodes"] = 64
+    job["spec"]["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] = 5
+    decision = review(job, default, example_state)
+    rule = rule_named(decision, "default/max-job-gpus")
+    assert rule.result == "fail"
+    assert rule.messages == ["job requests 320 GPUs in total; the cluster-wide limit is 256"]
+
+
+def test_audit_mode_turns_denial_into_warning(example_job, example_state, make_bundle, review):
+    bundle = make_bundle({"mode": "audit", "params": {"maxJobGpus": 3}, "validations": [{
+        "name": "max-job-gpus", "expression": "job.totals.gpus <= params.maxJobGpus",
+        "message": "over the GPU budget"}]})
+    decision = review(example_job("allowed"), [bundle], example_state)
+    assert decision.allowed is True and decision.decision == "warn"
+    assert decision.messages == []
+    assert decision.warnings == ["[test/max-job-gpus audit] over the GPU budget"]
+    assert rule_named(decision, "test/max-job-gpus").result == "fail"
+
+
+def test_audit_rollout_example_warns_next_to_enforcing_default(example_job, example_state, default, build, review):
+    from policies.bundle import load_bundles
+    bundles = load_bundles([str(build.examples / "bundles" / "audit-rollout.yaml"), "builtin:default"])
+    job = example_job("allowed")
+    job["spec"]["trainer"]["numNodes"] = 5
+    job["spec"]["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] = 4  # 20 GPUs, quota: 24 + 20 > 32
+    decision = review(job, bundles, example_state)
+    assert not decision.allowed  # the default bundle's quota check still enforces
+    assert any(w.startswith("[gpu-budget-rollout/gpu-budget audit] job requests 20 GPUs") for w in decision.warnings)
+    assert all(m["rule"].startswith("default/") for m in decision.messages)
+
+
+def test_warn_severity_rule_allows_with_warning(example_job, example_state, make_bundle, review):
+    bundle = make_bundle({"validations": [{"name": "deadline", "expression": "has(object.spec.activeDeadlineSeconds)",
+                                           "message": "set a deadline", "remediation": "add activeDeadlineSeconds",
+                                           "severity": "warn"}]})
+    decision = review(example_job("allowed"), [bundle], example_state)
+    assert decision.allowed and decision.decision == "warn"
+    assert decision.warnings == ["[test/deadline] set a deadline: add activeDeadlineSeconds"]
+
+
+def test_message_expression_falls_back_to_message(example_job, example_state, make_bundle, review):
+    bundle = make_bundle({"validations": [{"name": "r", "expression": "job.workers > 100",
+                                           "message": "static text",
+                                           "messageExpression": "'workers: ' + string(object.spec.nosuch)"}]})
+    assert review(example_job("allowed"), [bundle], example_state).messages[0]["message"] == "static text"
+    bundle = make_bundle({"validations": [{"name": "r", "expression": "job.workers > 100"}]})
+    message = review(example_job("allowed"), [bundle], example_state).messages[0]["message"]
+    assert message == "failed rule r: job.workers > 100"
+
+
+def test_rule_returning_non_bool_is_an_error_that_denies(example_job, example_state, make_bundle, review):
+    bundle = make_bundle({"validations": [{"name": "oops", "expression": "job.totals.gpus", "message": "m"}]})
+    decision = review(example_job("allowed"), [bundle], example_state)
+    assert not decision.allowed
+    result = rule_named(decision, "test/oops")
+    assert result.result == "error" and result.effect == "deny"
+    assert "must evaluate to true or false, got 4" in result.messages[0]
+
+
+def test_rule_eval_error_denies_with_readable_message(example_job, example_state, make_bundle, review):
+    bundle = make_bundle({"validations": [{"name": "deadline", "expression": "object.spec.activeDeadlineSeconds < 10",
+                                           "message": "m"}]})
+    decision = review(example_job("allowed"), [bundle], example_state)
+    assert not decision.allowed
+    text = decision.messages[0]["message"]
+    assert text.startswith("rule 'deadline' could not be evaluated:")
+    assert "activeDeadlineSeconds" in text and "has(" in text
+    assert "quay.io/acme-ml/horovod-resnet" not in text  # the object is not dumped
+
+
+def test_rules_see_request_namespace_and_job(example_job, example_state, make_bundle, review):
+    bundle = make_bundle({"validations": [
+        {"name": "user", "expression": "request.userInfo.username == 'alice' && 'ml' in request.userInfo.groups"},
+        {"name": "op", "expression": "request.operation == 'CREATE' && request.namespace == 'team-a'"},
+        {"name": "ns", "expression": "namespaceObject.metadata.labels['cost-center'] == 'cc-4711'"},
+        {"name": "shape", "expression": "job.numNodes == 4 && job.workers == 3 && job.launcher.gpus == 1 && "
+                                        "job.worker.cpu == 2000 && job.slots == 1 && job.mpi.runLauncherAsNode"},
+        {"name": "mutated", "expression": "object.metadata.labels['kueue.x-k8s.io/queue-name'] == 'q'"},
+    ], "mutations": {"scheduling": {"defaultQueue": "q"}}})
+    decision = review(example_job("allowed"), [bundle], example_state, username="alice", groups=["ml"])
+    assert {r.rule: r.result for r in decision.results} == {r: "pass" for r in ("user", "op", "ns", "shape", "mutated")}
+    decision = review(example_job("allowed"), [bundle], example_state, username="bob")
+    assert rule_named(decision, "test/user").result == "fail"
+
+
+def test_update_sees_old_object(example_job, example_state, make_bundle, review):
+    bundle = make_bundle({"validations": [{
+        "name": "no-grow", "expression": "request.operation != 'UPDATE' || "
+                                         "object.spec.trainer.numNodes <= oldObject.spec.trainer.numNodes",
+        "message": "numNodes may not grow"}]})
+    old = example_job("allowed")
+    new = example_job("allowed")
+    new["spec"]["trainer"]["numNodes"] = 6
+    assert not review(new, [bundle], example_state, operation="UPDATE", old=old).allowed
+    assert review(old, [bundle], example_state, operation="UPDATE", old=new).allowed
+
+
+# --- matching ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("match, applies", [
+    ({}, True),
+    ({"namespaces": ["team-a"]}, True),
+    ({"namespaces": ["team-b"]}, False),
+    ({"excludeNamespaces": ["team-a"]}, False),
+    ({"namespaceSelector": {"matchLabels": {"cost-center": "cc-4711"}}}, True),
+    ({"namespaceSelector": {"matchLabels": {"environment": "production"}}}, False),
+    ({"namespaceSelector": {"matchExpressions": [{"key": "cost-center", "operator": "Exists"}]}}, True),
+    ({"namespaceSelector": {"matchExpressions": [{"key": "cost-center", "operator": "NotIn", "values": ["cc-4711"]}]}},
+     False),
+    ({"runtimes": ["mpi-openmpi"]}, True),
+    ({"runtimes": ["other"]}, False),
+    ({"operations": ["UPDATE"]}, False),
+    ({"kinds": ["MPIJob"]}, False),
+])
+def test_match(example_job, example_state, make_bundle, review, match, applies):
+    bundle = make_bundle({"match": match, "validations": [{"name": "never", "expression": "false", "message": "no"}]})
+    decision = review(example_job("allowed"), [bundle], example_state)
+    assert decision.allowed is (not applies)
+    assert (decision.bundles != []) is applies
+
+
+def test_default_bundle_skips_system_namespaces(example_job, example_state, default, review):
+    job = example_job("too-many-workers")
+    job["metadata"]["namespace"] = "kube-system"
+    decision = review(job, default, example_state)
+    assert decision.allowed and decision.bundles == [] and decision.results == []
+
+
+def test_production_bundle_applies_only_to_production_namespaces(example_job, example_state, production, review):
+    decision = review(example_job("allowed"), production, example_state)  # team-a is not production
+    assert decision.bundles == [] and decision.allowed
+
+
+def test_production_bundle_denials(build, production, example_job, review):
+    from policies.state import load_objects
+    runtimes = [o for p in build.state_files[1:] for o in load_objects(p)]
+    state = build.state(*runtimes, build.namespace("ml-prod", labels={"environment": "production"}))
+    job = example_job("over-quota")  # 8 nodes x 4 GPUs, docker-free image, no labels, no deadline
+    job["metadata"]["namespace"] = "ml-prod"
+    job["spec"]["trainer"]["image"] = "docker.io/me/bert:1"
+    decision = review(job, production, state)
+    failed = {r.rule for r in decision.results if r.result == "fail"}
+    assert {"job-shape", "deadline-required"} <= failed
+    text = " ".join(m["message"] for m in decision.messages)
+    assert "missing required labels team, cost-center" in text
+    assert "docker.io/me/bert:1" in text
+    assert "each worker requests 32Gi memory" not in text  # 32Gi >= 16Gi minimum
+    assert "each worker requests 4 cpu" not in text
+    assert any("activeDeadlineSeconds" in w for w in decision.warnings)  # severity: warn
+
+
+# --- explain and cases ------------------------------------------------------------------------
+
+def test_explain_lists_every_rule(example_job, example_state, default, review):
+    decision = review(example_job("over-quota"), default, example_state)
+    text = report.explain_text(decision)
+    lines = text.splitlines()
+    assert lines[0].split() == ["BUNDLE", "RULE", "RESULT", "EFFECT", "MESSAGE"]
+    for rule in ("quota", "gpu-limits", "job-shape", "pod-security", "max-job-gpus"):
+        row = next(line for line in lines if line.split()[1:2] == [rule])
+        assert row.split()[2] == ("fail" if rule == "quota" else "pass")
+    assert "8 pods (7 node + 1 launcher)" in lines[-1]
+
+
+def test_case_with_wrong_expectation_fails(build, default):
+    cases = load_cases(build.fixtures / "cases")
+    results = {case.name: run_case(path, case, default) for path, case in cases}
+    wrong = results["wrong expectation: allowed job expected to be denied"]
+    assert not wrong.passed
+    assert wrong.failures[0] == "expected deny, got allow"
+    assert "expected rule default/gpu-limits to fail; failed: none" in wrong.failures
+    assert "no message contains 'limit is 8 per worker'" in wrong.failures
+
+
+def test_inline_case_object(build, default, example_job):
+    case = Case.model_validate({"name": "inline", "object": example_job("too-many-workers"),
+                                "clusterState": ["../../../../examples/cluster-state.yaml",
+                                                 "../../../../examples/runtimes/mpi-openmpi.yaml"],
+                                "expect": {"decision": "deny", "rules": ["default/job-shape"],
+                                           "messages": ["65 workers"]}})
+    result = run_case(build.fixtures / "cases" / "inline.yaml", case, default)
+    assert result.passed, result.failures
