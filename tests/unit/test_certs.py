@@ -7,6 +7,7 @@ import base64
 import ipaddress
 import socket
 import ssl
+import time
 import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -205,6 +206,9 @@ def test_weak_tls_1_2_suite_is_refused(server: LoopbackTLSServer) -> None:
     # Forward secrecy but CBC, not AEAD: outside the server's list.
     with pytest.raises(ssl.SSLError):
         handshake(server.port, _legacy_client(ssl.TLSVersion.TLSv1_2, "ECDHE-ECDSA-AES128-SHA:@SECLEVEL=0"), None)
+    deadline = time.monotonic() + 5  # the server thread records its side of the failed handshake
+    while not any("no shared cipher" in str(e).lower() for e in server.errors) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert any("no shared cipher" in str(e).lower() for e in server.errors)
 
 
