@@ -143,7 +143,7 @@ def go_env(go: str) -> dict:
         GOTOOLCHAIN="local",  # never download a toolchain
         GOWORK="off",
         CGO_ENABLED="0",  # static binaries, no C compiler needed
-        GOFLAGS="-buildvcs=false -mod=mod",
+        GOFLAGS="-buildvcs=false -mod=readonly",  # never rewrite the committed go.mod/go.sum
     )
     env["PATH"] = str(Path(go).parent) + os.pathsep + env.get("PATH", "")
     return env
