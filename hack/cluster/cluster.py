@@ -1205,6 +1205,8 @@ def main(argv=None) -> int:
     t = sub.add_parser("test")
     t.add_argument("pytest_args", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
+    if args.cmd in ("status", "env"):  # read-only: fine to die quietly when piped into `head`
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     return globals()[f"cmd_{args.cmd}"](args)
 
 
