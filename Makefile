@@ -1,7 +1,6 @@
 # trainjob-admission: two commands for a fresh machine.
 #   make demo   installs and runs the embedded demo (server + sample TrainJobs, default bundle)
-#   make test   installs and runs the unit and server tiers (the cluster tier: make test-cluster,
-#               to be folded into `make test` once it has passed CI from a fresh clone)
+#   make test   installs and runs every test tier this machine can run (unit, server, cluster)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -13,7 +12,7 @@ STAMP  := $(VENV)/.installed
 
 help:
 	@echo "make demo   - install, then run the webhook demo on loopback with the default bundle"
-	@echo "make test   - install, then run the unit and server tests"
+	@echo "make test   - install, then run the unit, server and (with Go) cluster tests"
 	@echo "make test-cluster - build the Go control plane, run the cluster tests"
 	@echo "make bench  - engine and server benchmarks against their baselines"
 
@@ -31,6 +30,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest tests/unit tests/server -q
+	$(MAKE) test-cluster
 
 test-unit: $(STAMP)
 	$(PY) -m pytest tests/unit -q
