@@ -156,9 +156,9 @@ class _Activation:
 
 def _run_cel(bundle: Bundle, activation: _Activation, params: Any) -> list[RuleResult]:
     results = []
+    scope = _Scoped(activation, params)
     for compiled in bundle.rules:
         rule = compiled.rule
-        scope = _Scoped(activation, params)
         try:
             value = compiled.expression.evaluate(scope)
             if not isinstance(to_python(value), bool):
@@ -193,20 +193,15 @@ class _Scoped:
         return self._params if name == "params" else self._activation[name]
 
 
-def _builtin(bundle: str, rule: str, severity: str, findings: list[Finding]) -> RuleResult:
-    if not findings:
-        return RuleResult(bundle, rule, "pass", "allow")
-    # A finding may soften itself to a warning (advice the webhook cannot be sure of).
-    effect = "deny" if any((f.severity or severity) == "deny" for f in findings) else "warn"
-    return RuleResult(bundle, rule, "fail", effect, [f.message for f in findings], [f.remediation for f in findings])
-
-
-def _split_warn_findings(bundle: str, rule: str, findings: list[Finding]) -> list[RuleResult]:
+def _builtin(bundle: str, rule: str, findings: list[Finding]) -> list[RuleResult]:
+    """Built-in findings deny, except those that soften themselves to a warning (advice the
+    webhook cannot be sure of); those are reported as a separate warn result of the same rule."""
     denies = [f for f in findings if f.severity != "warn"]
     warns = [f for f in findings if f.severity == "warn"]
-    results = [_builtin(bundle, rule, "deny", denies)]
+    results = [RuleResult(bundle, rule, "fail", "deny", [f.message for f in denies], [f.remediation for f in denies])
+               if denies else RuleResult(bundle, rule, "pass", "allow")]
     if warns:
-        results.append(_builtin(bundle, rule, "warn", warns))
+        results.append(RuleResult(bundle, rule, "fail", "warn", [f.message for f in warns], [f.remediation for f in warns]))
     return results
 
 
@@ -214,14 +209,14 @@ def _checks(bundle: Bundle, job: EffectiveJob, request: AdmissionInput, state: C
             namespace: dict, old_job: EffectiveJob | None) -> list[RuleResult]:
     checks, name, results = bundle.spec.checks, bundle.name, []
     if checks.quota and checks.quota.enabled:
-        results += _split_warn_findings(name, "quota", quota.check(job, state.namespace_quotas(request.namespace), old_job))
+        results += _builtin(name, "quota", quota.check(job, state.namespace_quotas(request.namespace), old_job))
     if checks.gpu and checks.gpu.enabled:
-        results.append(_builtin(name, "gpu-limits", "deny", gpu.check(job, checks.gpu)))
+        results += _builtin(name, "gpu-limits", gpu.check(job, checks.gpu))
     if checks.shape and checks.shape.enabled:
-        results.append(_builtin(name, "job-shape", "deny", shape.check(job, checks.shape)))
+        results += _builtin(name, "job-shape", shape.check(job, checks.shape))
     if checks.podSecurity and checks.podSecurity.enabled:
         _, findings = podsecurity.check(job, checks.podSecurity, namespace)
-        results.append(_builtin(name, "pod-security", "deny", findings))
+        results += _builtin(name, "pod-security", findings)
     return results
 
 

@@ -25,14 +25,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
             settings = yaml.safe_load(Path(args.config).read_text()) or {}
         except (OSError, yaml.YAMLError) as exc:
             raise CliError(f"cannot read --config {args.config}: {exc}", EXIT_INVALID) from None
-    cert_dir = Path(args.cert_dir or settings.get("certDir", "")) if (args.cert_dir or settings.get("certDir")) else None
+    cert_value = args.cert_dir or settings.get("certDir")
+    log_value = args.decision_log or settings.get("decisionLog")
+    cert_dir = Path(cert_value) if cert_value else None
     config = ServerConfig(
         host=args.host or settings.get("host", "0.0.0.0"),
         port=args.port if args.port is not None else int(settings.get("port", 8443)),
         cert_file=cert_dir / "tls.crt" if cert_dir else None,
         key_file=cert_dir / "tls.key" if cert_dir else None,
         bundle_specs=args.bundle or settings.get("bundles") or ["builtin:default"],
-        decision_log=Path(args.decision_log or settings["decisionLog"]) if (args.decision_log or settings.get("decisionLog")) else None,
+        decision_log=Path(log_value) if log_value else None,
         reviewer=ReviewerConfig(failure_mode=args.failure_mode or settings.get("failureMode", "deny"),
                                 timeout_seconds=float(settings.get("timeoutSeconds", 5.0))),
     )

@@ -56,7 +56,7 @@ def sample_state() -> ClusterState:
     return ClusterState.from_objects(objects)
 
 
-async def submit(session: aiohttp.ClientSession, base: str, obj: dict) -> tuple[dict, dict, dict]:
+async def submit(session: aiohttp.ClientSession, base: str, obj: dict) -> tuple[dict, dict]:
     """What the API server does: mutate, apply the patch, validate the result."""
     async with session.post(f"{base}/mutate", json=admission_review(obj)) as reply:
         mutated_response = (await reply.json())["response"]
@@ -66,7 +66,7 @@ async def submit(session: aiohttp.ClientSession, base: str, obj: dict) -> tuple[
         patched = jsonpatch.apply_patch(obj, ops)
     async with session.post(f"{base}/validate", json=admission_review(patched)) as reply:
         validated = (await reply.json())["response"]
-    return mutated_response, validated, patched
+    return mutated_response, validated
 
 
 def show(name: str, obj: dict, mutated: dict, validated: dict) -> str:
@@ -98,7 +98,7 @@ async def run_demo(workdir: Path) -> int:
             base = f"https://127.0.0.1:{port}"
             for name in SAMPLES:
                 obj = yaml.safe_load((EXAMPLES / "jobs" / name).read_text())
-                mutated, validated, _ = await submit(session, base, obj)
+                mutated, validated = await submit(session, base, obj)
                 print(show(name, obj, mutated, validated), "\n")
             async with session.get(f"{base}/metrics") as reply:
                 metrics = await reply.text()

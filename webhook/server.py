@@ -96,8 +96,6 @@ class WebhookServer:
             problems.append("no policy bundle loaded" + (f" ({errors})" if errors else ""))
         if self.state_ready is not None and not self.state_ready.is_set():
             problems.append("cluster state (runtimes, namespaces, quotas) not synced yet")
-        if self.config.cert_file and self.certs is None:
-            problems.append("serving certificate not loaded")
         return problems
 
     # --- lifecycle ------------------------------------------------------------------------------
