@@ -51,6 +51,7 @@ VERSIONS = {
     "kwok": "v0.8.0",
     "jobset": "v0.12.0",
     "trainer": "v2.3.0",
+    "mpi-operator": "v0.7.0",  # CRD only (legacy kubeflow.org/v2beta1 MPIJob); nothing is built
 }
 MODULES = {
     "kubernetes": "k8s.io/kubernetes",
@@ -58,7 +59,16 @@ MODULES = {
     "kwok": "sigs.k8s.io/kwok",
     "jobset": "sigs.k8s.io/jobset",
     "trainer": "github.com/kubeflow/trainer/v2",
+    "mpi-operator": "github.com/kubeflow/mpi-operator",
 }
+# Modules read for manifests only. They stay out of tools/go.mod: a `require` would merge their
+# module graph (mpi-operator pulls golangci-lint, kind, volcano) into the build and could move
+# the versions our binaries are built from.  Their content is pinned by the go.sum hash here,
+# checked by module_dir() after the download.
+DATA_MODULES = {
+    "mpi-operator": "h1:ID1eyzAFOMofgynEvfy4//S3q7Ra1OSexrggb1VcC1o=",
+}
+BUILD_MODULES = {k: m for k, m in MODULES.items() if k not in DATA_MODULES}
 
 
 def staging_version(k8s: str = VERSIONS["kubernetes"]) -> str:
@@ -178,7 +188,7 @@ def _gomod_requires() -> dict:
     out = {}
     for line in (TOOLS / "go.mod").read_text().splitlines():
         f = line.split()
-        if len(f) >= 2 and f[0] in MODULES.values() and f[1].startswith("v"):
+        if len(f) >= 2 and f[0] in BUILD_MODULES.values() and f[1].startswith("v"):
             out[f[0]] = f[1]
     return out
 
@@ -186,7 +196,7 @@ def _gomod_requires() -> dict:
 def check_gomod() -> None:
     req = _gomod_requires()
     bad = [f"{m}: go.mod has {req.get(m)}, VERSIONS has {VERSIONS[k]}"
-           for k, m in MODULES.items() if req.get(m) != VERSIONS[k]]
+           for k, m in BUILD_MODULES.items() if req.get(m) != VERSIONS[k]]
     text = (TOOLS / "go.mod").read_text()
     if f"=> k8s.io/api {staging_version()}" not in text:
         bad.append(f"replace block is not at {staging_version()}")
@@ -231,7 +241,7 @@ def cmd_gomod(_args=None) -> int:
         "go 1.26.0",
         "",
         "require (",
-        *[f"\t{MODULES[k]} {VERSIONS[k]}" for k in sorted(MODULES, key=lambda k: MODULES[k])],
+        *[f"\t{m} {VERSIONS[k]}" for k, m in sorted(BUILD_MODULES.items(), key=lambda km: km[1])],
         ")",
         "",
         "tool (",
@@ -301,7 +311,11 @@ def module_dir(key: str) -> Path:
         out = subprocess.run([go, "mod", "download", "-json", f"{mod}@{ver}"], cwd=TOOLS,
                              env=go_env(go), capture_output=True, text=True, timeout=600)
         if out.returncode == 0:
-            d = json.loads(out.stdout).get("Dir")
+            info = json.loads(out.stdout)
+            d = info.get("Dir")
+            if key in DATA_MODULES and info.get("Sum") != DATA_MODULES[key]:
+                raise RuntimeError(f"{mod}@{ver} in the module cache has hash {info.get('Sum')}, "
+                                   f"pinned {DATA_MODULES[key]} (hack/cluster/cluster.py DATA_MODULES)")
             if d and Path(d).is_dir():
                 return Path(d)
     cache = os.environ.get("GOMODCACHE") or str(Path(os.environ.get("GOPATH") or Path.home() / "go") / "pkg" / "mod")
@@ -802,6 +816,24 @@ def _mpi_runtimes(trainer_dir: Path) -> list:
     return out
 
 
+def mpijob_crd_file() -> Path:
+    """The legacy kubeflow.org/v2beta1 MPIJob CRD from the pinned mpi-operator module."""
+    return module_dir("mpi-operator") / "manifests" / "base" / "kubeflow.org_mpijobs.yaml"
+
+
+def install_mpijob_crd(kubeconfig=ADMIN_KUBECONFIG) -> str:
+    """Apply the MPIJob CRD (idempotent; `up` does it too) and wait until it is served."""
+    crd = _yaml_docs(mpijob_crd_file())[0]
+    apply_objects([crd], kubeconfig=kubeconfig, server_side=True)
+    name = crd["metadata"]["name"]
+    kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}", kubeconfig=kubeconfig,
+            timeout=90)
+    _wait("kubeflow.org/v2beta1 mpijobs in discovery", lambda: kubectl(
+        "api-resources", "--api-group=kubeflow.org", "-o", "name", kubeconfig=kubeconfig,
+        check=False).stdout.strip(), 60)
+    return name
+
+
 def up(timeout: float = 300) -> dict:
     """Start the whole control plane (no-op when it is already up). Returns the state dict."""
     with _locked():
@@ -933,6 +965,7 @@ def _start(t0: float, timeout: float) -> dict:
         jobset_dir / "config/components/crd/bases/kustomization.yaml").exists() else sorted(
         (jobset_dir / "config/components/crd/bases").glob("*.yaml"))
     crd_files += _resource_files(trainer_dir / "manifests/base/crds")
+    crd_files.append(mpijob_crd_file())
     apply_objects([d for f in crd_files for d in _yaml_docs(f)], server_side=True)
     log(f"up: RBAC, namespaces, {len(NODES)} nodes and {len(crd_files)} upstream CRDs applied "
         f"({time.monotonic() - t0:.1f} s)")
