@@ -1,0 +1,265 @@
+"""Server latency: p50/p95/p99 and achieved throughput of the real webhook over TLS at fixed
+open-loop request rates, for the default bundle and an allow-all bundle side by side in one run.
+
+Each side is its own ``trainjob-admission serve`` process (real TLS from ``certs issue``, the
+decision log fsynced to a file and copied to stdout, which goes to /dev/null), so the load
+generator here never shares a GIL with the server. Both sides run the same code path; the
+allow-all bundle matches every job but has no checks, rules, mutations or injections, so the
+ratio is what the default bundle's policy work costs on top of parsing, the effective job,
+logging and TLS.
+
+The request is what the API server sends for a 4-worker MPI TrainJob on
+examples/runtimes/mpi-openmpi.yaml in team-a (examples/cluster-state.yaml): /mutate gets the
+submitted object, /validate gets the object with the default bundle's patch applied (as the API
+server calls validating webhooks after mutation). The two endpoints are measured separately,
+each at the full rate; one submission through the API server costs one of each.
+
+Open loop: request i is due at start + i/rate whatever happened before, and its latency runs
+from that due time to the last byte of the answer, so a slow server's queue shows in the
+figures (no coordinated omission). Clients keep connections alive, as the API server does.
+
+    .venv/bin/python bench/server.py [--rates 50,200,500] [--duration 8] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import re
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import aiohttp  # noqa: E402
+import jsonpatch  # noqa: E402
+import yaml  # noqa: E402
+
+from certs.issue import issue  # noqa: E402
+from policies.bundle import API_VERSION, KIND  # noqa: E402
+from webhook.demo import admission_review  # noqa: E402
+
+EXAMPLES = ROOT / "examples"
+STATE_FILES = [EXAMPLES / "cluster-state.yaml", EXAMPLES / "runtimes" / "mpi-openmpi.yaml"]
+JOB_FILE = EXAMPLES / "jobs" / "allowed.yaml"
+ENDPOINTS = ("mutate", "validate")
+TARGET_RATE, TARGET_P99_MS = 200, 25.0
+LISTENING = re.compile(r"listening on [0-9.]+:([0-9]+)")
+
+
+@dataclass
+class Phase:
+    side: str
+    endpoint: str
+    rate: int
+    sent: int
+    ok: int
+    failed: int
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    max_ms: float
+    throughput: float
+
+
+class ServerProcess:
+    """``trainjob-admission serve`` on 127.0.0.1 with a free port, as its own process."""
+
+    def __init__(self, workdir: Path, name: str, bundle: str, cert_dir: Path):
+        self.stderr_path = workdir / f"{name}.stderr"
+        self.log_path = workdir / f"{name}-decisions.jsonl"
+        command = [sys.executable, "-m", "webhook.cli", "serve", "--host", "127.0.0.1", "--port", "0",
+                   "--cert-dir", str(cert_dir), "--bundle", bundle, "--decision-log", str(self.log_path)]
+        for path in STATE_FILES:
+            command += ["--cluster-state", str(path)]
+        with open(self.stderr_path, "wb") as stderr:
+            self.process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr)
+        self.port = self._wait_for_port()
+
+    def _wait_for_port(self, timeout: float = 30.0) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            match = LISTENING.search(self.stderr_path.read_text(errors="replace"))
+            if match:
+                return int(match.group(1))
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"server did not start; its stderr:\n{self.stderr_path.read_text(errors='replace')}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def allow_all_bundle(path: Path) -> str:
+    path.write_text(yaml.safe_dump({"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "allow-all"},
+                                    "spec": {"description": "bench baseline: matches every job, decides nothing"}}))
+    return str(path)
+
+
+def bodies(obj: dict, count: int) -> list[bytes]:
+    """Distinct AdmissionReviews (fresh uid each), encoded once so the client spends no time on it."""
+    template = admission_review(obj)
+    out = []
+    for _ in range(count):
+        template["request"]["uid"] = str(uuid.uuid4())
+        out.append(json.dumps(template).encode())
+    return out
+
+
+async def mutated_job(session: aiohttp.ClientSession, base: str, obj: dict) -> dict:
+    """The object as /validate sees it: the submitted job with our /mutate patch applied."""
+    async with session.post(f"{base}/mutate", data=bodies(obj, 1)[0]) as reply:
+        answer = (await reply.json())["response"]
+    if not answer.get("patch"):
+        raise RuntimeError(f"expected a patch from /mutate for {JOB_FILE.name}, got {answer}")
+    return jsonpatch.apply_patch(obj, json.loads(base64.b64decode(answer["patch"])))
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile (no interpolation: p99 is a latency some request really had)."""
+    if not sorted_values:
+        return float("nan")
+    rank = max(1, -(-len(sorted_values) * q // 100))
+    return sorted_values[int(rank) - 1]
+
+
+async def run_phase(session: aiohttp.ClientSession, url: str, payloads: list[bytes], rate: int, duration: float,
+                    expect: bytes) -> tuple[list[float], int, float]:
+    """Send at ``rate``/s for ``duration`` s on schedule; returns latencies (s), failures, span (s)."""
+    loop = asyncio.get_running_loop()
+    total = max(1, int(rate * duration))
+    latencies: list[float] = []
+    failed = 0
+    last_done = 0.0
+
+    async def one(body: bytes, due: float) -> None:
+        nonlocal failed, last_done
+        try:
+            async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as reply:
+                answer = await reply.read()
+            if reply.status != 200 or expect not in answer:
+                failed += 1
+                return
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            failed += 1
+            return
+        done = loop.time()
+        latencies.append(done - due)
+        last_done = max(last_done, done)
+
+    start = loop.time() + 0.05
+    tasks = []
+    for i in range(total):
+        due = start + i / rate
+        delay = due - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(payloads[i % len(payloads)], due)))
+    await asyncio.gather(*tasks)
+    return latencies, failed, max(last_done - start, total / rate)
+
+
+async def measure(args: argparse.Namespace, workdir: Path) -> list[Phase]:
+    certs = issue("trainjob-admission", "bench", workdir / "tls", ip_addresses=["127.0.0.1"])
+    sides = {
+        "default": ServerProcess(workdir, "default", "builtin:default", certs.cert.parent),
+        "allow-all": ServerProcess(workdir, "allow-all", allow_all_bundle(workdir / "allow-all.yaml"), certs.cert.parent),
+    }
+    tls = ssl.create_default_context(cafile=str(certs.ca_cert))
+    obj = yaml.safe_load(JOB_FILE.read_text())
+    timeout = aiohttp.ClientTimeout(total=30)
+    phases: list[Phase] = []
+    try:
+        sessions = {name: aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=tls, limit=args.connections, keepalive_timeout=60), timeout=timeout)
+            for name in sides}
+        try:
+            base = {name: f"https://127.0.0.1:{server.port}" for name, server in sides.items()}
+            validated = await mutated_job(sessions["default"], base["default"], obj)
+            payloads = {"mutate": bodies(obj, 64), "validate": bodies(validated, 64)}
+            # Every answer must be 200 and allowed; the default bundle's /mutate must also patch.
+            expect = {("default", "mutate"): b'"patch"', ("allow-all", "mutate"): b'"allowed":true'}
+            for name in sides:  # warm up: open the connection pool and the code paths
+                for endpoint in ENDPOINTS:
+                    await run_phase(sessions[name], f"{base[name]}/{endpoint}", payloads[endpoint], 100, 1.0, b"")
+            for rate in args.rates:
+                for endpoint in ENDPOINTS:
+                    for name in sides:
+                        want = expect.get((name, endpoint), b'"allowed":true')
+                        latencies, failed, span = await run_phase(
+                            sessions[name], f"{base[name]}/{endpoint}", payloads[endpoint], rate, args.duration, want)
+                        latencies.sort()
+                        ms = [v * 1000 for v in latencies]
+                        phases.append(Phase(name, endpoint, rate, len(latencies) + failed, len(latencies), failed,
+                                            percentile(ms, 50), percentile(ms, 95), percentile(ms, 99),
+                                            ms[-1] if ms else float("nan"), len(latencies) / span))
+                        await asyncio.sleep(args.pause)
+        finally:
+            for session in sessions.values():
+                await session.close()
+    finally:
+        for server in sides.values():
+            server.stop()
+    return phases
+
+
+def report(phases: list[Phase], args: argparse.Namespace) -> str:
+    by = {(p.side, p.endpoint, p.rate): p for p in phases}
+    lines = [f"webhook over TLS, open loop, {args.duration:g} s per phase, {args.connections} keep-alive connections; "
+             f"job {JOB_FILE.relative_to(ROOT)} (4 workers, mpi-openmpi, team-a); "
+             f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start",
+             "latency in ms from each request's scheduled send time; 'ratio' = default p99 / allow-all p99", "",
+             f"{'endpoint':<9} {'rate/s':>6} | {'default p50':>11} {'p95':>6} {'p99':>6} {'req/s':>6} {'fail':>4} | "
+             f"{'allow-all p50':>13} {'p95':>6} {'p99':>6} {'req/s':>6} {'fail':>4} | {'ratio':>5}"]
+    for endpoint in ENDPOINTS:
+        for rate in args.rates:
+            d, a = by[("default", endpoint, rate)], by[("allow-all", endpoint, rate)]
+            lines.append(f"{endpoint:<9} {rate:>6} | {d.p50_ms:>11.1f} {d.p95_ms:>6.1f} {d.p99_ms:>6.1f} "
+                         f"{d.throughput:>6.0f} {d.failed:>4} | {a.p50_ms:>13.1f} {a.p95_ms:>6.1f} {a.p99_ms:>6.1f} "
+                         f"{a.throughput:>6.0f} {a.failed:>4} | {d.p99_ms / a.p99_ms:>4.1f}x")
+    if TARGET_RATE in args.rates:
+        worst = max(by[("default", e, TARGET_RATE)].p99_ms for e in ENDPOINTS)
+        verdict = "met" if worst < TARGET_P99_MS else "MISSED"
+        lines += ["", f"target: default bundle p99 at {TARGET_RATE} req/s < {TARGET_P99_MS:g} ms: {verdict} "
+                      f"(worst endpoint {worst:.1f} ms)"]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rates", default="50,200,500", help="requests/s per phase, comma-separated (default 50,200,500)")
+    parser.add_argument("--duration", type=float, default=8.0, help="seconds per phase (default 8)")
+    parser.add_argument("--connections", type=int, default=32, help="client keep-alive connection pool (default 32)")
+    parser.add_argument("--pause", type=float, default=0.5, help="idle seconds between phases (default 0.5)")
+    parser.add_argument("--json", action="store_true", help="print the phases as JSON only")
+    args = parser.parse_args()
+    args.rates = [int(r) for r in args.rates.split(",") if r.strip()]
+    with tempfile.TemporaryDirectory(prefix="trainjob-admission-bench-") as tmp:
+        phases = asyncio.run(measure(args, Path(tmp)))
+    if args.json:
+        print(json.dumps({"durationSeconds": args.duration, "connections": args.connections,
+                          "phases": [asdict(p) for p in phases]}, indent=2))
+    else:
+        print(report(phases, args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
