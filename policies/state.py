@@ -6,6 +6,7 @@ file of objects as ``kubectl get -o yaml`` prints them, so both decide from the 
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -13,6 +14,10 @@ from typing import Any, Iterable
 import yaml
 
 TRAINER_GROUP = "trainer.kubeflow.org"
+# kind -> the ClusterState attribute holding it
+_ATTR = {"ClusterTrainingRuntime": "cluster_runtimes", "TrainingRuntime": "runtimes", "Namespace": "namespaces",
+         "ResourceQuota": "quotas", "Node": "nodes"}
+KINDS = tuple(_ATTR)
 
 
 class StateError(ValueError):
@@ -21,39 +26,52 @@ class StateError(ValueError):
 
 @dataclass
 class ClusterState:
+    """Readers (``evaluate`` in worker threads) may run while watches write: every write builds a
+    new dict for its kind and swaps it in one assignment, so a reader never sees a dict change
+    under it. Writers are serialised by a lock."""
+
     cluster_runtimes: dict[str, dict] = field(default_factory=dict)
     runtimes: dict[tuple[str, str], dict] = field(default_factory=dict)
     namespaces: dict[str, dict] = field(default_factory=dict)
     quotas: dict[str, dict[str, dict]] = field(default_factory=dict)
     nodes: dict[str, dict] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def upsert(self, obj: dict) -> None:
-        kind, meta = obj.get("kind"), obj.get("metadata") or {}
-        name, namespace = meta.get("name", ""), meta.get("namespace", "")
-        if kind == "ClusterTrainingRuntime":
-            self.cluster_runtimes[name] = obj
-        elif kind == "TrainingRuntime":
-            self.runtimes[(namespace, name)] = obj
-        elif kind == "Namespace":
-            self.namespaces[name] = obj
-        elif kind == "ResourceQuota":
-            self.quotas.setdefault(namespace, {})[name] = obj
-        elif kind == "Node":
-            self.nodes[name] = obj
+        self._write(obj, keep=True)
 
     def delete(self, obj: dict) -> None:
-        kind, meta = obj.get("kind"), obj.get("metadata") or {}
-        name, namespace = meta.get("name", ""), meta.get("namespace", "")
-        if kind == "ClusterTrainingRuntime":
-            self.cluster_runtimes.pop(name, None)
-        elif kind == "TrainingRuntime":
-            self.runtimes.pop((namespace, name), None)
-        elif kind == "Namespace":
-            self.namespaces.pop(name, None)
-        elif kind == "ResourceQuota":
-            self.quotas.get(namespace, {}).pop(name, None)
-        elif kind == "Node":
-            self.nodes.pop(name, None)
+        self._write(obj, keep=False)
+
+    def _write(self, obj: dict, keep: bool) -> None:
+        kind = obj.get("kind")
+        if kind not in _ATTR:
+            return
+        key = _key(kind, obj)
+        with self._lock:
+            items = dict(getattr(self, _ATTR[kind]))
+            if kind == "ResourceQuota":  # {namespace: {name: quota}}
+                inner = dict(items.get(key[0], {}))
+                _put(inner, key[1], obj, keep)
+                _put(items, key[0], inner, bool(inner))
+            else:
+                _put(items, key, obj, keep)
+            setattr(self, _ATTR[kind], items)
+
+    def replace(self, kind: str, objects: Iterable[dict]) -> None:
+        """Make ``objects`` the whole content of ``kind`` (after a relist: drops what was deleted
+        while we were not watching)."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown kind {kind!r}")
+        items: dict = {}
+        for obj in objects:
+            key = _key(kind, obj)
+            if kind == "ResourceQuota":
+                items.setdefault(key[0], {})[key[1]] = obj
+            else:
+                items[key] = obj
+        with self._lock:
+            setattr(self, _ATTR[kind], items)
 
     def runtime(self, namespace: str, ref: dict) -> dict | None:
         """Resolve spec.runtimeRef; kind defaults to ClusterTrainingRuntime as in the CRD."""
@@ -70,18 +88,36 @@ class ClusterState:
         return self.namespaces.get(name) or {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
 
     def namespace_quotas(self, namespace: str) -> list[dict]:
-        return [self.quotas[namespace][n] for n in sorted(self.quotas.get(namespace, {}))]
+        quotas = self.quotas.get(namespace, {})
+        return [quotas[n] for n in sorted(quotas)]
 
     @classmethod
     def from_objects(cls, objects: Iterable[dict]) -> "ClusterState":
-        state = cls()
+        by_kind: dict[str, list[dict]] = {}
         for obj in objects:
-            state.upsert(obj)
+            if obj.get("kind") in KINDS:
+                by_kind.setdefault(obj["kind"], []).append(obj)
+        state = cls()
+        for kind, items in by_kind.items():
+            state.replace(kind, items)
         return state
 
     @classmethod
     def load(cls, path: str | Path) -> "ClusterState":
         return cls.from_objects(load_objects(path))
+
+
+def _key(kind: str, obj: dict) -> Any:
+    meta = obj.get("metadata") or {}
+    name, namespace = meta.get("name", ""), meta.get("namespace", "")
+    return (namespace, name) if kind in ("TrainingRuntime", "ResourceQuota") else name
+
+
+def _put(items: dict, key: Any, value: Any, keep: bool) -> None:
+    if keep:
+        items[key] = value
+    else:
+        items.pop(key, None)
 
 
 def load_objects(path: str | Path) -> list[dict]:
