@@ -89,6 +89,7 @@ class Decision:
     job: EffectiveJob | None
     mutated: dict
     latency_ms: float = 0.0
+    injection_settings: injections.InjectionSettings | None = None  # what the injector renders the plans with
 
     @property
     def messages(self) -> list[dict]:
@@ -283,11 +284,13 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
 
     allowed = not any(r.effect == "deny" for r in results)
     planned: list[dict] = []
+    injection_settings = None
     if allowed and job is not None and request.operation == "CREATE" and enforcing:
-        planned = injections.plan(job, injections.InjectionSettings(
+        injection_settings = injections.InjectionSettings(
             sshKey=_first(enforcing, lambda b: b.spec.injections.sshKey),
             networkPolicy=_first(enforcing, lambda b: b.spec.injections.networkPolicy),
-        ))
+        )
+        planned = injections.plan(job, injection_settings)
     if not allowed:
         patch, mutated = [], obj
     decision = "deny" if not allowed else ("warn" if warnings else "allow")
@@ -302,4 +305,5 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
         job=job,
         mutated=mutated,
         latency_ms=(time.perf_counter() - started) * 1000,
+        injection_settings=injection_settings,
     )

@@ -13,6 +13,7 @@ NETWORK_POLICY_SUFFIX = "-mpi-isolation"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "trainjob-admission"
 JOB_ANNOTATION = "trainjob-admission.io/job"  # "<kind>/<name>", how the reconciler finds the owner
+JOB_UID_ANNOTATION = "trainjob-admission.io/job-uid"  # the uid the API server gave the job at admission
 
 
 @dataclass

@@ -65,7 +65,14 @@ class Reviewer:
             return await self._failure(parsed, decision_id, endpoint, started, exc)
         injected: list[dict] = []
         if not mutate and decision.allowed and decision.injections and not parsed.request.dry_run and self.injector:
-            injected = await self.injector(parsed, decision)
+            injected = await self._inject(parsed, decision)
+            failed = [i for i in injected if i["status"] == "failed"]
+            if failed:
+                return await self._injection_failure(parsed, decision_id, endpoint, started, decision, injected, failed)
+            kept = [f"{i['kind']} {i['namespace']}/{i['name']} {i['reason']}" for i in injected if i["status"] == "kept"]
+            if kept:
+                decision.warnings.extend(kept)
+                decision.decision = "warn"
         await self._record_decision(decision_id, endpoint, started, parsed, decision, injected)
         if mutate:
             # The mutating call only patches; refusals and warnings come from /validate, once.
@@ -86,6 +93,36 @@ class Reviewer:
                            **_who(parsed))
         return 200, admission.response(parsed.uid, allowed=allow, message=message, decision_id=decision_id,
                                        warnings=[message] if allow else None)
+
+    async def _inject(self, parsed: admission.ParsedReview, decision: Decision) -> list[dict]:
+        """The injector's records; an injector that raises fails every plan rather than the request."""
+        try:
+            return await self.injector(parsed, decision)
+        except Exception as exc:  # noqa: BLE001 - answered through the failure mode below
+            log.exception("injector failed for %s", parsed.uid)
+            namespace = (parsed.request.object.get("metadata") or {}).get("namespace", "")
+            return [{"kind": p["kind"], "name": p["name"], "namespace": namespace, "status": "failed",
+                     "reason": f"injector failed ({type(exc).__name__})"} for p in decision.injections]
+
+    async def _injection_failure(self, parsed: admission.ParsedReview, decision_id: str, endpoint: str,
+                                 started: float, decision: Decision, injected: list[dict],
+                                 failed: list[dict]) -> tuple[int, dict]:
+        """An allowed job whose objects could not be created: the failure mode decides, and says so."""
+        allow = self.config.failure_mode == "allow"
+        what = "; ".join(f"{i['kind']} {i['namespace']}/{i['name']} ({i['reason']})" for i in failed)
+        outcome = ("the job was admitted without them (failure mode allow)" if allow
+                   else "the job was not admitted (failure mode deny)")
+        message = (f"trainjob-admission could not create {what}; {outcome}. Retry in a minute; if it keeps failing, "
+                   f"tell your admin (decision id {decision_id}): the webhook needs create, get and delete on "
+                   f"secrets and networkpolicies in this namespace and a reachable API server")
+        log.warning("injection failed for %s: %s", parsed.uid, what)
+        await self._record(decision_id, endpoint, started, decision="error", allowed=allow, uid=parsed.uid,
+                           operation=parsed.request.operation, kind=parsed.kind, dryRun=parsed.request.dry_run,
+                           bundles=decision.bundles, rules=[r.as_dict() for r in decision.results],
+                           messages=[message], warnings=decision.warnings, injections=injected,
+                           job=decision.job.totals if decision.job else None, **_who(parsed))
+        return 200, admission.response(parsed.uid, allowed=allow, message=message, decision_id=decision_id,
+                                       warnings=decision.warnings + [message] if allow else decision.warnings or None)
 
     async def _record_decision(self, decision_id: str, endpoint: str, started: float, parsed: admission.ParsedReview,
                                decision: Decision, injected: list[dict]) -> None:

@@ -1,0 +1,187 @@
+"""Ties injected objects to their job once it exists, and removes those whose job never came.
+
+The injector creates the Secret and NetworkPolicy during admission, before the job is stored,
+so they carry no ownerReference yet (see webhook/injector.py). This loop adds one as soon as the
+job appears (a TrainJob watch for promptness, a periodic sweep for everything else), so the
+garbage collector deletes them with the job. An object whose job is absent (a later webhook or
+the API server refused it) or is a different job of the same name is deleted after a grace
+period. Only objects with our managed-by label are touched, each patch and delete is
+conditional on the resourceVersion we looked at.
+
+The ownerReference says ``controller: true`` like Trainer's own Secret; Trainer only checks
+that the Secret exists, so it does not fight us. ``blockOwnerDeletion`` is left unset: setting it
+needs update on trainjobs/finalizers where OwnerReferencesPermissionEnforcement is on, and the
+garbage collector deletes the dependents either way.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import threading
+from collections import Counter
+from typing import Any
+
+import kubernetes.client
+from kubernetes import watch
+from kubernetes.client.rest import ApiException
+
+from policies import injections
+
+from .injector import OWNER_GROUPS, Resource, api_error, resources
+
+log = logging.getLogger("trainjob_admission.reconciler")
+
+SELECTOR = f"{injections.MANAGED_BY_LABEL}={injections.MANAGED_BY}"
+WATCH_SECONDS = 240  # server-side watch timeout; the watch is re-opened from the last resourceVersion
+RETRY_SECONDS = 5.0
+
+
+class Reconciler:
+    def __init__(self, api: kubernetes.client.ApiClient, *, grace_seconds: float = 300, interval: float = 30,
+                 timeout: float = 5.0):
+        self.grace_seconds, self.interval, self.timeout = grace_seconds, interval, timeout
+        self.api = api
+        self.resources = resources(api)
+        self.custom = kubernetes.client.CustomObjectsApi(api)
+
+    async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.wait_for(asyncio.to_thread(fn, *args, _request_timeout=self.timeout, **kwargs),
+                                      timeout=self.timeout + 1)
+
+    async def reconcile_once(self) -> dict:
+        """One sweep over every managed object in every namespace. Returns counts by outcome:
+        owned (already had its ownerReference), adopted, deleted, waiting (young orphan),
+        skipped (no job annotation we understand), errors."""
+        counts: Counter = Counter()
+        for resource in self.resources.values():
+            listing = await self._call(resource.list_all, label_selector=SELECTOR)
+            for obj in listing.items:
+                counts[await self._reconcile(resource, obj)] += 1
+        return _summary(counts)
+
+    async def reconcile_job(self, kind: str, namespace: str, name: str) -> dict:
+        """The objects of one job (called when the watch sees it appear)."""
+        counts: Counter = Counter()
+        for resource in self.resources.values():
+            listing = await self._call(resource.list_namespaced, namespace, label_selector=SELECTOR)
+            for obj in listing.items:
+                if (obj.metadata.annotations or {}).get(injections.JOB_ANNOTATION) == f"{kind}/{name}":
+                    counts[await self._reconcile(resource, obj)] += 1
+        return _summary(counts)
+
+    async def _reconcile(self, resource: Resource, obj: Any) -> str:
+        meta = obj.metadata
+        where = f"{resource.kind} {meta.namespace}/{meta.name}"
+        kind, _, job_name = (meta.annotations or {}).get(injections.JOB_ANNOTATION, "").partition("/")
+        if kind not in OWNER_GROUPS or not job_name:
+            return "skipped"
+        refs = meta.owner_references or []
+        if any(r.kind == kind and r.name == job_name for r in refs):
+            return "owned"
+        try:
+            job = await self._get_job(kind, meta.namespace, job_name)
+            expected_uid = (meta.annotations or {}).get(injections.JOB_UID_ANNOTATION, "")
+            job_uid = (job or {}).get("metadata", {}).get("uid", "")
+            if job_uid and (not expected_uid or job_uid == expected_uid):
+                await self._adopt(resource, obj, kind, job_name, job_uid)
+                log.info("%s now owned by %s %s (uid %s)", where, kind, job_name, job_uid)
+                return "adopted"
+            age = (dt.datetime.now(dt.timezone.utc) - meta.creation_timestamp).total_seconds()
+            if age < self.grace_seconds:
+                return "waiting"
+            await self._call(resource.delete, meta.name, meta.namespace, body=kubernetes.client.V1DeleteOptions(
+                preconditions=kubernetes.client.V1Preconditions(uid=meta.uid, resource_version=meta.resource_version)))
+            log.info("deleted orphan %s: %s %s %s after %.0f s", where, kind, job_name,
+                     "is a different job (uid %s)" % job_uid if job_uid else "never appeared", age)
+            return "deleted"
+        except Exception as exc:  # noqa: BLE001 - one object's trouble must not stop the sweep
+            if isinstance(exc, ApiException) and exc.status in (404, 409, 422):
+                return "waiting"  # changed or gone since we listed it: the next pass sees the new state
+            log.warning("could not reconcile %s: %s", where, api_error(exc, self.timeout))
+            return "errors"
+
+    async def _get_job(self, kind: str, namespace: str, name: str) -> dict | None:
+        group, version, plural = OWNER_GROUPS[kind]
+        try:
+            return await self._call(self.custom.get_namespaced_custom_object, group, version, namespace, plural, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def _adopt(self, resource: Resource, obj: Any, kind: str, name: str, uid: str) -> None:
+        group, version, _ = OWNER_GROUPS[kind]
+        existing = [self.api.sanitize_for_serialization(r)
+                    for r in obj.metadata.owner_references or []]
+        ref = {"apiVersion": f"{group}/{version}", "kind": kind, "name": name, "uid": uid,
+               "controller": not any(r.get("controller") for r in existing)}
+        patch = [{"op": "test", "path": "/metadata/resourceVersion", "value": obj.metadata.resource_version},
+                 {"op": "add", "path": "/metadata/ownerReferences", "value": existing + [ref]}]
+        await self._call(resource.patch, obj.metadata.name, obj.metadata.namespace, patch)
+
+    async def run(self) -> None:
+        """Forever: a sweep every ``interval`` seconds, and each new TrainJob handled as it appears.
+        API errors are logged and retried; the TrainJob watch resumes after expiry and reconnects."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        stop = threading.Event()
+        # A daemon thread, not the default executor: a blocked watch must not delay shutdown.
+        threading.Thread(target=self._watch_trainjobs, args=(loop, events, stop), daemon=True,
+                         name="trainjob-watch").start()
+        sweeper = asyncio.create_task(self._sweep_forever())
+        try:
+            while True:
+                namespace, name = await events.get()
+                try:
+                    await self.reconcile_job("TrainJob", namespace, name)
+                except Exception as exc:  # noqa: BLE001 - the next sweep retries
+                    log.warning("could not reconcile TrainJob %s/%s: %s", namespace, name, api_error(exc, self.timeout))
+        finally:
+            stop.set()
+            sweeper.cancel()
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            try:
+                counts = await self.reconcile_once()
+                if counts["adopted"] or counts["deleted"] or counts["errors"]:
+                    log.info("reconciled injected objects: %s", counts)
+            except Exception as exc:  # noqa: BLE001 - keep sweeping
+                log.warning("reconcile sweep failed: %s", api_error(exc, self.timeout))
+            await asyncio.sleep(self.interval)
+
+    def _watch_trainjobs(self, loop: asyncio.AbstractEventLoop, events: asyncio.Queue, stop: threading.Event) -> None:
+        """List for a resourceVersion, then watch from it; on 410 Gone or any error, list again.
+        Jobs created while the watch was down are caught by the periodic sweep."""
+        group, version, plural = OWNER_GROUPS["TrainJob"]
+        resource_version = None
+        while not stop.is_set():
+            try:
+                if resource_version is None:
+                    listing = self.custom.list_cluster_custom_object(group, version, plural, limit=1,
+                                                                     _request_timeout=self.timeout)
+                    resource_version = listing["metadata"]["resourceVersion"]
+                stream = watch.Watch()
+                for event in stream.stream(self.custom.list_cluster_custom_object, group, version, plural,
+                                           resource_version=resource_version, allow_watch_bookmarks=True,
+                                           timeout_seconds=WATCH_SECONDS,
+                                           _request_timeout=(self.timeout, WATCH_SECONDS + self.timeout)):
+                    if stop.is_set():
+                        stream.stop()
+                        break
+                    if event["type"] == "ADDED":
+                        meta = event["object"]["metadata"]
+                        loop.call_soon_threadsafe(events.put_nowait, (meta["namespace"], meta["name"]))
+                resource_version = stream.resource_version or resource_version
+            except Exception as exc:  # noqa: BLE001 - 410 Gone, connection loss, a missing CRD: start over
+                expired = isinstance(exc, ApiException) and exc.status == 410
+                if not expired:
+                    log.warning("TrainJob watch failed, retrying in %.0f s: %s", RETRY_SECONDS,
+                                api_error(exc, self.timeout))
+                    stop.wait(RETRY_SECONDS)
+                resource_version = None
+
+
+def _summary(counts: Counter) -> dict:
+    return {key: counts[key] for key in ("owned", "adopted", "deleted", "waiting", "skipped", "errors")}
