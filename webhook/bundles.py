@@ -2,16 +2,21 @@
 
 Each source (a file, or a cluster object name) holds its last good bundles. A change that does
 not compile is reported and the last good version stays active; readers always see one
-consistent, immutable tuple, swapped in a single assignment.
+consistent, immutable tuple, swapped in a single assignment. File sources are polled on the
+event loop while cluster sources arrive from a watch thread, so writes take a lock (compiling
+happens outside it).
 """
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from policies.bundle import BUILTIN_PREFIX, Bundle, BundleError, bundle_files, compile_document, order, parse_documents, read_source
+from policies.bundle import (BUILTIN_PREFIX, Bundle, BundleError, Problem, bundle_files, compile_document, order,
+                            parse_documents, read_source)
 
 log = logging.getLogger("trainjob_admission.bundles")
 
@@ -21,6 +26,7 @@ class SourceState:
     bundles: tuple[Bundle, ...] = ()
     fingerprint: tuple = ()
     error: str = ""
+    problems: tuple[Problem, ...] = ()  # of the latest version, when it did not compile
 
 
 @dataclass
@@ -30,6 +36,7 @@ class BundleRegistry:
     active: tuple[Bundle, ...] = ()
     reloads: int = 0
     failures: int = 0
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
     def _files(self) -> list[str]:
         files: list[str] = []
@@ -52,23 +59,36 @@ class BundleRegistry:
 
     def update_source(self, source: str, text: str, fingerprint: tuple = ()) -> bool:
         """Compile ``text`` as the new content of ``source``; on error keep the last good one."""
-        state = self.sources.setdefault(source, SourceState())
-        state.fingerprint = fingerprint
         try:
-            bundles = tuple(compile_document(doc, source) for doc in parse_documents(text, source))
+            documents = parse_documents(text, source)
         except BundleError as exc:
-            state.error = str(exc)
-            self.failures += 1
-            log.error("bundle rejected, keeping the last good version: %s", exc)
-            return False
-        state.bundles, state.error = bundles, ""
-        self.reloads += 1
-        self._publish()
+            return self._reject(source, exc, fingerprint)
+        return self.update_documents(source, documents, fingerprint)
+
+    def update_documents(self, source: str, documents: list[Any], fingerprint: tuple = ()) -> bool:
+        """Compile parsed documents (e.g. a PolicyBundle object from the API) as ``source``."""
+        try:
+            bundles = tuple(compile_document(doc, source) for doc in documents)
+        except BundleError as exc:
+            return self._reject(source, exc, fingerprint)
+        with self._lock:
+            self.sources[source] = SourceState(bundles, fingerprint)
+            self.reloads += 1
+            self._publish()
         return True
 
+    def _reject(self, source: str, exc: BundleError, fingerprint: tuple) -> bool:
+        with self._lock:
+            state = self.sources.setdefault(source, SourceState())
+            state.fingerprint, state.error, state.problems = fingerprint, str(exc), tuple(exc.problems)
+            self.failures += 1
+        log.error("bundle rejected, keeping the last good version: %s", exc)
+        return False
+
     def remove_source(self, source: str) -> None:
-        if self.sources.pop(source, None) is not None:
-            self._publish()
+        with self._lock:
+            if self.sources.pop(source, None) is not None:
+                self._publish()
 
     def poll(self) -> bool:
         """Re-read sources whose files changed; returns True when the active set changed."""
@@ -106,4 +126,5 @@ class BundleRegistry:
 
     @property
     def errors(self) -> dict[str, str]:
-        return {source: state.error for source, state in self.sources.items() if state.error}
+        with self._lock:
+            return {source: state.error for source, state in self.sources.items() if state.error}
