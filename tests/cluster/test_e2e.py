@@ -148,33 +148,32 @@ def _bundle(run: str, namespaces: list[str]) -> dict:
 @pytest.fixture(scope="module")
 def e2e(control_plane, tmp_path_factory):
     run = uuid.uuid4().hex[:8]
-    ns, bulk = f"e2e-{run}", f"e2e-{run}-bulk"
+    ns, bulk, hook = f"e2e-{run}", f"e2e-{run}-bulk", f"e2e-{run}"
     work = tmp_path_factory.mktemp("e2e")
-    cluster.install_mpijob_crd()
-    assert BUNDLE_CRD.exists(), f"{BUNDLE_CRD} is missing (the PolicyBundle CRD)"
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", BUNDLE_CRD)
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/policybundles.policy.trainjob-admission.io")
-    for f in RUNTIMES:
-        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", REPO / f)
-    objs = []
-    for name in (ns, bulk):
-        objs.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {E2E_LABEL: run}}})
-    objs.append({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "compute", "namespace": ns},
-                 "spec": {"hard": {"requests.cpu": "128", "requests.memory": "512Gi",
-                                   f"requests.{GPU}": str(QUOTA_GPUS), "pods": "100"}}})
-    objs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                 "metadata": {"name": "alice-edit", "namespace": ns},
-                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
-                 "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}]})
-    objs.append(_bundle(run, [ns, bulk]))
-    cluster.apply_objects(objs)
-    wait("quota status", lambda: (get("resourcequota", "compute", ns) or {}).get("status", {}).get("hard"))
-
-    # the service runs as its own user with exactly the ClusterRoles of manifests/base/rbac.yaml
-    kubeconfig, bindings = service_kubeconfig(work, f"e2e-webhook-{run}")
-    hook = f"e2e-{run}"
-    svc = None
+    svc, bindings = None, []
     try:
+        cluster.install_mpijob_crd()
+        assert BUNDLE_CRD.exists(), f"{BUNDLE_CRD} is missing (the PolicyBundle CRD)"
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", BUNDLE_CRD)
+        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                        "crd/policybundles.policy.trainjob-admission.io")
+        for f in RUNTIMES:
+            cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", REPO / f)
+        objs = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n, "labels": {E2E_LABEL: run}}}
+                for n in (ns, bulk)]
+        objs.append({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "compute", "namespace": ns},
+                     "spec": {"hard": {"requests.cpu": "128", "requests.memory": "512Gi",
+                                       f"requests.{GPU}": str(QUOTA_GPUS), "pods": "100"}}})
+        objs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                     "metadata": {"name": "alice-edit", "namespace": ns},
+                     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+                     "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}]})
+        objs.append(_bundle(run, [ns, bulk]))
+        cluster.apply_objects(objs)
+        wait("quota status", lambda: (get("resourcequota", "compute", ns) or {}).get("status", {}).get("hard"))
+
+        # the service runs as its own user holding exactly the ClusterRoles of manifests/base/rbac.yaml
+        kubeconfig, bindings = service_kubeconfig(work, f"e2e-webhook-{run}")
         svc = start_service(work, kubeconfig, cluster.issue_serving_cert(work / "certs", name="e2e-webhook"),
                             args=("--bundle-selector", f"{E2E_LABEL}={run}"))
         register(svc, hook, [ns, bulk])
@@ -274,7 +273,7 @@ DENIED = {
     "too-many-gpus": (lambda ns: trainjob("too-many-gpus", ns, nodes=1, gpus=9),
                       ["requests 9 nvidia.com/gpu; the limit is 8 per worker", "to 8 or less"]),
     "privileged": (lambda ns: trainjob("privileged", ns, nodes=2, gpus=0, runtime="mpi-privileged"),
-                   ["privileged"]),
+                   ['violates Pod Security "restricted"', "privileged is true", "fix: remove privileged: true"]),
 }
 
 
@@ -350,7 +349,7 @@ def test_sdk_train_is_admitted_and_injected(e2e):
 SDK_DENIED = {
     "over-quota": (dict(nodes=9, gpus=4), (), [f"allows {QUOTA_GPUS}", "36", "reduce spec.trainer.numNodes"]),
     "too-many-gpus": (dict(nodes=1, gpus=9), (), ["requests 9 nvidia.com/gpu; the limit is 8 per worker"]),
-    "privileged": (dict(nodes=2, gpus=0), "privileged", ["privileged"]),
+    "privileged": (dict(nodes=2, gpus=0), "privileged", ['violates Pod Security "restricted"', "privileged is true"]),
 }
 
 
@@ -406,7 +405,7 @@ def test_alice_cannot_edit_bundles_or_read_decisions(e2e):
 # ---------------------------------------------------------------------------------------------
 def test_legacy_mpijob_gets_the_policies_and_a_deprecation_warning(e2e):
     bad = denial(submit(mpijob("legacy-bad", e2e.ns, privileged=True)))
-    assert "privileged" in bad, bad
+    assert "privileged is true" in bad and "spec.mpiReplicaSpecs.Launcher.template" in bad, bad
     nothing_created(e2e.ns, "legacy-bad", kind="mpijob")
 
     p = submit(mpijob("legacy-ok", e2e.ns))

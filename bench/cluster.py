@@ -1,0 +1,121 @@
+"""Added latency of our webhook on TrainJob creation, through the real API server.
+
+On the test control plane (started if it is not up), `trainjob-admission serve --kubeconfig`
+runs on the host and is registered for one namespace ("with"); a second namespace is not
+selected by its namespaceSelector ("without"). Both get the same TrainJob (4 nodes x 1 GPU on
+examples/runtimes/mpi-openmpi.yaml, suspended so no pods start), created alternately in the same
+run, so both see the same API server, etcd, Trainer webhooks and machine load. Latency is the
+client's create call, start to response. The service enforces the built-in default bundle,
+injections included (an RSA-4096 key per admitted job).
+
+    .venv/bin/python bench/cluster.py [-n 30] [--warmup 3] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "cluster"))
+
+import webhook_service as ws  # noqa: E402
+
+cluster = ws.cluster
+GROUP, VERSION, PLURAL = "trainer.kubeflow.org", "v1alpha1", "trainjobs"
+SELECTOR_LABEL = "trainjob-admission.io/bench"
+
+
+def trainjob(name: str) -> dict:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainJob", "metadata": {"name": name},
+            "spec": {"runtimeRef": {"name": "mpi-openmpi"}, "suspend": True,
+                     "trainer": {"numNodes": 4, "resourcesPerNode": {"requests": {"cpu": "1", "memory": "2Gi"},
+                                                                     "limits": {"nvidia.com/gpu": "1"}}}}}
+
+
+def percentile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def summary(ms: list[float]) -> dict:
+    return {"n": len(ms), "p50": percentile(ms, 0.50), "p95": percentile(ms, 0.95), "mean": statistics.fmean(ms)}
+
+
+def ensure_cluster() -> None:
+    if cluster.is_up():
+        return
+    if cluster.find_go() is None and not cluster.built():
+        raise SystemExit("bench/cluster: no Go toolchain to build the control plane (set GO= or PATH)")
+    if cluster.cmd_build() != 0:
+        raise SystemExit("bench/cluster: building the control plane failed")
+    cluster.up()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, default=30, help="measured creations per side (default 30)")
+    ap.add_argument("--warmup", type=int, default=3, help="unmeasured creations per side first (default 3)")
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = ap.parse_args(argv)
+
+    from kubernetes import client, config
+
+    ensure_cluster()
+    run = uuid.uuid4().hex[:6]
+    with_ns, without_ns = f"bench-{run}-with", f"bench-{run}-without"
+    work = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
+    cluster.apply_objects([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}
+                           for n in (with_ns, without_ns)])
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", ROOT / "examples/runtimes/mpi-openmpi.yaml")
+    api = client.CustomObjectsApi(config.new_client_from_config(config_file=str(cluster.ADMIN_KUBECONFIG)))
+    hook = f"bench-{run}"
+    svc = None
+    try:
+        # a bundle selector no PolicyBundle carries: only the built-in default applies
+        svc = ws.start_service(work, cluster.ADMIN_KUBECONFIG,
+                               cluster.issue_serving_cert(work / "certs", name="bench-webhook"),
+                               args=("--bundle", "builtin:default", "--bundle-selector", f"{SELECTOR_LABEL}={run}"))
+        ws.register(svc, hook, [with_ns])
+        samples: dict[str, list[float]] = {"with": [], "without": []}
+        for i in range(args.warmup + args.n):
+            order = (("with", with_ns), ("without", without_ns))
+            for side, ns in (order if i % 2 == 0 else order[::-1]):  # alternate who goes first
+                t0 = time.perf_counter()
+                api.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, trainjob(f"j{i}"), _request_timeout=60)
+                dt = (time.perf_counter() - t0) * 1000
+                if i >= args.warmup:
+                    samples[side].append(dt)
+        served = [r["latencyMs"] for r in svc.records() if r.get("namespace") == with_ns]
+    finally:
+        ws.unregister(hook)
+        if svc:
+            svc.stop()
+        cluster.kubectl("delete", "namespace", with_ns, without_ns, "--wait=false", check=False)
+
+    w, wo = summary(samples["with"]), summary(samples["without"])
+    added = {k: w[k] - wo[k] for k in ("p50", "p95", "mean")}
+    result = {"with": w, "without": wo, "added": added, "ratio_mean": w["mean"] / wo["mean"],
+              "server_ms_per_review": summary(served) if served else None}
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    print(f"TrainJob create through the API server, {args.n} per side, interleaved (ms)")
+    print(f"  {'':18s} {'p50':>8s} {'p95':>8s} {'mean':>8s}")
+    for label, row in (("without webhook", wo), ("with webhook", w), ("added", added)):
+        print(f"  {label:18s} {row['p50']:8.1f} {row['p95']:8.1f} {row['mean']:8.1f}")
+    print(f"  ratio (mean with / without): {result['ratio_mean']:.2f}x")
+    if served:
+        s = result["server_ms_per_review"]
+        print(f"  inside the service, per review (mutate or validate): p50 {s['p50']:.1f}  "
+              f"p95 {s['p95']:.1f}  mean {s['mean']:.1f}  ({s['n']} reviews)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
