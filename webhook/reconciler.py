@@ -39,8 +39,10 @@ RETRY_SECONDS = 5.0
 
 class Reconciler:
     def __init__(self, api: kubernetes.client.ApiClient, *, grace_seconds: float = 300, interval: float = 30,
-                 timeout: float = 5.0):
+                 timeout: float = 5.0, namespace: str | None = None):
+        """``namespace`` limits the loop to one namespace (default: all)."""
         self.grace_seconds, self.interval, self.timeout = grace_seconds, interval, timeout
+        self.namespace = namespace
         self.api = api
         self.resources = resources(api)
         self.custom = kubernetes.client.CustomObjectsApi(api)
@@ -55,7 +57,10 @@ class Reconciler:
         skipped (no job annotation we understand), errors."""
         counts: Counter = Counter()
         for resource in self.resources.values():
-            listing = await self._call(resource.list_all, label_selector=SELECTOR)
+            if self.namespace:
+                listing = await self._call(resource.list_namespaced, self.namespace, label_selector=SELECTOR)
+            else:
+                listing = await self._call(resource.list_all, label_selector=SELECTOR)
             for obj in listing.items:
                 counts[await self._reconcile(resource, obj)] += 1
         return _summary(counts)
@@ -132,11 +137,12 @@ class Reconciler:
         sweeper = asyncio.create_task(self._sweep_forever())
         try:
             while True:
-                namespace, name = await events.get()
+                job = await events.get()  # (namespace, name) of a new TrainJob, or None: sweep everything
                 try:
-                    await self.reconcile_job("TrainJob", namespace, name)
+                    await (self.reconcile_job("TrainJob", *job) if job else self.reconcile_once())
                 except Exception as exc:  # noqa: BLE001 - the next sweep retries
-                    log.warning("could not reconcile TrainJob %s/%s: %s", namespace, name, api_error(exc, self.timeout))
+                    log.warning("could not reconcile %s: %s", f"TrainJob {'/'.join(job)}" if job else "after a watch restart",
+                                api_error(exc, self.timeout))
         finally:
             stop.set()
             sweeper.cancel()
@@ -155,16 +161,20 @@ class Reconciler:
         """List for a resourceVersion, then watch from it; on 410 Gone or any error, list again.
         Jobs created while the watch was down are caught by the periodic sweep."""
         group, version, plural = OWNER_GROUPS["TrainJob"]
-        resource_version = None
+        if self.namespace:
+            lister, args = self.custom.list_namespaced_custom_object, (group, version, self.namespace, plural)
+        else:
+            lister, args = self.custom.list_cluster_custom_object, (group, version, plural)
+        resource_version, first = None, True
         while not stop.is_set():
             try:
                 if resource_version is None:
-                    listing = self.custom.list_cluster_custom_object(group, version, plural, limit=1,
-                                                                     _request_timeout=self.timeout)
-                    resource_version = listing["metadata"]["resourceVersion"]
+                    resource_version = lister(*args, limit=1, _request_timeout=self.timeout)["metadata"]["resourceVersion"]
+                    if not first:  # jobs may have appeared while the watch was down
+                        loop.call_soon_threadsafe(events.put_nowait, None)
+                    first = False
                 stream = watch.Watch()
-                for event in stream.stream(self.custom.list_cluster_custom_object, group, version, plural,
-                                           resource_version=resource_version, allow_watch_bookmarks=True,
+                for event in stream.stream(lister, *args, resource_version=resource_version, allow_watch_bookmarks=True,
                                            timeout_seconds=WATCH_SECONDS,
                                            _request_timeout=(self.timeout, WATCH_SECONDS + self.timeout)):
                     if stop.is_set():

@@ -1,0 +1,298 @@
+"""Injection against the real control plane: our webhook (in-process, real TLS, registered with
+the apiserver for the test namespace only) creates the SSH key Secret and NetworkPolicy on
+`kubectl create`; the real Trainer controller uses our Secret; the reconciler owner-references
+both to the TrainJob and the garbage collector deletes them with it; orphans go after a grace
+period; foreign Secrets, dry runs and denied jobs are left alone."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import config as kube_config
+
+from policies.state import ClusterState
+from webhook.decisionlog import DecisionLog
+from webhook.injector import Injector
+from webhook.keys import fingerprint, generate
+from webhook.reconciler import Reconciler
+from webhook.server import ServerConfig, WebhookServer
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+RUNTIME_FILE = REPO / "examples" / "runtimes" / "mpi-openmpi.yaml"
+MANAGED_BY = ("app.kubernetes.io/managed-by", "trainjob-admission")
+
+
+def trainjob(name: str, ns: str, num_nodes: int = 4, gpus: int = 1, privileged: bool = False) -> dict:
+    spec: dict = {
+        "runtimeRef": {"name": "mpi-openmpi"},
+        "trainer": {"numNodes": num_nodes, "image": "quay.io/acme-ml/horovod-resnet:0.28",
+                    "command": ["mpirun", "python", "/opt/train.py"],
+                    "resourcesPerNode": {"requests": {"cpu": "1", "memory": "1Gi"},
+                                         "limits": {"nvidia.com/gpu": str(gpus)}}},
+    }
+    if privileged:
+        spec["runtimePatches"] = [{"manager": "trainjob-admission.test/privileged", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+            {"name": "node", "template": {"spec": {"template": {"spec": {"containers": [
+                {"name": "node", "securityContext": {"privileged": True}}]}}}}}]}}}}]
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+            "metadata": {"name": name, "namespace": ns}, "spec": spec}
+
+
+class Harness:
+    """The webhook server (+ optional reconciler) on its own event loop in a thread."""
+
+    def __init__(self, tmp_path: Path, cert: Path, key: Path, api, reconciler: Reconciler | None = None):
+        runtime = yaml.safe_load(RUNTIME_FILE.read_text())
+        self.log_path = tmp_path / "decisions.jsonl"
+        config = ServerConfig(host="127.0.0.1", port=0, cert_file=cert, key_file=key, decision_log=self.log_path)
+        config.reviewer.timeout_seconds = 10
+        self.server = WebhookServer(config, ClusterState.from_objects([runtime]),
+                                    injector=Injector(api, timeout=5.0),
+                                    decision_log=DecisionLog(self.log_path, stdout=None))
+        self.reconciler = reconciler
+        self.loop = asyncio.new_event_loop()
+        self.port = 0
+        self._task: asyncio.Task | None = None
+        started = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.port = self.loop.run_until_complete(self.server.start())
+            if reconciler is not None:
+                self._task = self.loop.create_task(reconciler.run())
+            started.set()
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        assert started.wait(30), "webhook server did not start"
+
+    def records(self) -> list[dict]:
+        return [json.loads(line) for line in self.log_path.read_text().splitlines() if line.strip()]
+
+    def stop(self) -> None:
+        async def shutdown() -> None:
+            if self._task:
+                self._task.cancel()
+            await self.server.stop()
+        asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def mpi_runtime(control_plane):
+    control_plane.module.kubectl("apply", "-f", str(RUNTIME_FILE))
+    return "mpi-openmpi"
+
+
+@pytest.fixture
+def api(control_plane):
+    return kube_config.new_client_from_config(config_file=str(control_plane.admin_kubeconfig))
+
+
+@pytest.fixture
+def webhook(mpi_runtime, namespace, serving_cert, register_webhook, api, tmp_path):
+    """start(reconciler=None) -> Harness registered as the webhook for `namespace` only."""
+    harnesses = []
+
+    def start(reconciler: Reconciler | None = None) -> Harness:
+        cert, key, ca_pem = serving_cert()
+        harness = Harness(tmp_path, cert, key, api, reconciler)
+        harnesses.append(harness)
+        register_webhook(f"inject-{namespace}", f"https://127.0.0.1:{harness.port}", ca_pem,
+                         side_effects="NoneOnDryRun", timeout_seconds=20,
+                         namespace_selector={"matchLabels": {"kubernetes.io/metadata.name": namespace}})
+        return harness
+
+    yield start
+    for harness in harnesses:
+        harness.stop()
+
+
+def exists(kubectl, kind: str, name: str, ns: str) -> bool:
+    result = kubectl("get", kind, name, "-n", ns, check=False)
+    if result.returncode != 0 and "NotFound" not in result.stderr:
+        raise AssertionError(result.stderr)
+    return result.returncode == 0
+
+
+def create(kubectl, obj: dict, *args: str, check: bool = True):
+    return kubectl("create", "-f", "-", *args, input=json.dumps(obj), check=check)
+
+
+def secret_fingerprint(secret: dict) -> str:
+    return fingerprint(base64.b64decode(secret["data"]["ssh-publickey"]))
+
+
+def owned_by(obj: dict, uid: str) -> bool:
+    return any(r["uid"] == uid and r["kind"] == "TrainJob" and r.get("controller")
+               for r in obj["metadata"].get("ownerReferences") or [])
+
+
+def test_injected_objects_are_used_by_trainer_owned_by_the_job_and_collected(
+        webhook, namespace, kubectl, get_json, wait_for, api):
+    ns = namespace
+    # A large interval: the ownerReference must come from the TrainJob watch, not the sweep.
+    harness = webhook(Reconciler(api, grace_seconds=3600, interval=3600, namespace=ns))
+    create(kubectl, trainjob("resnet", ns))
+    job = get_json("trainjob", "resnet", "-n", ns)
+    uid = job["metadata"]["uid"]
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "default"  # our mutation reached storage
+
+    secret = get_json("secret", "resnet-mpi-ssh-auth", "-n", ns)
+    meta = secret["metadata"]
+    assert meta["labels"][MANAGED_BY[0]] == MANAGED_BY[1]
+    assert meta["labels"]["jobset.sigs.k8s.io/jobset-name"] == "resnet"
+    assert meta["annotations"]["trainjob-admission.io/job"] == "TrainJob/resnet"
+    assert meta["annotations"]["trainjob-admission.io/job-uid"] == uid
+    assert meta["annotations"]["trainjob-admission.io/ssh-key-type"] == "rsa-4096"
+    assert secret["type"] == "kubernetes.io/ssh-auth" and secret["immutable"] is True
+    private = base64.b64decode(secret["data"]["ssh-privatekey"])
+    assert private.startswith(b"-----BEGIN RSA PRIVATE KEY-----")  # Trainer's own would be an EC P-521 key
+    public = base64.b64decode(secret["data"]["ssh-publickey"])
+    assert public.startswith(b"ssh-rsa ") and public.endswith(b"\n") and len(public.split()) == 2
+    fp = secret_fingerprint(secret)
+    assert meta["annotations"]["trainjob-admission.io/ssh-key-fingerprint"] == fp
+
+    record = next(r for r in harness.records() if r["endpoint"] == "validate" and r["name"] == "resnet")
+    assert record["decision"] == "allow"
+    by_kind = {i["kind"]: i for i in record["injections"]}
+    assert by_kind["Secret"]["status"] == "created" and by_kind["Secret"]["fingerprint"] == fp
+    assert by_kind["Secret"]["keyType"] == "rsa-4096" and by_kind["NetworkPolicy"]["status"] == "created"
+    assert b"PRIVATE KEY" not in harness.log_path.read_bytes()
+
+    # The real Trainer builds the JobSet, mounts <job>-mpi-ssh-auth and leaves our keys alone.
+    jobset = wait_for("JobSet resnet", lambda: exists(kubectl, "jobset", "resnet", ns)
+                      and get_json("jobset", "resnet", "-n", ns), 60)
+    volumes = [v for rj in jobset["spec"]["replicatedJobs"] for v in rj["template"]["spec"]["template"]["spec"]["volumes"]]
+    assert {v["secret"]["secretName"] for v in volumes if "secret" in v} == {"resnet-mpi-ssh-auth"}
+    wait_for("hostfile ConfigMap (Trainer finished the MPI objects)",
+             lambda: exists(kubectl, "configmap", "resnet-mpi-hostfile", ns), 60)
+    after = get_json("secret", "resnet-mpi-ssh-auth", "-n", ns)
+    assert after["metadata"]["uid"] == meta["uid"] and after["data"] == secret["data"]
+    assert secret_fingerprint(after) == fp
+
+    # The reconciler adopts both objects as soon as the TrainJob appears.
+    for kind, name in (("secret", "resnet-mpi-ssh-auth"), ("networkpolicy", "resnet-mpi-isolation")):
+        wait_for(f"{kind} {name} owned by the TrainJob", lambda: owned_by(get_json(kind, name, "-n", ns), uid), 30)
+
+    # The NetworkPolicy selects exactly the job's pods: every pod of its Jobs, and nothing else.
+    policy = get_json("networkpolicy", "resnet-mpi-isolation", "-n", ns)
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert policy["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": selector}}]}]
+    jobs = wait_for("the JobSet's Jobs", lambda: get_json("jobs", "-n", ns)["items"], 60)
+    assert {j["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"] for j in jobs} == {"node", "launcher"}
+    for j in jobs:
+        labels = j["spec"]["template"]["metadata"]["labels"]
+        assert selector.items() <= labels.items(), (selector, labels)
+    stranger = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "stranger", "namespace": ns,
+                                                                 "labels": {"app": "other"}},
+                "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+    create(kubectl, stranger)
+    pods = wait_for("the job's pods", lambda: [p for p in get_json("pods", "-n", ns)["items"]
+                                              if p["metadata"]["name"] != "stranger"], 60)
+    job_names = {j["metadata"]["name"] for j in jobs}
+    for pod in get_json("pods", "-n", ns)["items"]:
+        selected = selector.items() <= (pod["metadata"].get("labels") or {}).items()
+        of_job = any(r["kind"] == "Job" and r["name"] in job_names for r in pod["metadata"].get("ownerReferences") or [])
+        assert selected == of_job, pod["metadata"]
+    assert pods
+
+    # Deleting the TrainJob: the garbage collector removes both.
+    kubectl("delete", "trainjob", "resnet", "-n", ns, "--wait=true", "--timeout=60s", timeout=90)
+    for kind, name in (("secret", "resnet-mpi-ssh-auth"), ("networkpolicy", "resnet-mpi-isolation")):
+        wait_for(f"{kind} {name} garbage-collected", lambda: not exists(kubectl, kind, name, ns), 90)
+
+
+def test_foreign_secret_is_kept_and_kubectl_warns(webhook, namespace, kubectl, get_json, wait_for):
+    ns = namespace
+    harness = webhook()
+    pair = generate("ecdsa-p521")
+    foreign = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/ssh-auth",
+               "metadata": {"name": "bert-mpi-ssh-auth", "namespace": ns},
+               "data": {"ssh-privatekey": base64.b64encode(pair.private_pem).decode(),
+                        "ssh-publickey": base64.b64encode(pair.public_openssh).decode()}}
+    create(kubectl, foreign)
+    result = create(kubectl, trainjob("bert", ns))
+    assert (f"Warning: Secret {ns}/bert-mpi-ssh-auth already exists and is not managed by trainjob-admission; "
+            "it was left as is and Trainer will use it") in result.stderr, result.stderr
+    kept = get_json("secret", "bert-mpi-ssh-auth", "-n", ns)
+    assert kept["data"] == foreign["data"] and MANAGED_BY[0] not in (kept["metadata"].get("labels") or {})
+    assert exists(kubectl, "networkpolicy", "bert-mpi-isolation", ns)
+    record = next(r for r in harness.records() if r["endpoint"] == "validate" and r["name"] == "bert")
+    secret_record = next(i for i in record["injections"] if i["kind"] == "Secret")
+    assert secret_record["status"] == "kept" and secret_record["fingerprint"] == pair.fingerprint
+    assert record["decision"] == "warn"
+    wait_for("JobSet bert", lambda: exists(kubectl, "jobset", "bert", ns), 60)
+    assert get_json("secret", "bert-mpi-ssh-auth", "-n", ns)["data"] == foreign["data"]
+
+
+def test_dry_run_and_denied_jobs_create_nothing(webhook, namespace, kubectl):
+    ns = namespace
+    harness = webhook()
+    dry = create(kubectl, trainjob("dry", ns), "--dry-run=server")
+    assert "created (server dry run)" in dry.stdout, dry.stdout + dry.stderr
+    ours = f'admission webhook "validate.inject-{ns}.admission.test" denied the request'
+    denied = create(kubectl, trainjob("greedy", ns, gpus=16), check=False)
+    assert denied.returncode != 0 and ours in denied.stderr and "16" in denied.stderr, denied.stderr
+    privileged = create(kubectl, trainjob("root", ns, privileged=True), check=False)
+    assert privileged.returncode != 0 and ours in privileged.stderr and "privileged" in privileged.stderr, \
+        privileged.stderr
+    for name in ("dry", "greedy", "root"):
+        assert not exists(kubectl, "secret", f"{name}-mpi-ssh-auth", ns)
+        assert not exists(kubectl, "networkpolicy", f"{name}-mpi-isolation", ns)
+        assert not exists(kubectl, "trainjob", name, ns)
+    records = {r["name"]: r for r in harness.records() if r["endpoint"] == "validate"}
+    assert records["dry"]["dryRun"] is True
+    assert all(i["status"] == "planned" for i in records["dry"]["injections"])
+    assert records["greedy"]["allowed"] is False and records["greedy"]["injections"] == []
+
+
+def test_orphans_of_refused_jobs_go_after_grace_and_a_resubmission_replaces_them(
+        webhook, namespace, kubectl, get_json, api):
+    ns = namespace
+    harness = webhook()
+    # The ResourceQuota admission runs after the webhooks: it refuses jobs our webhook admitted,
+    # leaving real orphans behind, as a later webhook's denial would.
+    kubectl("create", "quota", "no-trainjobs", "-n", ns, "--hard=count/trainjobs.trainer.kubeflow.org=0")
+    refused = create(kubectl, trainjob("old", ns), check=False)
+    assert refused.returncode != 0 and "exceeded quota" in refused.stderr, refused.stderr
+    old_fp = secret_fingerprint(get_json("secret", "old-mpi-ssh-auth", "-n", ns))
+    grace = 6.0
+    time.sleep(grace + 1)
+    assert create(kubectl, trainjob("young", ns), check=False).returncode != 0
+    assert exists(kubectl, "secret", "young-mpi-ssh-auth", ns)
+
+    reconciler = Reconciler(api, grace_seconds=grace, namespace=ns)
+    counts = asyncio.run(reconciler.reconcile_once())
+    assert counts["deleted"] == 2 and counts["waiting"] == 2 and counts["errors"] == 0, counts
+    assert not exists(kubectl, "secret", "old-mpi-ssh-auth", ns)
+    assert not exists(kubectl, "networkpolicy", "old-mpi-isolation", ns)
+    assert exists(kubectl, "secret", "young-mpi-ssh-auth", ns)
+    assert exists(kubectl, "networkpolicy", "young-mpi-isolation", ns)
+
+    # Resubmitted once the quota allows it: our leftover is replaced with fresh keys, then adopted.
+    young_fp = secret_fingerprint(get_json("secret", "young-mpi-ssh-auth", "-n", ns))
+    kubectl("delete", "quota", "no-trainjobs", "-n", ns)
+    create(kubectl, trainjob("young", ns))
+    uid = get_json("trainjob", "young", "-n", ns)["metadata"]["uid"]
+    fresh = get_json("secret", "young-mpi-ssh-auth", "-n", ns)
+    assert fresh["metadata"]["annotations"]["trainjob-admission.io/job-uid"] == uid
+    assert secret_fingerprint(fresh) not in (young_fp, old_fp)
+    record = [r for r in harness.records() if r["endpoint"] == "validate" and r["name"] == "young"][-1]
+    assert {i["status"] for i in record["injections"]} == {"created"}
+    assert all("replaced" in i for i in record["injections"])
+    counts = asyncio.run(reconciler.reconcile_once())
+    assert counts["adopted"] == 2 and counts["deleted"] == 0, counts
+    assert owned_by(get_json("secret", "young-mpi-ssh-auth", "-n", ns), uid)
+    assert owned_by(get_json("networkpolicy", "young-mpi-isolation", "-n", ns), uid)
+    assert asyncio.run(reconciler.reconcile_once())["owned"] == 2
