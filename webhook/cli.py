@@ -50,10 +50,14 @@ def _objects(path: str) -> list[dict]:
 
 def _state(args: argparse.Namespace, namespace: str) -> ClusterState:
     if getattr(args, "kubeconfig", None):
-        from webhook.kubestate import ClusterUnreachable, read_state
+        from webhook.kubestate import ClusterUnreachable, KubeconfigError, read_state
 
+        if not Path(args.kubeconfig).is_file():
+            raise CliError(f"kubeconfig {args.kubeconfig} not found", EXIT_NOT_FOUND)
         try:
             return read_state(args.kubeconfig, namespace)
+        except KubeconfigError as exc:
+            raise CliError(str(exc)) from None
         except ClusterUnreachable as exc:
             raise CliError(str(exc), EXIT_UNREACHABLE) from None
     objects: list[dict] = []

@@ -16,7 +16,7 @@ from .reviewer import ReviewerConfig
 def cmd_serve(args: argparse.Namespace) -> int:
     from policies.state import ClusterState, StateError, load_objects
 
-    from .cli import EXIT_INVALID, CliError
+    from .cli import EXIT_INVALID, EXIT_NOT_FOUND, CliError
     from .server import ServerConfig, WebhookServer
 
     settings: dict = {}
@@ -28,12 +28,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cert_value = args.cert_dir or settings.get("certDir")
     log_value = args.decision_log or settings.get("decisionLog")
     cert_dir = Path(cert_value) if cert_value else None
+    kubeconfig = args.kubeconfig or settings.get("kubeconfig")
+    with_cluster = bool(kubeconfig or args.in_cluster)
+    # With a cluster, the bundles are its PolicyBundle objects; --bundle files may be added.
+    default_bundles = [] if with_cluster else ["builtin:default"]
     config = ServerConfig(
         host=args.host or settings.get("host", "0.0.0.0"),
         port=args.port if args.port is not None else int(settings.get("port", 8443)),
         cert_file=cert_dir / "tls.crt" if cert_dir else None,
         key_file=cert_dir / "tls.key" if cert_dir else None,
-        bundle_specs=args.bundle or settings.get("bundles") or ["builtin:default"],
+        bundle_specs=args.bundle or settings.get("bundles") or default_bundles,
         decision_log=Path(log_value) if log_value else None,
         reviewer=ReviewerConfig(failure_mode=args.failure_mode or settings.get("failureMode", "deny"),
                                 timeout_seconds=float(settings.get("timeoutSeconds", 5.0))),
@@ -49,12 +53,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CliError(str(exc), EXIT_INVALID) from None
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    async def run() -> None:
-        kubeconfig = args.kubeconfig or settings.get("kubeconfig")
-        if kubeconfig or args.in_cluster:
-            from .kubestate import run_with_cluster
+    if kubeconfig and not Path(kubeconfig).is_file():
+        raise CliError(f"kubeconfig {kubeconfig} not found", EXIT_NOT_FOUND)
+    selector = args.bundle_selector or settings.get("bundleSelector")
 
-            await run_with_cluster(config, kubeconfig)
+    async def run() -> None:
+        if with_cluster:
+            from .kubestate import KubeconfigError, run_with_cluster
+
+            try:
+                await run_with_cluster(config, kubeconfig, bundle_selector=selector)
+            except KubeconfigError as exc:
+                raise CliError(str(exc), EXIT_INVALID) from None
             return
         server = WebhookServer(config, ClusterState.from_objects(objects))
         await server.start()
@@ -120,16 +130,31 @@ def register_server_commands(commands: argparse._SubParsersAction) -> None:
     serve = commands.add_parser(
         "serve", help="run the HTTPS admission webhook",
         description="Serve /validate, /mutate, /healthz, /readyz and /metrics over TLS 1.2+.",
-        epilog="examples:\n  trainjob-admission serve --cert-dir ./tls --bundle bundles/ --kubeconfig ~/.kube/config\n"
+        epilog="examples:\n"
+               "  # state and PolicyBundles from the cluster (kubectl apply -f examples/bundles/production.yaml):\n"
+               "  trainjob-admission serve --cert-dir ./tls --kubeconfig ~/.kube/config\n"
+               "  # only the PolicyBundles labelled for this server, plus a bundle file:\n"
+               "  trainjob-admission serve --cert-dir ./tls --kubeconfig ~/.kube/config "
+               "--bundle-selector trainjob-admission.io/server=staging --bundle bundles/\n"
+               "  # in a pod, with its service account:\n"
+               "  trainjob-admission serve --cert-dir /tls --in-cluster\n"
+               "  # no cluster: bundles and state from files:\n"
                "  trainjob-admission serve --cert-dir ./tls --cluster-state state.yaml --decision-log decisions.jsonl",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    serve.add_argument("--config", metavar="F", help="YAML with host, port, certDir, bundles, decisionLog, failureMode, timeoutSeconds, kubeconfig")
-    serve.add_argument("--bundle", action="append", metavar="PATH", help="bundle file/dir or builtin:NAME; watched for changes")
+    serve.add_argument("--config", metavar="F", help="YAML with host, port, certDir, bundles, decisionLog, failureMode, "
+                                                      "timeoutSeconds, kubeconfig, bundleSelector")
+    serve.add_argument("--bundle", action="append", metavar="PATH",
+                       help="bundle file/dir or builtin:NAME; watched for changes (default: builtin:default, or with "
+                            "a cluster only its PolicyBundle objects)")
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.add_argument("--cert-dir", metavar="D", help="directory with tls.crt and tls.key (reloaded when renewed)")
-    serve.add_argument("--kubeconfig", metavar="K", help="read runtimes, namespaces, quotas and PolicyBundles from this cluster")
-    serve.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
+    cluster = serve.add_mutually_exclusive_group()
+    cluster.add_argument("--kubeconfig", metavar="K", help="read runtimes, namespaces, quotas and PolicyBundles from this "
+                                                           "cluster, inject Secrets/NetworkPolicies into it")
+    cluster.add_argument("--in-cluster", action="store_true", help="the same with the pod's service account")
+    serve.add_argument("--bundle-selector", metavar="SEL",
+                       help="only PolicyBundles with these labels, e.g. team=ml,env!=dev (several servers on one cluster)")
     serve.add_argument("--cluster-state", action="append", metavar="F", help="static cluster objects instead of a cluster")
     serve.add_argument("--decision-log", metavar="F", help="file sink for the decision log (also written to stdout)")
     serve.add_argument("--failure-mode", choices=["deny", "allow"], help="answer for /validate when a job cannot be evaluated (default deny)")
