@@ -1,0 +1,501 @@
+"""State and PolicyBundles from the real API server: watch caches, restarts, 410 relists, bundle
+status, `review --kubeconfig` and `serve --kubeconfig` as a subprocess.
+
+Outages are real: the watchers talk to the API server through a TCP relay on loopback that a test
+cuts (every connection reset, the port closed) and restores, as an API server restart or a network
+failure looks to a client. Every PolicyBundle carries a label unique to its test, and each watcher
+selects on it, so parallel runs never see each other's bundles.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import struct
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from policies.engine import AdmissionInput, evaluate
+from policies.state import ClusterState
+from webhook.bundles import BundleRegistry
+from webhook.demo import admission_review
+from webhook.kubestate import ClusterSync, Watcher, api_client
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+CRD = REPO / "manifests" / "base" / "policybundle-crd.yaml"
+CLI = Path(sys.executable).parent / "trainjob-admission"
+LABEL = "tests.trainjob-admission.io/run"
+FAST = 10.0  # seconds: what "within seconds" means for a watch on loopback
+
+
+# --- helpers ------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Relay:
+    """A TCP relay to the API server. ``cut()`` resets every connection and closes the port;
+    ``restore()`` listens on the same port again."""
+
+    def __init__(self, target_port: int):
+        self.target, self.port = target_port, free_port()
+        self.conns: set[socket.socket] = set()
+        self.lock = threading.Lock()
+        self.listener: socket.socket | None = None
+
+    def restore(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        with self.lock:
+            self.listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def cut(self) -> None:
+        with self.lock:
+            listener, conns = self.listener, self.conns
+            self.listener, self.conns = None, set()
+        if listener:
+            _reset(listener)  # shutdown wakes the thread blocked in accept(); close alone would not
+        for conn in conns:
+            _reset(conn)
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target), timeout=5)
+                upstream.settimeout(None)
+            except OSError:
+                _reset(client)
+                continue
+            with self.lock:
+                if self.listener is not listener:  # cut while we were connecting
+                    _reset(client)
+                    _reset(upstream)
+                    return
+                self.conns |= {client, upstream}
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def _reset(conn: socket.socket) -> None:
+    """Shut down (waking any thread blocked on it) and close without lingering: no TIME_WAIT."""
+    for step in (lambda: conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)),
+                 lambda: conn.shutdown(socket.SHUT_RDWR)):
+        try:
+            step()
+        except OSError:
+            pass
+    conn.close()
+
+
+def kubeconfig_via(src: Path, dst: Path, server: str) -> Path:
+    config = yaml.safe_load(src.read_text())
+    for entry in config["clusters"]:
+        entry["cluster"]["server"] = server
+    dst.write_text(yaml.safe_dump(config))
+    return dst
+
+
+def wait_until(what: str, predicate, timeout: float = FAST) -> float:
+    """Poll (every 20 ms) until predicate() is truthy; returns the seconds it took."""
+    started = time.monotonic()
+    while not predicate():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"not within {timeout:.0f} s: {what}")
+        time.sleep(0.02)
+    return time.monotonic() - started
+
+
+@dataclass
+class Synced:
+    state: ClusterState
+    registry: BundleRegistry
+    sync: ClusterSync
+    selector: str
+
+    def watcher(self, plural: str) -> Watcher:
+        return next(w for w in self.sync.watchers if w.resource.plural == plural)
+
+
+def runtime(namespace: str, name: str = "mpi-rt") -> dict:
+    """The example OpenMPI runtime as a TrainingRuntime in ``namespace`` (cleaned up with it)."""
+    obj = yaml.safe_load((REPO / "examples" / "runtimes" / "mpi-openmpi.yaml").read_text())
+    obj["kind"] = "TrainingRuntime"
+    obj["metadata"] = {"name": name, "namespace": namespace}
+    return obj
+
+
+def job(namespace: str, runtime_name: str = "mpi-rt") -> dict:
+    obj = yaml.safe_load((REPO / "examples" / "jobs" / "allowed.yaml").read_text())  # 4 nodes x 1 GPU
+    obj["metadata"]["namespace"] = namespace
+    obj["spec"]["runtimeRef"] = {"name": runtime_name, "kind": "TrainingRuntime", "apiGroup": "trainer.kubeflow.org"}
+    return obj
+
+
+def bundle(name: str, run: str, namespace: str, max_gpus: int, expression: str = "job.totals.gpus <= params.maxGpus") -> dict:
+    return {"apiVersion": "policy.trainjob-admission.io/v1alpha1", "kind": "PolicyBundle",
+            "metadata": {"name": name, "labels": {LABEL: run}},
+            "spec": {"version": f"1.0.{max_gpus}", "mode": "enforce", "match": {"namespaces": [namespace]},
+                     "params": {"maxGpus": max_gpus},
+                     "validations": [{"name": "gpu-cap", "expression": expression,
+                                      "messageExpression": "'at most ' + string(params.maxGpus) + ' GPUs'"}]}}
+
+
+def decide(synced: Synced, obj: dict):
+    return evaluate(AdmissionInput(obj, operation="CREATE", username="alice"), list(synced.registry.active), synced.state)
+
+
+# --- fixtures -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def crd(kubectl):
+    """The product's CRD, applied (idempotently) and left installed: other tests use it too."""
+    kubectl("apply", "-f", str(CRD))
+    kubectl("wait", "--for=condition=Established", "crd/policybundles.policy.trainjob-admission.io", "--timeout=60s")
+
+
+@pytest.fixture
+def run_id(kubectl):
+    """A label value unique to the test; its PolicyBundles and ClusterTrainingRuntimes are deleted after."""
+    run = uuid.uuid4().hex[:8]
+    yield run
+    for kind in ("policybundles.policy.trainjob-admission.io", "clustertrainingruntimes.trainer.kubeflow.org"):
+        kubectl("delete", kind, "-l", f"{LABEL}={run}", "--ignore-not-found", "--wait=false", check=False)
+
+
+@pytest.fixture
+def start_sync(admin_kubeconfig, crd, run_id):
+    started: list[ClusterSync] = []
+    apis = []
+
+    def start(kubeconfig: Path = admin_kubeconfig, wait: bool = True) -> Synced:
+        api = api_client(str(kubeconfig))
+        state, registry = ClusterState(), BundleRegistry([])
+        selector = f"{LABEL}={run_id}"
+        sync = ClusterSync(api, state, registry, bundle_selector=selector)
+        sync.start()
+        started.append(sync)
+        apis.append(api)
+        if wait:
+            wait_until("the first list of every kind", lambda: sync.synced, timeout=30)
+        return Synced(state, registry, sync, selector)
+
+    yield start
+    for sync in started:
+        sync.stop()
+    for api in apis:
+        api.close()
+
+
+@pytest.fixture
+def relay(control_plane):
+    r = Relay(int(control_plane.apiserver.rsplit(":", 1)[1]))
+    r.restore()
+    yield r
+    r.cut()
+
+
+def apply(kubectl, *objs: dict) -> None:
+    kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs))
+
+
+# --- the caches ---------------------------------------------------------------------------------
+def test_state_follows_creates_changes_and_deletes(start_sync, kubectl, namespace, run_id):
+    synced = start_sync()
+    state = synced.state
+    assert "default" in state.namespaces and namespace in state.namespaces
+
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "compute", "namespace": namespace},
+             "spec": {"hard": {"requests.cpu": "8"}}}
+    apply(kubectl, quota, runtime(namespace))
+    took = [wait_until("quota and runtime cached",
+                       lambda: state.namespace_quotas(namespace) and state.runtime(namespace, {"kind": "TrainingRuntime", "name": "mpi-rt"}))]
+
+    kubectl("patch", "resourcequota", "compute", "-n", namespace, "--type=merge", "-p", '{"spec":{"hard":{"requests.cpu":"2"}}}')
+    took.append(wait_until("quota change cached",
+                           lambda: state.namespace_quotas(namespace)[0]["spec"]["hard"]["requests.cpu"] == "2"))
+    kubectl("label", "namespace", namespace, "environment=production")
+    took.append(wait_until("namespace label cached",
+                           lambda: state.namespace(namespace)["metadata"].get("labels", {}).get("environment") == "production"))
+
+    cluster_rt = runtime(namespace, f"ctr-{run_id}")
+    cluster_rt["kind"] = "ClusterTrainingRuntime"
+    cluster_rt["metadata"] = {"name": f"ctr-{run_id}", "labels": {LABEL: run_id}}
+    apply(kubectl, cluster_rt)
+    took.append(wait_until("cluster runtime cached", lambda: f"ctr-{run_id}" in state.cluster_runtimes))
+
+    kubectl("delete", "resourcequota", "compute", "-n", namespace)
+    kubectl("delete", "trainingruntime", "mpi-rt", "-n", namespace)
+    kubectl("delete", "clustertrainingruntime", f"ctr-{run_id}")
+    took.append(wait_until("deletions applied", lambda: not state.namespace_quotas(namespace)
+                           and not state.runtime(namespace, {"kind": "TrainingRuntime", "name": "mpi-rt"})
+                           and f"ctr-{run_id}" not in state.cluster_runtimes))
+    kubectl("delete", "namespace", namespace, "--wait=false")
+    took.append(wait_until("namespace deletion applied", lambda: namespace not in state.namespaces, timeout=60))
+    print(f"\ncache latency after kubectl returned: max {max(took[:-1]):.3f} s; namespace finalized in {took[-1]:.1f} s")
+    assert all(w.relists == 1 for w in synced.sync.watchers), "no relist expected without a disconnect"
+
+
+def test_outage_keeps_state_and_resume_delivers_missed_deletes(start_sync, kubectl, namespace, relay, tmp_path, admin_kubeconfig):
+    """The API server unreachable (connections reset, port closed): the caches keep the last known
+    state and back off; once it is back the watches resume from their resourceVersion and apply
+    what happened meanwhile."""
+    via = kubeconfig_via(admin_kubeconfig, tmp_path / "relay.kubeconfig", f"https://127.0.0.1:{relay.port}")
+    synced = start_sync(via)
+    quota = lambda name: {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": name, "namespace": namespace},  # noqa: E731
+                          "spec": {"hard": {"requests.cpu": "4"}}}
+    apply(kubectl, quota("q1"), quota("q2"))
+    names = lambda: [q["metadata"]["name"] for q in synced.state.namespace_quotas(namespace)]  # noqa: E731
+    wait_until("q1 and q2 cached", lambda: names() == ["q1", "q2"])
+
+    relay.cut()
+    quotas = synced.watcher("resourcequotas")
+    errors = quotas.errors
+    kubectl("delete", "resourcequota", "q1", "-n", namespace)
+    apply(kubectl, quota("q3"))
+    wait_until("the watch notices the outage and retries", lambda: quotas.errors >= errors + 2)
+    assert names() == ["q1", "q2"], "the last known state must be kept during an outage"
+
+    relay.restore()
+    took = wait_until("the missed delete and create applied after the outage", lambda: names() == ["q2", "q3"], timeout=40)
+    print(f"\ncaught up {took:.1f} s after the API server came back (backoff included)")
+    assert quotas.relists == 1, "a short outage resumes the watch; it must not need a relist"
+
+
+def test_expired_resource_version_relists_and_drops_what_was_deleted(start_sync, kubectl, namespace, relay, tmp_path,
+                                                                      admin_kubeconfig, run_id):
+    """A disconnect long enough for the watch history to be gone: the API answers 410 Gone, the
+    kind is listed again and its cache replaced, so objects deleted meanwhile disappear."""
+    via = kubeconfig_via(admin_kubeconfig, tmp_path / "relay.kubeconfig", f"https://127.0.0.1:{relay.port}")
+    synced = start_sync(via)
+    apply(kubectl, runtime(namespace, "rt-a"), runtime(namespace, "rt-b"), bundle(f"pb-a-{run_id}", run_id, namespace, 8))
+    ref = lambda name: {"kind": "TrainingRuntime", "name": name}  # noqa: E731
+    wait_until("runtimes and bundle cached", lambda: synced.state.runtime(namespace, ref("rt-a"))
+               and synced.state.runtime(namespace, ref("rt-b")) and synced.registry.active)
+
+    runtimes, bundles = synced.watcher("trainingruntimes"), synced.watcher("policybundles")
+    errors = runtimes.errors, bundles.errors
+    relay.cut()
+    kubectl("delete", "trainingruntime", "rt-a", "-n", namespace)
+    kubectl("delete", "policybundle", f"pb-a-{run_id}")
+    # Once both threads have seen the outage they hold no event in hand that could still move
+    # their resourceVersion; then make it one whose history is gone: the watch history of these
+    # kinds starts when their CRD was established, long after version 1.
+    wait_until("both watches see the outage", lambda: runtimes.errors > errors[0] and bundles.errors > errors[1])
+    runtimes.resource_version = bundles.resource_version = "1"
+    relay.restore()
+    wait_until("rt-a dropped by the relist", lambda: not synced.state.runtime(namespace, ref("rt-a")), timeout=40)
+    wait_until("the deleted bundle dropped by the relist", lambda: not synced.registry.active, timeout=40)
+    assert synced.state.runtime(namespace, ref("rt-b")), "the relist must keep what still exists"
+    assert runtimes.relists == 2 and bundles.relists == 2, "the 410 path (relist) must have run"
+
+
+# --- PolicyBundles ------------------------------------------------------------------------------
+def status(get_json, name: str) -> dict:
+    return get_json("policybundle", name).get("status") or {}
+
+
+def condition(st: dict, kind: str) -> dict:
+    return next((c for c in st.get("conditions", []) if c["type"] == kind), {})
+
+
+def test_policybundle_apply_edit_break_fix_delete(start_sync, kubectl, get_json, namespace, run_id):
+    synced = start_sync()
+    apply(kubectl, runtime(namespace))
+    wait_until("runtime cached", lambda: synced.state.runtime(namespace, {"kind": "TrainingRuntime", "name": "mpi-rt"}))
+    name = f"gpu-cap-{run_id}"
+    assert decide(synced, job(namespace)).allowed, "no bundle yet"
+
+    # 1. apply: compiled, enforced, status says so
+    started = time.monotonic()
+    apply(kubectl, bundle(name, run_id, namespace, max_gpus=8))
+    wait_until("bundle enforced", lambda: [b.name for b in synced.registry.active] == [name])
+    first = time.monotonic() - started
+    assert decide(synced, job(namespace)).allowed  # 4 GPUs <= 8
+    wait_until("status written", lambda: status(get_json, name).get("observedGeneration") == 1)
+    st = status(get_json, name)
+    assert st["compiled"] is True and st["active"] is True and st["activeGeneration"] == 1 and st["errorCount"] == 0
+    assert st["digest"].startswith("sha256:") and condition(st, "Ready")["status"] == "True"
+
+    # 2. edit: a stricter limit is enforced within seconds of kubectl apply returning
+    started = time.monotonic()
+    apply(kubectl, bundle(name, run_id, namespace, max_gpus=2))
+    wait_until("the edit enforced", lambda: not decide(synced, job(namespace)).allowed)
+    edit = time.monotonic() - started
+    decision = decide(synced, job(namespace))
+    assert decision.messages[0]["message"] == "at most 2 GPUs", decision.messages
+    good_digest = synced.registry.active[0].digest
+
+    # 3. a broken edit: reported with rule and position; generation 2 stays enforced
+    apply(kubectl, bundle(name, run_id, namespace, max_gpus=16, expression="job.totals.gpus <= "))
+    wait_until("status reports the broken generation", lambda: status(get_json, name).get("observedGeneration") == 3)
+    st = status(get_json, name)
+    assert st["compiled"] is False and st["active"] is True and st["activeGeneration"] == 2, st
+    assert st["digest"] == good_digest and st["activeVersion"] == "1.0.2"
+    assert st["errorCount"] >= 1 and "rule gpu-cap" in st["errors"][0] and "line 1" in st["errors"][0], st["errors"]
+    ready = condition(st, "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "LastGoodEnforced", ready
+    assert "generation 2" in ready["message"] and "still enforced" in ready["message"]
+    decision = decide(synced, job(namespace))
+    assert not decision.allowed and decision.messages[0]["message"] == "at most 2 GPUs", "the last good must stay enforced"
+    printed = kubectl("get", "policybundle", name).stdout
+    assert "false" in printed.split("\n")[1] and "true" in printed.split("\n")[1], printed  # Compiled false, Active true
+
+    # 4. fixed: generation 4 enforced, Ready again with a fresh transition time
+    apply(kubectl, bundle(name, run_id, namespace, max_gpus=16))
+    wait_until("the fix enforced", lambda: decide(synced, job(namespace)).allowed)
+    wait_until("status Ready again", lambda: condition(status(get_json, name), "Ready").get("status") == "True")
+    st = status(get_json, name)
+    assert st["compiled"] and st["activeGeneration"] == 4 and st["errors"] == [] and st["errorCount"] == 0
+
+    # 5. delete: removed from the registry
+    kubectl("delete", "policybundle", name)
+    wait_until("bundle removed", lambda: not synced.registry.active)
+    assert decide(synced, job(namespace)).allowed
+    print(f"\nkubectl apply -> enforced: first {first:.2f} s, edit {edit:.2f} s")
+    assert edit < 5.0
+
+
+def test_policybundle_that_never_compiled_is_not_active(start_sync, kubectl, get_json, namespace, run_id):
+    synced = start_sync()
+    name = f"broken-{run_id}"
+    doc = bundle(name, run_id, namespace, 4)
+    doc["spec"]["mode"] = "block"  # not enforce/audit
+    apply(kubectl, doc)
+    wait_until("status written", lambda: status(get_json, name).get("observedGeneration") == 1)
+    st = status(get_json, name)
+    assert st["compiled"] is False and st["active"] is False and "activeGeneration" not in st
+    assert any("spec.mode" in e for e in st["errors"]), st["errors"]
+    assert condition(st, "Ready")["reason"] == "NotEnforced"
+    assert synced.registry.active == ()
+
+
+def test_bundle_selector_hides_other_servers_bundles(start_sync, kubectl, namespace, run_id):
+    synced = start_sync()
+    other = uuid.uuid4().hex[:8]
+    try:
+        apply(kubectl, bundle(f"other-{other}", other, namespace, 4), bundle(f"mine-{run_id}", run_id, namespace, 4))
+        wait_until("my bundle enforced", lambda: synced.registry.active)
+        time.sleep(1)
+        assert [b.name for b in synced.registry.active] == [f"mine-{run_id}"]
+    finally:
+        kubectl("delete", "policybundle", f"other-{other}", "--ignore-not-found", check=False)
+
+
+# --- the commands -------------------------------------------------------------------------------
+def test_review_kubeconfig_decides_from_the_live_cluster(kubectl, namespace, admin_kubeconfig, tmp_path):
+    apply(kubectl, runtime(namespace))
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(job(namespace)))
+    argv = [str(CLI), "review", "-f", str(job_file), "--kubeconfig", str(admin_kubeconfig), "-o", "json"]
+    first = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0, first.stdout + first.stderr
+
+    apply(kubectl, {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "small", "namespace": namespace},
+                    "spec": {"hard": {"requests.nvidia.com/gpu": "2"}}})
+    # the quota controller fills status.hard/used; the quota check needs them
+    wait_until("quota status", lambda: (json.loads(kubectl("get", "resourcequota", "small", "-n", namespace, "-o", "json").stdout)
+                                       .get("status", {}).get("hard")), timeout=30)
+    second = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert second.returncode == 1, second.stdout + second.stderr
+    assert "quota" in json.dumps(json.loads(second.stdout)["messages"]).lower()
+
+
+def test_review_unreachable_cluster_exits_6(admin_kubeconfig, tmp_path):
+    closed = kubeconfig_via(admin_kubeconfig, tmp_path / "closed.kubeconfig", f"https://127.0.0.1:{free_port()}")
+    result = subprocess.run([str(CLI), "review", "-f", str(REPO / "examples" / "jobs" / "allowed.yaml"),
+                             "--kubeconfig", str(closed)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 6, result
+    assert "cannot reach the Kubernetes API server at https://127.0.0.1:" in result.stderr
+    assert f"kubectl --kubeconfig {closed} cluster-info" in result.stderr and result.stdout == ""
+
+
+def test_serve_kubeconfig_ready_only_after_sync_and_bundle(kubectl, namespace, run_id, crd, relay, tmp_path,
+                                                          admin_kubeconfig, serving_cert):
+    """`serve --kubeconfig` as a subprocess: /readyz 503 while the API is unreachable, 503 while no
+    bundle is active, 200 once the cluster bundle is compiled; the bundle decides /validate; SIGTERM
+    ends it cleanly."""
+    crt, key, ca_pem = serving_cert()
+    cert_dir = tmp_path / "tls"
+    cert_dir.mkdir()
+    shutil.copyfile(crt, cert_dir / "tls.crt")
+    shutil.copyfile(key, cert_dir / "tls.key")
+    via = kubeconfig_via(admin_kubeconfig, tmp_path / "relay.kubeconfig", f"https://127.0.0.1:{relay.port}")
+    port = free_port()
+    relay.cut()  # the API server is unreachable when the service starts
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    proc = subprocess.Popen([str(CLI), "serve", "--kubeconfig", str(via), "--cert-dir", str(cert_dir), "--host", "127.0.0.1",
+                             "--port", str(port), "--bundle-selector", f"{LABEL}={run_id}",
+                             "--decision-log", str(tmp_path / "decisions.jsonl")],
+                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "serve.stderr", "wb"), env=env)
+    context = ssl.create_default_context(cadata=ca_pem.decode())
+
+    def call(path: str, body: dict | None = None) -> tuple[int, str]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(f"https://127.0.0.1:{port}{path}", data=data, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, context=context, timeout=5) as reply:
+                return reply.status, reply.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+        except OSError as exc:
+            return 0, str(exc)
+
+    try:
+        wait_until("serve listening", lambda: call("/healthz")[0] == 200, timeout=30)
+        code, text = call("/readyz")
+        assert code == 503 and "not synced" in text and "no policy bundle" in text, text
+
+        apply(kubectl, runtime(namespace), bundle(f"serve-{run_id}", run_id, namespace, max_gpus=2))
+        relay.restore()
+        took = wait_until("ready once synced with a compiled bundle", lambda: call("/readyz")[0] == 200, timeout=40)
+        print(f"\n/readyz 200 {took:.1f} s after the API server became reachable")
+
+        review = admission_review(job(namespace))
+        review["request"]["dryRun"] = True  # nothing to inject
+        code, text = call("/validate", review)
+        response = json.loads(text)["response"]
+        assert code == 200 and response["allowed"] is False and "at most 2 GPUs" in response["status"]["message"], text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            rc = proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = "killed"
+    assert rc == 0, f"serve exit {rc}: {(tmp_path / 'serve.stderr').read_text()[-3000:]}"
