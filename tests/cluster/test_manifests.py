@@ -1,0 +1,548 @@
+"""manifests/: what kustomize renders for base, the overlays and the components, and base
+installed on the real control plane.
+
+Rendering is offline (`kubectl kustomize` of the built kubectl v1.36). The install is real but
+cannot touch the shared cluster's other users: a test-only kustomization (in tmp_path, over a
+copy of manifests/overlays/local-ca) narrows both webhooks' namespaceSelector and the default
+bundle's match to a label and a namespace nobody has, and leaves the PolicyBundle CRD alone
+(it is applied only when missing and never deleted: other tests' PolicyBundles live in it).
+Everything else the install created is deleted afterwards, also when a test fails.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.cluster
+
+cluster = sys.modules["trainjob_cluster"]  # hack/cluster/cluster.py, loaded by conftest
+REPO = Path(__file__).resolve().parents[2]
+MANIFESTS = REPO / "manifests"
+NS = "trainjob-admission"
+SA = f"system:serviceaccount:{NS}:trainjob-admission"
+CRD = "policybundles.policy.trainjob-admission.io"
+MANAGED_BY = ("app.kubernetes.io/managed-by", "trainjob-admission")
+TEST_LABEL = "trainjob-admission.io/manifest-test"
+CLI = Path(sys.executable).parent / "trainjob-admission"
+WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+NAMESPACED = {"ServiceAccount", "Role", "RoleBinding", "Deployment", "PodDisruptionBudget", "Service",
+              "NetworkPolicy", "Secret", "ConfigMap", "ServiceMonitor", "PrometheusRule", "Issuer", "Certificate"}
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+def kustomize(path: Path) -> list[dict]:
+    if not cluster.KUBECTL.exists():
+        pytest.skip(f"no kubectl at {cluster.KUBECTL}: build the cluster tier (make cluster-build)")
+    p = subprocess.run([str(cluster.KUBECTL), "kustomize", str(path)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, f"kubectl kustomize {path} failed:\n{p.stderr}"
+    return [d for d in yaml.safe_load_all(p.stdout) if d]
+
+
+def find(docs: list[dict], kind: str, name: str) -> dict:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
+    return found[0]
+
+
+def copy_manifests(dest: Path) -> Path:
+    """A copy of manifests/ with a fresh CA and serving certificate in overlays/local-ca/tls,
+    made by the documented command."""
+    copy = dest / "manifests"
+    shutil.copytree(MANIFESTS, copy, ignore=shutil.ignore_patterns("tls"))
+    tls = copy / "overlays" / "local-ca" / "tls"
+    p = subprocess.run([str(CLI), "certs", "issue", "--service", "trainjob-admission", "--namespace", NS,
+                        "--out", str(tls)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return copy
+
+
+def write_kustomization(directory: Path, body: dict) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump(body, sort_keys=False))
+    return directory
+
+
+def granted(rules: list[dict], group: str, resource: str, verb: str) -> bool:
+    return any(group in r.get("apiGroups", []) and resource in r.get("resources", []) and verb in r["verbs"]
+               for r in rules)
+
+
+def service_rules(docs: list[dict]) -> list[dict]:
+    """The rules of every ClusterRole bound to the service account."""
+    roles = set()
+    for b in docs:
+        if b["kind"] == "ClusterRoleBinding" and any(
+                s["kind"] == "ServiceAccount" and f"system:serviceaccount:{s['namespace']}:{s['name']}" == SA
+                for s in b["subjects"]):
+            roles.add(b["roleRef"]["name"])
+    return [r for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] in roles for r in d["rules"]]
+
+
+def metric_names() -> set[str]:
+    """Every series name webhook/metrics.py exposes (counter _total, histogram _bucket/_sum/_count)."""
+    from webhook.metrics import Metrics
+
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    return {family.name + s for family in Metrics().registry.collect() for s in suffixes[family.type]}
+
+
+@pytest.fixture(scope="module")
+def base() -> list[dict]:
+    return kustomize(MANIFESTS / "base")
+
+
+# ---------------------------------------------------------------------------------------------
+# rendering (offline)
+# ---------------------------------------------------------------------------------------------
+def test_default_bundle_is_the_one_in_policies():
+    copy = yaml.safe_load((MANIFESTS / "base" / "policybundle-default.yaml").read_text())
+    source = yaml.safe_load((REPO / "policies" / "bundles" / "default.yaml").read_text())
+    assert copy == source, ("manifests/base/policybundle-default.yaml differs from policies/bundles/default.yaml; "
+                            "run: cp policies/bundles/default.yaml manifests/base/policybundle-default.yaml")
+
+
+def test_base_holds_exactly_the_service(base):
+    inventory = {(d["kind"], d["metadata"]["name"]) for d in base}
+    assert inventory == {
+        ("Namespace", NS), ("CustomResourceDefinition", CRD), ("ServiceAccount", "trainjob-admission"),
+        ("ClusterRole", "trainjob-admission-reader"), ("ClusterRole", "trainjob-admission-injector"),
+        ("ClusterRoleBinding", "trainjob-admission-reader"), ("ClusterRoleBinding", "trainjob-admission-injector"),
+        ("ClusterRole", "trainjob-admission-admin"), ("ClusterRole", "trainjob-admission-auditor"),
+        ("ClusterRoleBinding", "trainjob-admission-admins"), ("ClusterRoleBinding", "trainjob-admission-auditors"),
+        ("Role", "trainjob-admission-decision-log-reader"), ("RoleBinding", "trainjob-admission-auditors"),
+        ("ValidatingAdmissionPolicy", "trainjob-admission-managed-objects-only"),
+        ("ValidatingAdmissionPolicyBinding", "trainjob-admission-managed-objects-only"),
+        ("Deployment", "trainjob-admission"), ("PodDisruptionBudget", "trainjob-admission"),
+        ("Service", "trainjob-admission"), ("NetworkPolicy", "trainjob-admission"),
+        ("MutatingWebhookConfiguration", "trainjob-admission"), ("ValidatingWebhookConfiguration", "trainjob-admission"),
+        ("PolicyBundle", "default"),
+    }
+    for d in base:
+        meta = d["metadata"]
+        assert meta.get("namespace") == (NS if d["kind"] in NAMESPACED else None), (d["kind"], meta)
+        # the managed-by label marks injected objects, which the reconciler may delete: never ours
+        assert (meta.get("labels") or {}).get(MANAGED_BY[0]) != MANAGED_BY[1], (d["kind"], meta["name"])
+
+
+def test_base_deployment_is_restricted_and_highly_available(base):
+    dep = find(base, "Deployment", "trainjob-admission")
+    pod = dep["spec"]["template"]["spec"]
+    assert dep["spec"]["replicas"] == 2
+    term = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["serviceAccountName"] == "trainjob-admission"
+    (c,) = pod["containers"]
+    assert c["args"] == ["serve", "--in-cluster", "--cert-dir", "/tls",
+                         "--decision-log", "/var/log/trainjob-admission/decisions.jsonl"]
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["runAsNonRoot"] is True
+    assert c["ports"] == [{"name": "https", "containerPort": 8443, "protocol": "TCP"}]
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        assert c[probe]["httpGet"] == {"path": path, "port": "https", "scheme": "HTTPS"}
+    assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert volumes[mounts["/tls"]]["secret"]["secretName"] == "trainjob-admission-tls"
+    assert "emptyDir" in volumes[mounts["/var/log/trainjob-admission"]]
+    pdb = find(base, "PodDisruptionBudget", "trainjob-admission")
+    assert pdb["spec"] == {"minAvailable": 1, "selector": dep["spec"]["selector"]}
+    svc = find(base, "Service", "trainjob-admission")
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    assert svc["spec"]["ports"] == [{"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP"}]
+    netpol = find(base, "NetworkPolicy", "trainjob-admission")["spec"]
+    assert netpol["podSelector"] == dep["spec"]["selector"]
+    assert netpol["ingress"] == [{"ports": [{"port": 8443, "protocol": "TCP"}]}]
+
+
+def test_base_webhooks(base):
+    paths = {"MutatingWebhookConfiguration": "/mutate", "ValidatingWebhookConfiguration": "/validate"}
+    for kind, path in paths.items():
+        (hook,) = find(base, kind, "trainjob-admission")["webhooks"]
+        assert hook["clientConfig"] == {"service": {"name": "trainjob-admission", "namespace": NS,
+                                                    "path": path, "port": 443}}
+        assert {(r["apiGroups"][0], r["apiVersions"][0], r["resources"][0]) for r in hook["rules"]} == {
+            ("trainer.kubeflow.org", "v1alpha1", "trainjobs"), ("kubeflow.org", "v2beta1", "mpijobs")}
+        assert all(r["operations"] == ["CREATE", "UPDATE"] for r in hook["rules"])
+        assert hook["sideEffects"] == "NoneOnDryRun"
+        assert hook["admissionReviewVersions"] == ["v1"]
+        assert (hook["timeoutSeconds"], hook["failurePolicy"], hook["matchPolicy"]) == (10, "Fail", "Equivalent")
+        exprs = {e["key"]: e for e in hook["namespaceSelector"]["matchExpressions"]}
+        assert exprs["kubernetes.io/metadata.name"]["operator"] == "NotIn"
+        assert set(exprs["kubernetes.io/metadata.name"]["values"]) == {"kube-system", "kube-public", "kube-node-lease", NS}
+        assert exprs["trainjob-admission.io/ignore"] == {"key": "trainjob-admission.io/ignore", "operator": "NotIn",
+                                                         "values": ["true"]}
+    assert find(base, "Namespace", NS)["metadata"]["labels"]["trainjob-admission.io/ignore"] == "true"
+
+
+def test_base_rbac_is_least_privilege(base):
+    for d in base:
+        for rule in d.get("rules", []):
+            for field in ("apiGroups", "resources", "verbs", "resourceNames"):
+                assert "*" not in rule.get(field, []), (d["metadata"]["name"], rule)
+            assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), (d["metadata"]["name"], rule)
+        if d["kind"] in ("ClusterRoleBinding", "RoleBinding"):
+            assert d["roleRef"]["name"].startswith("trainjob-admission-"), d["metadata"]["name"]
+        labels = d["metadata"].get("labels") or {}
+        assert not any(k.startswith("rbac.authorization.k8s.io/aggregate-to") for k in labels), d["metadata"]["name"]
+    rules = service_rules(base)
+    wanted = {
+        ("trainer.kubeflow.org", "clustertrainingruntimes"): {"get", "list", "watch"},
+        ("trainer.kubeflow.org", "trainingruntimes"): {"get", "list", "watch"},
+        ("trainer.kubeflow.org", "trainjobs"): {"get", "list", "watch"},
+        ("kubeflow.org", "mpijobs"): {"get", "list", "watch"},
+        ("", "namespaces"): {"get", "list", "watch"},
+        ("", "resourcequotas"): {"get", "list", "watch"},
+        ("policy.trainjob-admission.io", "policybundles"): {"get", "list", "watch"},
+        ("policy.trainjob-admission.io", "policybundles/status"): {"patch"},
+        ("", "secrets"): {"get", "list", "create", "patch", "delete"},
+        ("networking.k8s.io", "networkpolicies"): {"get", "list", "create", "patch", "delete"},
+    }
+    have: dict = {}
+    for r in rules:
+        for g in r["apiGroups"]:
+            for res in r["resources"]:
+                have.setdefault((g, res), set()).update(r["verbs"])
+    assert have == wanted
+
+
+def test_service_rbac_covers_every_call_the_code_makes(base):
+    """A watch or call added to the code without its permission fails here, not in production."""
+    from webhook import clusterbundles, injector, kubestate
+
+    rules = service_rules(base)
+
+    def group(api_version: str) -> str:
+        return api_version.rpartition("/")[0]
+
+    missing = []
+    for res in (*kubestate.STATE_RESOURCES, clusterbundles.POLICY_BUNDLES):
+        missing += [(res.plural, v) for v in ("list", "watch") if not granted(rules, group(res.api_version), res.plural, v)]
+    missing += [("policybundles/status", "patch")] * (not granted(rules, clusterbundles.GROUP, "policybundles/status", "patch"))
+    for grp, _, plural in injector.OWNER_GROUPS.values():  # injector reads the job; reconciler watches TrainJobs
+        missing += [(plural, v) for v in ("get", "list", "watch") if not granted(rules, grp, plural, v)]
+    for kind in ("Secret", "NetworkPolicy"):
+        grp = "" if kind == "Secret" else "networking.k8s.io"
+        plural = kind.lower() + "s" if kind == "Secret" else "networkpolicies"
+        missing += [(plural, v) for v in ("get", "list", "create", "patch", "delete") if not granted(rules, grp, plural, v)]
+    assert not missing, f"manifests/base/rbac.yaml lacks {missing}"
+
+
+def test_local_ca_overlay_fills_secret_and_ca_bundle(tmp_path):
+    copy = copy_manifests(tmp_path)
+    docs = kustomize(copy / "overlays" / "local-ca")
+    tls = copy / "overlays" / "local-ca" / "tls"
+    secret = find(docs, "Secret", "trainjob-admission-tls")
+    assert secret["type"] == "kubernetes.io/tls" and secret["metadata"]["namespace"] == NS
+    assert sorted(secret["data"]) == ["ca.crt", "tls.crt", "tls.key"]
+    for key in secret["data"]:
+        assert base64.b64decode(secret["data"][key]) == (tls / key).read_bytes()
+    for kind in WEBHOOK_KINDS:
+        (hook,) = find(docs, kind, "trainjob-admission")["webhooks"]
+        assert base64.b64decode(hook["clientConfig"]["caBundle"]) == (tls / "ca.crt").read_bytes()
+        assert "".join(hook["clientConfig"]["caBundle"].split()) == (tls / "ca-bundle.b64").read_text().strip()
+    dep = find(docs, "Deployment", "trainjob-admission")
+    assert {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}["tls"]["secret"]["secretName"] \
+        == secret["metadata"]["name"]
+
+
+def test_cert_manager_overlay(base):
+    docs = kustomize(MANIFESTS / "overlays" / "cert-manager")
+    serving = find(docs, "Certificate", "trainjob-admission-serving")["spec"]
+    assert serving["secretName"] == "trainjob-admission-tls"
+    assert f"trainjob-admission.{NS}.svc" in serving["dnsNames"]
+    assert serving["issuerRef"] == {"kind": "Issuer", "name": "trainjob-admission-ca"}
+    assert find(docs, "Certificate", "trainjob-admission-ca")["spec"]["isCA"] is True
+    assert find(docs, "Issuer", "trainjob-admission-ca")["spec"]["ca"]["secretName"] == "trainjob-admission-ca"
+    for kind in WEBHOOK_KINDS:
+        assert find(docs, kind, "trainjob-admission")["metadata"]["annotations"] == {
+            "cert-manager.io/inject-ca-from": f"{NS}/trainjob-admission-serving"}
+    assert find(docs, "Deployment", "trainjob-admission") == find(base, "Deployment", "trainjob-admission")
+
+
+def test_openshift_overlay():
+    docs = kustomize(MANIFESTS / "overlays" / "openshift")
+    assert find(docs, "Service", "trainjob-admission")["metadata"]["annotations"] == {
+        "service.beta.openshift.io/serving-cert-secret-name": "trainjob-admission-tls"}
+    for kind in WEBHOOK_KINDS:
+        assert find(docs, kind, "trainjob-admission")["metadata"]["annotations"] == {
+            "service.beta.openshift.io/inject-cabundle": "true"}
+    pod = find(docs, "Deployment", "trainjob-admission")["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert find(docs, "Role", "trainjob-admission-scc")["rules"] == [{
+        "apiGroups": ["security.openshift.io"], "resources": ["securitycontextconstraints"],
+        "resourceNames": ["restricted-v2"], "verbs": ["use"]}]
+    dns_ports = find(docs, "NetworkPolicy", "trainjob-admission")["spec"]["egress"][0]["ports"]
+    assert {(p["port"], p["protocol"]) for p in dns_ports} >= {(5353, "UDP"), (5353, "TCP")}
+
+
+def test_components_fail_open_and_monitoring(tmp_path):
+    copy_manifests(tmp_path)
+    overlay = write_kustomization(tmp_path / "overlay", {
+        "resources": ["../manifests/overlays/local-ca"],
+        "components": ["../manifests/components/fail-open", "../manifests/components/monitoring"]})
+    docs = kustomize(overlay)
+    for kind in WEBHOOK_KINDS:
+        assert [h["failurePolicy"] for h in find(docs, kind, "trainjob-admission")["webhooks"]] == ["Ignore"]
+    svc = find(docs, "Service", "trainjob-admission")
+    monitor = find(docs, "ServiceMonitor", "trainjob-admission")["spec"]
+    assert monitor["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    (endpoint,) = monitor["endpoints"]
+    assert endpoint["port"] == svc["spec"]["ports"][0]["name"] and endpoint["scheme"] == "https"
+    secret = find(docs, "Secret", endpoint["tlsConfig"]["ca"]["secret"]["name"])
+    assert endpoint["tlsConfig"]["ca"]["secret"]["key"] in secret["data"]
+
+    known = metric_names()
+    rules = [r for g in find(docs, "PrometheusRule", "trainjob-admission")["spec"]["groups"] for r in g["rules"]]
+    alerts = {r["alert"] for r in rules}
+    assert {"TrainJobAdmissionHighDenyRate", "TrainJobAdmissionLatencyOverBudget", "TrainJobAdmissionErrors",
+            "TrainJobAdmissionCertificateExpiresSoon", "TrainJobAdmissionBundleReloadFailures"} <= alerts
+    used = {m for r in rules for m in re.findall(r"trainjob_admission_\w+", r["expr"])}
+    assert used and used <= known, f"alerts use metrics webhook/metrics.py does not serve: {used - known}"
+    expiry = next(r for r in rules if r["alert"] == "TrainJobAdmissionCertificateExpiresSoon")["expr"]
+    assert "14 * 86400" in expiry
+
+    dashboard = find(docs, "ConfigMap", "trainjob-admission-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    (text,) = dashboard["data"].values()
+    panels = json.loads(text)["panels"]
+    exprs = [t["expr"] for p in panels for t in p["targets"]]
+    used = {m for e in exprs for m in re.findall(r"trainjob_admission_\w+", e)}
+    assert len(panels) >= 6 and used <= known, f"dashboard uses unknown metrics: {used - known}"
+    assert {"trainjob_admission_requests_total", "trainjob_admission_request_duration_seconds_bucket",
+            "trainjob_admission_certificate_expiry_timestamp_seconds"} <= used
+
+
+# ---------------------------------------------------------------------------------------------
+# installed on the control plane
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Installed:
+    run: str  # the label value the webhooks' namespaceSelector is narrowed to
+    tls: Path  # the certificates in the installed Secret
+
+
+def _exists(kind: str, name: str, namespace: str | None) -> bool:
+    ns = ["-n", namespace] if namespace else []
+    return cluster.kubectl("get", kind, name, *ns, "-o", "name", check=False).returncode == 0
+
+
+# ClusterRoles are left alone: other tests bind the service's roles to their own users.
+LEFTOVER_KINDS = ("namespace,mutatingwebhookconfiguration,validatingwebhookconfiguration,validatingadmissionpolicy,"
+                  "validatingadmissionpolicybinding,clusterrolebinding,policybundle")
+
+
+def _wait_until_free(timeout: float = 180) -> None:
+    """Leftovers of an interrupted run of this test go; another install must be gone first."""
+    cluster.kubectl("delete", LEFTOVER_KINDS, "-l", TEST_LABEL, "--wait=false", check=False)
+    probes = [("namespace", NS, None), ("mutatingwebhookconfiguration", "trainjob-admission", None),
+              ("validatingwebhookconfiguration", "trainjob-admission", None), ("policybundle", "default", None)]
+    deadline = time.monotonic() + timeout
+    while busy := [f"{k}/{n}" for k, n, ns in probes if _exists(k, n, ns)]:
+        if time.monotonic() > deadline:
+            pytest.fail(f"{', '.join(busy)} already exist: another trainjob-admission install is on this cluster; "
+                        f"remove it (kubectl delete -k manifests/overlays/local-ca) and run again")
+        time.sleep(2)
+
+
+@pytest.fixture(scope="module")
+def installed(control_plane, tmp_path_factory) -> Installed:
+    work = tmp_path_factory.mktemp("install")
+    copy = copy_manifests(work)
+    run = uuid.uuid4().hex[:8]
+    narrow = {"matchLabels": {TEST_LABEL: run}}
+    install = write_kustomization(work / "install", {
+        "resources": ["../manifests/overlays/local-ca"],
+        "labels": [{"pairs": {TEST_LABEL: run}}],
+        "patches": [
+            {"patch": yaml.safe_dump({"$patch": "delete", "apiVersion": "apiextensions.k8s.io/v1",
+                                      "kind": "CustomResourceDefinition", "metadata": {"name": CRD}})},
+            {"target": {"group": "admissionregistration.k8s.io", "kind": "(Mutating|Validating)WebhookConfiguration",
+                        "name": "trainjob-admission"},
+             "patch": json.dumps([{"op": "replace", "path": "/webhooks/0/namespaceSelector", "value": narrow}])},
+            {"target": {"kind": "PolicyBundle", "name": "default"},
+             "patch": json.dumps([{"op": "replace", "path": "/spec/match/namespaces", "value": [f"nowhere-{run}"]}])},
+        ]})
+    docs = kustomize(install)
+    for kind in WEBHOOK_KINDS:  # the guarantee that nothing outside this test reaches the fake pods
+        assert [h["namespaceSelector"] for h in find(docs, kind, "trainjob-admission")["webhooks"]] == [narrow]
+    assert not any(d["kind"] == "CustomResourceDefinition" for d in docs)
+
+    if not _exists("crd", CRD, None):
+        cluster.kubectl("apply", "-f", MANIFESTS / "base" / "policybundle-crd.yaml")
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD}")
+    _wait_until_free()
+    ours = [d for d in docs if not _exists(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace"))]
+    try:
+        cluster.kubectl("apply", "-k", install)
+        yield Installed(run=run, tls=copy / "overlays" / "local-ca" / "tls")
+    finally:
+        body = "\n---\n".join(yaml.safe_dump(d) for d in ours)
+        cluster.kubectl("delete", "-f", "-", "--ignore-not-found", "--wait=true", "--timeout=120s",
+                        input=body, timeout=180, check=False)
+
+
+def test_base_passes_server_side_dry_run(installed, kubectl, base):
+    """The unmodified base against the real API server (schemas, CEL of the policy, PolicyBundle CRD)."""
+    p = kubectl("apply", "-k", MANIFESTS / "base", "--dry-run=server")
+    assert p.stdout.count("(server dry run)") == len(base), p.stdout
+
+
+def test_installed_service_runs_two_restricted_replicas(installed, kubectl, get_json, wait_for):
+    wait_for("Deployment trainjob-admission 2/2 available", lambda: get_json(
+        "deployment", "trainjob-admission", "-n", NS).get("status", {}).get("availableReplicas") == 2, timeout=120)
+    pods = get_json("pods", "-n", NS, "-l", "app.kubernetes.io/name=trainjob-admission")["items"]
+    assert len(pods) == 2
+    assert len({p["spec"]["nodeName"] for p in pods}) == 2, "anti-affinity should spread the replicas over the nodes"
+    # the namespace enforces Pod Security "restricted": our pods were admitted, a privileged one is not
+    assert get_json("namespace", NS)["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    privileged = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe", "namespace": NS},
+                  "spec": {"containers": [{"name": "c", "image": "busybox", "securityContext": {"privileged": True}}]}}
+    p = kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(privileged), check=False)
+    assert p.returncode != 0 and "violates PodSecurity" in p.stderr, p.stderr
+
+    pdb = wait_for("PDB status", lambda: (lambda s: s if s.get("currentHealthy") == 2 else None)(
+        get_json("pdb", "trainjob-admission", "-n", NS).get("status", {})))
+    assert pdb["disruptionsAllowed"] == 1
+    svc = get_json("service", "trainjob-admission", "-n", NS)
+    assert [(p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [(443, "https")]
+
+    def ready_endpoints():
+        slices = get_json("endpointslices", "-n", NS, "-l", "kubernetes.io/service-name=trainjob-admission")["items"]
+        ready = [e for s in slices if [p["port"] for p in s.get("ports") or []] == [8443]
+                 for e in s.get("endpoints") or [] if e["conditions"].get("ready")]
+        return len(ready) == 2
+    wait_for("the Service's 2 ready endpoints on 8443", ready_endpoints)
+    secret = get_json("secret", "trainjob-admission-tls", "-n", NS)
+    assert secret["type"] == "kubernetes.io/tls"
+
+
+def test_installed_webhooks_and_default_bundle(installed, get_json):
+    ca = (installed.tls / "ca.crt").read_bytes()
+    for kind in WEBHOOK_KINDS:
+        (hook,) = get_json(kind.lower(), "trainjob-admission")["webhooks"]
+        assert hook["sideEffects"] == "NoneOnDryRun" and hook["timeoutSeconds"] == 10
+        assert hook["failurePolicy"] == "Fail" and hook["matchPolicy"] == "Equivalent"
+        assert base64.b64decode(hook["clientConfig"]["caBundle"]) == ca
+        assert hook["namespaceSelector"] == {"matchLabels": {TEST_LABEL: installed.run}}
+    bundle = get_json("policybundle", "default")
+    source = yaml.safe_load((REPO / "policies" / "bundles" / "default.yaml").read_text())
+    source["spec"]["match"]["namespaces"] = [f"nowhere-{installed.run}"]
+    assert bundle["spec"] == source["spec"]
+
+
+def can_i(kubectl, *args: str, kubeconfig=None) -> bool:
+    p = kubectl("auth", "can-i", *args, kubeconfig=kubeconfig, check=False)
+    assert p.stdout.strip() in ("yes", "no"), p.stderr
+    return p.stdout.strip() == "yes"
+
+
+def test_service_account_has_least_privilege(installed, kubectl):
+    asa = f"--as={SA}"
+    allowed = [("list", "clustertrainingruntimes.trainer.kubeflow.org"),
+               ("watch", "trainingruntimes.trainer.kubeflow.org", "-A"),
+               ("watch", "trainjobs.trainer.kubeflow.org", "-A"), ("get", "mpijobs.kubeflow.org", "-n", "team-a"),
+               ("list", "resourcequotas", "-A"), ("watch", "namespaces"),
+               ("watch", "policybundles.policy.trainjob-admission.io"),
+               ("patch", "policybundles.policy.trainjob-admission.io", "--subresource=status"),
+               ("create", "secrets", "-n", "team-a"), ("delete", "secrets", "-n", "team-b"),
+               ("create", "networkpolicies.networking.k8s.io", "-n", "team-a"),
+               ("patch", "networkpolicies.networking.k8s.io", "-n", "team-a")]
+    denied = [("get", "nodes"), ("get", "nodes", "--subresource=proxy"), ("create", "pods", "-n", "team-a"),
+              ("create", "pods", "-n", NS), ("create", "pods", "--subresource=exec", "-n", NS),
+              ("escalate", "clusterroles.rbac.authorization.k8s.io"), ("bind", "clusterroles.rbac.authorization.k8s.io"),
+              ("patch", "clusterroles.rbac.authorization.k8s.io"), ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
+              ("delete", "trainjobs.trainer.kubeflow.org", "-n", "team-a"),
+              ("update", "trainjobs.trainer.kubeflow.org", "-n", "team-a"),
+              ("patch", "policybundles.policy.trainjob-admission.io"),
+              ("create", "policybundles.policy.trainjob-admission.io"), ("update", "secrets", "-n", "team-a"),
+              ("create", "serviceaccounts", "--subresource=token", "-n", NS), ("impersonate", "users"),
+              ("patch", "validatingwebhookconfigurations.admissionregistration.k8s.io"),
+              ("delete", "validatingadmissionpolicies.admissionregistration.k8s.io"), ("*", "*")]
+    wrong = [("should be allowed", a) for a in allowed if not can_i(kubectl, *a, asa)]
+    wrong += [("should be denied", a) for a in denied if can_i(kubectl, *a, asa)]
+    assert not wrong, wrong
+
+
+def test_people_roles(installed, kubectl, user_a_kubeconfig):
+    bundles = "policybundles.policy.trainjob-admission.io"
+    log = ("get", "pods", "--subresource=log", "-n", NS)
+    # alice (edit in team-a): no bundle edits, no decision log
+    for verb in ("create", "patch", "delete"):
+        assert not can_i(kubectl, verb, bundles, kubeconfig=user_a_kubeconfig), verb
+    assert not can_i(kubectl, *log, kubeconfig=user_a_kubeconfig)
+    p = kubectl("patch", "policybundle", "default", "--type=merge", "-p", '{"spec":{"mode":"audit"}}',
+                kubeconfig=user_a_kubeconfig, check=False)
+    assert p.returncode != 0 and "forbidden" in p.stderr.lower(), p.stderr
+    p = kubectl("logs", "-n", NS, "deployment/trainjob-admission", kubeconfig=user_a_kubeconfig, check=False)
+    assert p.returncode != 0 and "forbidden" in p.stderr.lower(), p.stderr
+    # auditors: read bundles and the service's logs, nothing else
+    auditor = ("--as=audrey", "--as-group=trainjob-admission-auditors")
+    assert can_i(kubectl, *log, *auditor) and can_i(kubectl, "list", bundles, *auditor)
+    assert can_i(kubectl, "get", "deployments.apps", "-n", NS, *auditor)  # for kubectl logs deployment/...
+    for denied in (("get", "pods", "--subresource=log", "-n", "team-a"), ("patch", bundles),
+                   ("get", "secrets", "-n", NS), ("create", "pods", "--subresource=exec", "-n", NS)):
+        assert not can_i(kubectl, *denied, *auditor), denied
+    # admins: edit bundles, but not the service's Secrets or its decision log
+    admin = ("--as=adam", "--as-group=trainjob-admission-admins")
+    for verb in ("create", "patch", "delete"):
+        assert can_i(kubectl, verb, bundles, *admin), verb
+    assert not can_i(kubectl, "get", "secrets", "-n", NS, *admin)
+    assert not can_i(kubectl, *log, *admin)
+
+
+def test_guard_lets_the_service_account_write_only_managed_objects(installed, kubectl, namespace, wait_for):
+    def obj(kind: str, name: str, managed: bool) -> dict:
+        meta = {"name": name, "namespace": namespace, "labels": dict([MANAGED_BY]) if managed else {"app": "other"}}
+        if kind == "Secret":
+            return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "stringData": {"k": "v"}}
+        return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta,
+                "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}}
+
+    def as_sa(*args: str, body: dict | None = None):
+        return kubectl(*args, f"--as={SA}", "-n", namespace, input=json.dumps(body) if body else None, check=False)
+
+    # the policy binding takes a moment to be enforced after the install
+    wait_for("the guard to refuse an unlabelled Secret", lambda: as_sa(
+        "create", "--dry-run=server", "-f", "-", body=obj("Secret", "probe", False)).returncode != 0, timeout=60)
+    kubectl("create", "-f", "-", input="\n".join(json.dumps(obj(k, n, m)) for k, n, m in (
+        ("Secret", "foreign", False), ("Secret", "ours", True), ("NetworkPolicy", "foreign", False))))
+
+    denied = {
+        "create an unlabelled Secret": as_sa("create", "-f", "-", body=obj("Secret", "new-foreign", False)),
+        "patch a foreign Secret": as_sa("label", "secret", "foreign", "x=y"),
+        "adopt a foreign Secret by labelling it": as_sa("label", "secret", "foreign", "=".join(MANAGED_BY)),
+        "delete a foreign Secret": as_sa("delete", "secret", "foreign"),
+        "patch a foreign NetworkPolicy": as_sa("label", "networkpolicy", "foreign", "x=y"),
+        "drop the label from its own Secret": as_sa("label", "secret", "ours", f"{MANAGED_BY[0]}-"),
+    }
+    for what, p in denied.items():
+        assert p.returncode != 0, f"the service account could {what}"
+        assert "trainjob-admission may only" in p.stderr and "ValidatingAdmissionPolicy" in p.stderr, (what, p.stderr)
+    allowed = {
+        "create a labelled Secret": as_sa("create", "-f", "-", body=obj("Secret", "new-ours", True)),
+        "create a labelled NetworkPolicy": as_sa("create", "-f", "-", body=obj("NetworkPolicy", "new-ours", True)),
+        "patch its own Secret": as_sa("annotate", "secret", "ours", "trainjob-admission.io/job=TrainJob/x"),
+        "delete its own Secret": as_sa("delete", "secret", "ours"),
+    }
+    for what, p in allowed.items():
+        assert p.returncode == 0, f"the service account could not {what}: {p.stderr}"
+    # anybody else is not matched by the policy at all
+    assert kubectl("label", "secret", "foreign", "x=y", "-n", namespace).returncode == 0
