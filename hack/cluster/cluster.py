@@ -327,7 +327,8 @@ def module_dir(key: str) -> Path:
 
 def _yaml_docs(path: Path) -> list:
     import yaml
-    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: 8x faster on the 650 KB MPIJob CRD
+    return [d for d in yaml.load_all(path.read_text(), Loader=loader) if d]
 
 
 def _kustomization(dirpath: Path) -> dict:
