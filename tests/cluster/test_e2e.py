@@ -1,11 +1,12 @@
 """End to end on the real control plane: the API server calls `trainjob-admission serve` (running
-on the host, reading the cluster through its kubeconfig) on real submissions made with kubectl,
-and the real Trainer, JobSet, KWOK and garbage collector act on what it admitted.
+on the host as its own user with only the ClusterRoles of manifests/base/rbac.yaml, reading the
+cluster through its kubeconfig) on real submissions made with kubectl, the Kubeflow SDK and the
+kubernetes client, and the real Trainer, JobSet, KWOK and garbage collector act on what it admitted.
 
 One service and two namespaces serve the whole module (starting them is the slow part); each
 test uses its own job names. The webhook configurations select only this module's namespaces,
-and the PolicyBundle the service enforces carries a label only this module's service selects,
-so other servers on the shared control plane are unaffected.
+and the PolicyBundles the service enforces carry a label only this module's service selects
+(--bundle-selector), so other servers on the shared control plane are unaffected.
 """
 from __future__ import annotations
 
