@@ -8,10 +8,10 @@ regex) are provided as custom functions with the same names and semantics.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import total_ordering
-from typing import Any, Callable
+from typing import Any, Callable, Optional, Union
 
 import celpy
 import celpy.celtypes as ct
@@ -184,11 +184,18 @@ KNOWN_FUNCTIONS = BUILTIN_FUNCTIONS | MACROS | frozenset(FUNCTIONS)
 _ENVIRONMENT = celpy.Environment()
 
 
+# The fields of a variable an expression reads: None for the whole value, else the selected
+# field names each with the fields read below it (hashable, so a conversion can be cached by it).
+Fields = Optional[tuple[tuple[str, "Fields"], ...]]
+_Tree = Union[None, dict]  # Fields while it is being collected
+
+
 @dataclass(frozen=True)
 class CompiledExpression:
     source: str
     program: celpy.Runner
     variables: frozenset[str]  # the top-level variables it reads, so callers convert only those
+    reads: dict[str, Fields] = field(default_factory=dict)  # per variable, the fields it reads (see prune)
 
     def evaluate(self, activation: dict[str, Any]) -> Any:
         try:
@@ -223,18 +230,25 @@ def compile_expression(source: str) -> CompiledExpression:
         raise CelCompileError(f"syntax error:\n{pointer}", line, column) from None
     except (lark.exceptions.LarkError, RecursionError) as exc:
         raise CelCompileError(f"syntax error: {exc}") from None
-    variables = _lint(tree)
+    reads = _lint(tree)
     program = _ENVIRONMENT.program(tree, functions=FUNCTIONS)
-    return CompiledExpression(source, program, frozenset(variables))
+    return CompiledExpression(source, program, frozenset(reads), {name: _freeze(t) for name, t in reads.items()})
 
 
-def _lint(tree: lark.Tree) -> set[str]:
-    """Reject unknown top-level variables and functions; return the variables used."""
-    used: set[str] = set()
+def _lint(tree: lark.Tree) -> dict[str, _Tree]:
+    """Reject unknown top-level variables and functions; return the variables used, each with
+    the field paths read from it (a plain field chain like ``job.totals.gpus``; a value used any
+    other way, e.g. indexed, iterated or passed to a function, is read whole)."""
+    used: dict[str, _Tree] = {}
 
     def visit(node: Any, bound: frozenset[str]) -> None:
         if not isinstance(node, lark.Tree):
             return
+        if node.data == "member_dot":
+            chain = _field_chain(node)
+            if chain is not None and chain[0] not in bound and chain[0] in VARIABLES:
+                _add_path(used, chain[0], chain[1])
+                return
         if node.data == "ident":
             name = str(node.children[0])
             if name not in bound:
@@ -243,7 +257,7 @@ def _lint(tree: lark.Tree) -> set[str]:
                         f"undeclared reference to {name!r} (variables are: {', '.join(VARIABLES)})",
                         node.meta.line, node.meta.column,
                     )
-                used.add(name)
+                _add_path(used, name, [])
             return
         if node.data in ("ident_arg", "member_dot_arg"):
             token = next(c for c in node.children if isinstance(c, lark.Token))
@@ -268,6 +282,52 @@ def _lint(tree: lark.Tree) -> set[str]:
 
     visit(tree, frozenset())
     return used
+
+
+def _field_chain(node: lark.Tree) -> tuple[str, list[str]] | None:
+    """``a.b.c`` as ("a", ["b", "c"]) when the node is nothing but field selections on an identifier."""
+    fields: list[str] = []
+    while True:
+        if node.data == "member_dot" and len(node.children) == 2 and isinstance(node.children[1], lark.Token):
+            fields.append(str(node.children[1]))
+            node = node.children[0]
+        elif node.data in ("member", "primary") and len(node.children) == 1 and isinstance(node.children[0], lark.Tree):
+            node = node.children[0]
+        elif node.data == "ident":
+            return str(node.children[0]), fields[::-1]
+        else:
+            return None
+
+
+def _add_path(used: dict[str, _Tree], name: str, path: list[str]) -> None:
+    """Merge one read into the variable's tree; None (whole value) absorbs everything below it."""
+    if not path:
+        used[name] = None
+        return
+    if name in used and used[name] is None:
+        return
+    tree = used.setdefault(name, {})
+    for step in path[:-1]:
+        below = tree.get(step, {})
+        if below is None:
+            return
+        tree = tree.setdefault(step, below)
+    tree[path[-1]] = None
+
+
+def _freeze(tree: _Tree) -> Fields:
+    return None if tree is None else tuple(sorted((k, _freeze(v)) for k, v in tree.items()))
+
+
+def prune(value: Any, fields: Fields) -> Any:
+    """``value`` cut down to the fields an expression reads, so only those are converted to CEL.
+
+    Every path the expression reads keeps its value (or stays absent), and every map it selects
+    through is still a map, so the result is the same as with the whole value, errors included.
+    """
+    if fields is None or not isinstance(value, dict):
+        return value
+    return {key: prune(value[key], below) for key, below in fields if key in value}
 
 
 def _macro_variable(expr: lark.Tree) -> str | None:

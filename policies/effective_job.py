@@ -6,7 +6,6 @@ v2.3.0; each step cites the upstream file it mirrors.
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -245,7 +244,8 @@ def from_trainjob(trainjob: dict, state: ClusterState) -> EffectiveJob:
     run_launcher_as_node = bool(mpi_policy and mpi_policy.get("runLauncherAsNode"))
 
     # 1. runtimePatches merge into the JobSet spec in list order (core/trainingruntime.go, mergeRuntimePatches).
-    jobset_spec = copy.deepcopy((runtime_spec.get("template") or {}).get("spec") or {})
+    #    Read only (merge copies what it changes); each pod below is cloned before it is changed.
+    jobset_spec = (runtime_spec.get("template") or {}).get("spec") or {}
     for patch in spec.get("runtimePatches") or []:
         patch_spec = (((patch or {}).get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec")
         if patch_spec:
@@ -257,7 +257,7 @@ def from_trainjob(trainjob: dict, state: ClusterState) -> EffectiveJob:
         job_template = rjob.get("template") or {}
         ancestor = ((job_template.get("metadata") or {}).get("labels") or {}).get(ANCESTOR_LABEL)
         is_trainer = ancestor == ANCESTOR_TRAINER and bool(ml_policy)
-        pod = copy.deepcopy((job_template.get("spec") or {}).get("template") or {})
+        pod = smp.clone((job_template.get("spec") or {}).get("template") or {})
         pod.setdefault("metadata", {})
         pod_spec = pod.setdefault("spec", {})
 
@@ -291,7 +291,7 @@ def from_trainjob(trainjob: dict, state: ClusterState) -> EffectiveJob:
             if node_container is not None:
                 for key in ("image", "command", "args"):
                     if trainer.get(key) is not None:
-                        node_container[key] = copy.deepcopy(trainer[key])
+                        node_container[key] = smp.clone(trainer[key])
         if node_container is not None and trainer.get("env") and (
             ancestor == ANCESTOR_TRAINER or (run_launcher_as_node and rjob_name == NODE)
         ):
@@ -355,7 +355,7 @@ def from_mpijob(mpijob: dict) -> EffectiveJob:
         replica = replica_specs.get(key)
         if not replica:
             continue
-        pod = copy.deepcopy(replica.get("template") or {})
+        pod = smp.clone(replica.get("template") or {})
         pod.setdefault("metadata", {})
         pod.setdefault("spec", {})
         pod["metadata"]["labels"] = {**(pod["metadata"].get("labels") or {}), MPIJOB_NAME_LABEL: name}

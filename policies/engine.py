@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from . import effective_job, injections, mutations
 from .bundle import Bundle
-from .cel import CelEvalError, to_cel, to_python
+from .cel import CelEvalError, CompiledExpression, Fields, prune, to_cel, to_python
 from .checks import Finding, gpu, podsecurity, quota, shape
 from .effective_job import EffectiveJob, JobModelError
 from .state import ClusterState
@@ -144,24 +144,39 @@ def _first(bundles: list[Bundle], getter: Callable[[Bundle], Any]) -> Any:
 
 
 class _Activation:
-    """CEL variables, converted only when a rule reads them (conversion dominates cost)."""
+    """CEL variables, converted only when a rule reads them, and then only the fields it reads
+    (converting a whole job with its pod specs would cost more than the rest of the decision)."""
 
-    def __init__(self, sources: dict[str, Callable[[], Any]]):
-        self._sources, self._cache = sources, {}
+    def __init__(self, sources: dict[str, Callable[[], Any]], parent: _Activation | None = None):
+        self._sources, self._parent = sources, parent
+        self._values: dict[str, Any] = {}
+        self._cache: dict[tuple[str, Fields], Any] = {}
 
-    def __getitem__(self, name: str) -> Any:
-        if name not in self._cache:
-            self._cache[name] = to_cel(self._sources[name]())
-        return self._cache[name]
+    def with_params(self, params: Any) -> _Activation:
+        """Per-bundle view: ``params`` is the bundle's own; the other variables are shared."""
+        return _Activation({"params": lambda: params}, parent=self)
+
+    def value(self, name: str, fields: Fields) -> Any:
+        if name not in self._sources and self._parent is not None:
+            return self._parent.value(name, fields)
+        key = (name, fields)
+        if key not in self._cache:
+            if name not in self._values:
+                self._values[name] = self._sources[name]()
+            self._cache[key] = to_cel(prune(self._values[name], fields))
+        return self._cache[key]
+
+    def for_expression(self, expression: CompiledExpression) -> dict[str, Any]:
+        return {name: self.value(name, expression.reads.get(name)) for name in expression.variables}
 
 
-def _run_cel(bundle: Bundle, activation: _Activation, params: Any) -> list[RuleResult]:
+def _run_cel(bundle: Bundle, activation: _Activation) -> list[RuleResult]:
     results = []
-    scope = _Scoped(activation, params)
+    scope = activation.with_params(bundle.spec.params)
     for compiled in bundle.rules:
         rule = compiled.rule
         try:
-            value = compiled.expression.evaluate(scope)
+            value = compiled.expression.evaluate(scope.for_expression(compiled.expression))
             if not isinstance(to_python(value), bool):
                 raise CelEvalError(f"expression must evaluate to true or false, got {to_python(value)!r}")
         except CelEvalError as exc:
@@ -175,23 +190,13 @@ def _run_cel(bundle: Bundle, activation: _Activation, params: Any) -> list[RuleR
         message = rule.message or f"failed rule {rule.name}: {rule.expression}"
         if compiled.message_expression is not None:
             try:
-                rendered = to_python(compiled.message_expression.evaluate(scope))
+                rendered = to_python(compiled.message_expression.evaluate(scope.for_expression(compiled.message_expression)))
                 if isinstance(rendered, str) and rendered.strip():
                     message = rendered
             except CelEvalError:
                 pass  # the static message stands, as in ValidatingAdmissionPolicy
         results.append(RuleResult(bundle.name, rule.name, "fail", rule.severity, [message], [rule.remediation or ""]))
     return results
-
-
-class _Scoped:
-    """Per-bundle view: ``params`` is the bundle's own."""
-
-    def __init__(self, activation: _Activation, params: Any):
-        self._activation, self._params = activation, params
-
-    def __getitem__(self, name: str) -> Any:
-        return self._params if name == "params" else self._activation[name]
 
 
 def _builtin(bundle: str, rule: str, findings: list[Finding]) -> list[RuleResult]:
@@ -270,7 +275,7 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
         })
         for bundle in active:
             results += _checks(bundle, job, request, state, namespace, old_job)
-            results += _run_cel(bundle, activation, to_cel(bundle.spec.params))
+            results += _run_cel(bundle, activation)
 
     # Audit bundles log and warn, never deny.
     audit = {b.name for b in active if b.spec.mode == "audit"}

@@ -30,26 +30,41 @@ MERGE_KEYS: dict[str, str] = {
 
 
 def merge(base: Any, patch: Any, field: str | None = None) -> Any:
-    """Return ``base`` with ``patch`` applied; neither input is modified."""
+    """Return ``base`` with ``patch`` applied; neither input is modified.
+
+    The result shares the parts of ``base`` the patch leaves alone (copying them would cost
+    more than the merge); copy it before changing it in place.
+    """
     if isinstance(base, dict) and isinstance(patch, dict):
-        merged = copy.deepcopy(base)
+        merged = dict(base)
         for key, value in patch.items():
             if value is None:
                 merged.pop(key, None)
             elif key in merged:
                 merged[key] = merge(merged[key], value, key)
             else:
-                merged[key] = copy.deepcopy(value)
+                merged[key] = clone(value)
         return merged
     key = MERGE_KEYS.get(field or "")
     if key and isinstance(base, list) and isinstance(patch, list):
-        merged_list = copy.deepcopy(base)
+        merged_list = list(base)
         positions = {item.get(key): i for i, item in enumerate(merged_list) if isinstance(item, dict)}
         for item in patch:
             if isinstance(item, dict) and item.get(key) in positions:
                 index = positions[item[key]]
                 merged_list[index] = merge(merged_list[index], item, None)
             else:
-                merged_list.append(copy.deepcopy(item))
+                merged_list.append(clone(item))
         return merged_list
-    return copy.deepcopy(patch)
+    return clone(patch)
+
+
+def clone(value: Any) -> Any:
+    """A deep copy of JSON-like data (dicts, lists, scalars), several times faster than copy.deepcopy."""
+    if type(value) is dict:
+        return {k: clone(v) for k, v in value.items()}
+    if type(value) is list:
+        return [clone(v) for v in value]
+    if isinstance(value, (dict, list, tuple, set)):
+        return copy.deepcopy(value)
+    return value

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from policies.cel import CelCompileError, CelEvalError, compile_expression, to_cel, to_python
+from policies.cel import CelCompileError, CelEvalError, compile_expression, prune, to_cel, to_python
 
 
 def run(expression: str, **variables):
@@ -122,3 +122,36 @@ def test_only_the_variables_read_are_passed():
     assert compiled.variables == {"request"}
     # Other variables are not even looked up, so a costly one is never converted.
     assert to_python(compiled.evaluate({"request": to_cel({"operation": "CREATE"})})) is True
+
+
+@pytest.mark.parametrize("expression", [
+    "job.totals.gpus <= params.max",
+    "has(job.totals.missing) || job.totals.gpus > 1",
+    "job.totals.gpus.missing == 1",  # an error either way
+    "job.podSets.all(p, p.count > 0) && size(job.totals) == 2",
+    "job.a.b.c == 1",  # missing map on the way: the same error either way
+    "object.spec.x.exists(job, job > 1) && job.totals['gpus'] == 4",
+    "job.images[0] == 'x' && params.max > 0",
+])
+def test_pruned_reads_decide_like_the_whole_value(expression):
+    """Only the fields an expression reads are converted; the result (or error) is the same."""
+    values = {"job": {"totals": {"gpus": 4, "cpu": 8000}, "podSets": [{"count": 2, "pod": {"spec": {}}}],
+                      "images": ["x", "y"]},
+              "object": {"spec": {"x": [1, 2]}}, "params": {"max": 8}}
+    compiled = compile_expression(expression)
+
+    def outcome(activation):
+        try:
+            return to_python(compiled.evaluate(activation))
+        except CelEvalError as exc:
+            return f"error: {exc}"
+
+    whole = {k: to_cel(v) for k, v in values.items() if k in compiled.variables}
+    pruned = {k: to_cel(prune(values[k], compiled.reads[k])) for k in compiled.variables}
+    assert outcome(pruned) == outcome(whole)
+
+
+def test_reads_are_the_field_chains_an_expression_selects():
+    reads = compile_expression("job.totals.gpus < 9 && job.totals.cpu > 0 && job.podSets.all(p, p.count > 0)").reads
+    assert reads == {"job": (("podSets", None), ("totals", (("cpu", None), ("gpus", None))))}
+    assert compile_expression("size(job) > 0 && job.totals.gpus > 0").reads == {"job": None}
