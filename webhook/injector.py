@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import kubernetes.client
+import urllib3
 from kubernetes.client.rest import ApiException
 
 from policies import injections
@@ -65,7 +66,10 @@ def resources(api: kubernetes.client.ApiClient) -> dict[str, Resource]:
 
 def api_error(exc: BaseException, timeout: float) -> str:
     """One line for a user or a log: the HTTP status and the API server's own message."""
-    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+    cause = getattr(exc, "reason", None) if isinstance(exc, urllib3.exceptions.MaxRetryError) else exc
+    if isinstance(cause, urllib3.exceptions.NewConnectionError):  # before timeouts: urllib3 2 subclasses it
+        return "cannot connect to the Kubernetes API"
+    if isinstance(cause, (asyncio.TimeoutError, TimeoutError, urllib3.exceptions.TimeoutError)):
         return f"the Kubernetes API did not answer within {timeout:g} s"
     if isinstance(exc, ApiException):
         message = ""

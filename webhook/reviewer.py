@@ -109,12 +109,17 @@ class Reviewer:
                                  failed: list[dict]) -> tuple[int, dict]:
         """An allowed job whose objects could not be created: the failure mode decides, and says so."""
         allow = self.config.failure_mode == "allow"
-        what = "; ".join(f"{i['kind']} {i['namespace']}/{i['name']} ({i['reason']})" for i in failed)
-        outcome = ("the job was admitted without them (failure mode allow)" if allow
-                   else "the job was not admitted (failure mode deny)")
-        message = (f"trainjob-admission could not create {what}; {outcome}. Retry in a minute; if it keeps failing, "
-                   f"tell your admin (decision id {decision_id}): the webhook needs create, get and delete on "
-                   f"secrets and networkpolicies in this namespace and a reachable API server")
+        by_reason: dict[str, list[str]] = {}
+        for i in failed:
+            by_reason.setdefault(i["reason"], []).append(f"{i['kind']} {i['namespace']}/{i['name']}")
+        what = "; ".join(f"{' and '.join(names)} ({reason})" for reason, names in by_reason.items())
+        if allow:  # a warning: short, the API server cuts warnings at 256 characters
+            message = f"trainjob-admission failure mode allow: admitted without {what}"
+        else:
+            message = (f"trainjob-admission could not create {what}; the job was not admitted (failure mode deny). "
+                       f"Retry in a minute; if it keeps failing, tell your admin (decision id {decision_id}): the "
+                       f"webhook needs create, get and delete on secrets and networkpolicies in this namespace and "
+                       f"a reachable API server")
         log.warning("injection failed for %s: %s", parsed.uid, what)
         await self._record(decision_id, endpoint, started, decision="error", allowed=allow, uid=parsed.uid,
                            operation=parsed.request.operation, kind=parsed.kind, dryRun=parsed.request.dry_run,
