@@ -305,18 +305,24 @@ def test_install_commands_are_applied_by_a_manifest_test() -> None:
     assert count, "the quickstart installs from manifests/ in a cluster-install block"
 
 
-def test_policy_bundles_shown_in_docs_compile() -> None:
+def test_policy_bundles_shown_in_docs_compile_or_are_run() -> None:
+    """A bundle shown as illustration compiles; one written with file= is used by a command."""
     from policies.bundle import compile_document
 
     count = 0
     for doc in DOCS:
-        for block in parse(doc):
-            if block.lang not in ("yaml", "json"):
+        blocks = parse(doc)
+        commands = " ".join(s.text for b in blocks for s in b.steps if isinstance(s, Command))
+        for block in blocks:
+            if block.lang not in ("yaml", "json") or "kind: PolicyBundle" not in "\n".join(block.body):
+                continue
+            count += 1
+            if block.steps:
+                assert block.steps[0].name in commands, f"{doc}:{block.line}: no command uses {block.steps[0].name}"
                 continue
             for document in yaml.safe_load_all("\n".join(block.body)):
                 if isinstance(document, dict) and document.get("kind") == "PolicyBundle":
                     compile_document(document, f"{doc}:{block.line}")
-                    count += 1
     assert count >= 3
 
 
