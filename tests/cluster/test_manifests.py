@@ -32,6 +32,7 @@ MANIFESTS = REPO / "manifests"
 NS = "trainjob-admission"
 SA = f"system:serviceaccount:{NS}:trainjob-admission"
 CRD = "policybundles.policy.trainjob-admission.io"
+CRD_FILE = REPO / "manifests/base/policybundle-crd.yaml"  # applied first, as docs/deploy.md says
 MANAGED_BY = ("app.kubernetes.io/managed-by", "trainjob-admission")
 TEST_LABEL = "trainjob-admission.io/manifest-test"
 CLI = Path(sys.executable).parent / "trainjob-admission"
@@ -364,6 +365,8 @@ def _wait_until_free(timeout: float = 180) -> None:
 
 @pytest.fixture(scope="module")
 def installed(control_plane, tmp_path_factory) -> Installed:
+    """docs/deploy.md's install (certs issue, the CRD, then `kubectl apply -k manifests/overlays/local-ca`)
+    through a wrapper kustomization that keeps the shared cluster's other namespaces out of reach."""
     work = tmp_path_factory.mktemp("install")
     copy = copy_manifests(work)
     run = uuid.uuid4().hex[:8]
@@ -386,7 +389,7 @@ def installed(control_plane, tmp_path_factory) -> Installed:
     assert not any(d["kind"] == "CustomResourceDefinition" for d in docs)
 
     if not _exists("crd", CRD, None):
-        cluster.kubectl("apply", "-f", MANIFESTS / "base" / "policybundle-crd.yaml")
+        cluster.kubectl("apply", "-f", CRD_FILE)
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD}")
     _wait_until_free()
     ours = [d for d in docs if not _exists(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace"))]
