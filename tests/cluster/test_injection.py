@@ -192,6 +192,16 @@ def test_injected_objects_are_used_by_trainer_owned_by_the_job_and_collected(
     after = get_json("secret", "resnet-mpi-ssh-auth", "-n", ns)
     assert after["metadata"]["uid"] == meta["uid"] and after["data"] == secret["data"]
     assert secret_fingerprint(after) == fp
+    # Had Trainer's cache missed our Secret, its forced server-side apply of fresh keys is refused.
+    theirs = generate("ecdsa-p521")
+    forced = kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=trainer", "-f", "-", check=False,
+                     input=json.dumps({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/ssh-auth",
+                                       "metadata": {"name": "resnet-mpi-ssh-auth", "namespace": ns},
+                                       "immutable": True, "data": {
+                                           "ssh-privatekey": base64.b64encode(theirs.private_pem).decode(),
+                                           "ssh-publickey": base64.b64encode(theirs.public_openssh).decode()}}))
+    assert forced.returncode != 0 and "immutable" in forced.stderr, forced.stdout + forced.stderr
+    assert get_json("secret", "resnet-mpi-ssh-auth", "-n", ns)["data"] == secret["data"]
 
     # The reconciler adopts both objects as soon as the TrainJob appears.
     # (On a shared cluster another trainjob-admission's reconciler may win the race to adopt them;
