@@ -239,8 +239,10 @@ class Watcher:
                 self.resource_version = None
             except ApiError as exc:
                 if exc.status == 404 and self.resource_version is None:  # the CRD is not installed
-                    self._missing(exc)
+                    self._missing()
                     continue
+                if exc.status == 404:  # the CRD went away while we watched: list again (and find it gone)
+                    self.resource_version = None
                 self._failed(exc, delay)
                 delay = min(delay * 2, BACKOFF_MAX)
             except Exception as exc:  # noqa: BLE001 - connection errors, timeouts, bad chunks: retry, keep state
@@ -257,7 +259,7 @@ class Watcher:
                     self.resource.plural, self.last_error, hint, delay)
         self._stop.wait(delay)
 
-    def _missing(self, exc: ApiError) -> None:
+    def _missing(self) -> None:
         log.warning("%s: the API has no such resource (CRD not installed?): treating it as empty, "
                     "checking again in %.0f s", self.resource.plural, MISSING_CRD_RECHECK)
         self.sink.replace([])
