@@ -53,6 +53,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CliError(str(exc), EXIT_INVALID) from None
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
+    if with_cluster and args.cluster_state:
+        raise CliError("--cluster-state is for running without a cluster; with --kubeconfig/--in-cluster the "
+                       "state comes from the API", EXIT_INVALID)
     if kubeconfig and not Path(kubeconfig).is_file():
         raise CliError(f"kubeconfig {kubeconfig} not found", EXIT_NOT_FOUND)
     selector = args.bundle_selector or settings.get("bundleSelector")

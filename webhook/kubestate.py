@@ -413,7 +413,10 @@ async def run_with_cluster(config: "ServerConfig", kubeconfig: str | None, *, bu
     tasks: list[asyncio.Task] = []
     try:
         await server.start()
-        tasks = [asyncio.create_task(sync.wait_synced(ready)), asyncio.create_task(Reconciler(api).run())]
+        tasks = [asyncio.create_task(sync.wait_synced(ready), name="state sync"),
+                 asyncio.create_task(Reconciler(api).run(), name="reconciler")]
+        for task in tasks:
+            task.add_done_callback(_report_crash)
         await stop.wait()
         log.info("stopping")
     finally:
@@ -424,3 +427,8 @@ async def run_with_cluster(config: "ServerConfig", kubeconfig: str | None, *, bu
         await server.stop()
         await asyncio.to_thread(sync.stop)
         api.close()
+
+
+def _report_crash(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("%s stopped: %r; the server keeps answering without it", task.get_name(), task.exception())
