@@ -94,8 +94,10 @@ class ClusterBundles:
             return  # a status write or a label change: nothing to compile
         if known is not None and known.uid != uid:
             self._forget(name)  # deleted and created again while we were not watching
-        # Only the name: the digest then equals the one `policy lint` prints for the same file.
-        document = {key: obj.get(key) for key in ("apiVersion", "kind", "spec")} | {"metadata": {"name": name}}
+        # Name and labels as written (not the server's uid, annotations, ...): the digest then equals
+        # the one `policy lint` prints for the file that was applied.
+        written = {key: meta[key] for key in ("name", "labels") if meta.get(key)}
+        document = {key: obj.get(key) for key in ("apiVersion", "kind", "spec")} | {"metadata": written}
         source = source_name(name)
         if self.registry.update_documents(source, [document]):
             bundle = self.registry.sources[source].bundles[0]

@@ -499,3 +499,20 @@ def test_serve_kubeconfig_ready_only_after_sync_and_bundle(kubectl, namespace, r
             proc.kill()
             rc = "killed"
     assert rc == 0, f"serve exit {rc}: {(tmp_path / 'serve.stderr').read_text()[-3000:]}"
+
+
+def test_example_bundle_file_applies_as_is_and_reports_the_lint_digest(start_sync, kubectl, get_json, run_id, tmp_path):
+    """The bundle file format is the resource format; status.digest is what `policy lint` prints."""
+    from policies.bundle import compile_document
+
+    doc = yaml.safe_load((REPO / "examples" / "bundles" / "production.yaml").read_text())
+    doc["metadata"] = {"name": f"production-{run_id}", "labels": {LABEL: run_id}}  # unique on a shared cluster
+    synced = start_sync()
+    path = tmp_path / "production.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    kubectl("apply", "-f", str(path))
+    wait_until("status written", lambda: status(get_json, f"production-{run_id}").get("observedGeneration") == 1)
+    st = status(get_json, f"production-{run_id}")
+    assert st["compiled"] and st["active"], st
+    assert st["digest"] == compile_document(doc, str(path)).digest
+    assert [b.version for b in synced.registry.active] == [doc["spec"]["version"]]
