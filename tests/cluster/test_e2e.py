@@ -408,8 +408,8 @@ def test_alice_cannot_edit_bundles_or_read_decisions(e2e):
     assert json.loads(kc("get", "policybundle", bundle, "-o", "json").stdout)["spec"]["mode"] == "enforce"
 
     # the decision log of every namespace is the service's output, in the service namespace
-    for what in ("pods/log", "pods"):
-        p = kc("auth", "can-i", "get", what, "-n", "trainjob-admission", kubeconfig=e2e.alice)
+    for what in (("pods", "--subresource=log"), ("pods",)):
+        p = kc("auth", "can-i", "get", *what, "-n", "trainjob-admission", kubeconfig=e2e.alice)
         assert p.stdout.strip() == "no", (what, p.stdout)
     p = kc("logs", "-n", "trainjob-admission", "deployment/trainjob-admission", kubeconfig=e2e.alice)
     assert p.returncode != 0 and "Forbidden" in p.stderr, p.stderr
