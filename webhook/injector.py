@@ -155,23 +155,20 @@ class Injector:
         if owners:
             return (f"already exists and belongs to {owners[0].kind} {owners[0].name} (uid {owners[0].uid}); "
                     f"it was left as is and {consequence}")
-        earlier_uid = _annotations(existing).get(injections.JOB_UID_ANNOTATION, "")
-        live = await self._job_uid(job)
-        if live and (not earlier_uid or live == earlier_uid):
+        if await self._job_exists(job):  # not yet adopted, but a stored job of this name mounts it
             return (f"already exists for the {job.kind} {job.name} that is already in the cluster; "
                     f"it was left as is and {consequence}")
         return ""
 
-    async def _job_uid(self, job: EffectiveJob) -> str:
+    async def _job_exists(self, job: EffectiveJob) -> bool:
         group, version, plural = OWNER_GROUPS[job.kind]
         try:
-            obj = await self.call(self.custom.get_namespaced_custom_object, group, version, job.namespace, plural,
-                                  job.name)
+            await self.call(self.custom.get_namespaced_custom_object, group, version, job.namespace, plural, job.name)
         except ApiException as exc:
             if exc.status == 404:
-                return ""
+                return False
             raise
-        return str((obj.get("metadata") or {}).get("uid", ""))
+        return True
 
 
 def secret(job: EffectiveJob, name: str, uid: str, pair: keys.KeyPair) -> dict:

@@ -4,8 +4,7 @@ The injector creates the Secret and NetworkPolicy during admission, before the j
 so they carry no ownerReference yet (see webhook/injector.py). This loop adds one as soon as the
 job appears (a TrainJob watch for promptness, a periodic sweep for everything else), so the
 garbage collector deletes them with the job. An object whose job is absent (a later webhook or
-the API server refused it) or is a different job of the same name is deleted after a grace
-period. Only objects with our managed-by label are touched, each patch and delete is
+the API server refused it) is deleted after a grace period. Only objects with our managed-by label are touched, each patch and delete is
 conditional on the resourceVersion we looked at.
 
 The ownerReference says ``controller: true`` like Trainer's own Secret; Trainer only checks
@@ -86,9 +85,10 @@ class Reconciler:
             return "owned"
         try:
             job = await self._get_job(kind, meta.namespace, job_name)
-            expected_uid = (meta.annotations or {}).get(injections.JOB_UID_ANNOTATION, "")
-            job_uid = (job or {}).get("metadata", {}).get("uid", "")
-            if job_uid and (not expected_uid or job_uid == expected_uid):
+            if job is not None:
+                # Even a job other than the one it was made for (uid annotation) mounts it by name:
+                # it lives and dies with the job that uses it.
+                job_uid = job["metadata"]["uid"]
                 await self._adopt(resource, obj, kind, job_name, job_uid)
                 log.info("%s now owned by %s %s (uid %s)", where, kind, job_name, job_uid)
                 return "adopted"
@@ -97,8 +97,7 @@ class Reconciler:
                 return "waiting"
             await self._call(resource.delete, meta.name, meta.namespace, body=kubernetes.client.V1DeleteOptions(
                 preconditions=kubernetes.client.V1Preconditions(uid=meta.uid, resource_version=meta.resource_version)))
-            log.info("deleted orphan %s: %s %s %s after %.0f s", where, kind, job_name,
-                     "is a different job (uid %s)" % job_uid if job_uid else "never appeared", age)
+            log.info("deleted orphan %s: %s %s never appeared in %.0f s", where, kind, job_name, age)
             return "deleted"
         except Exception as exc:  # noqa: BLE001 - one object's trouble must not stop the sweep
             if isinstance(exc, ApiException) and exc.status in (404, 409, 422):

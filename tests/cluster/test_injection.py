@@ -212,6 +212,14 @@ def test_injected_objects_are_used_by_trainer_owned_by_the_job_and_collected(
                        lambda: next((r for a, r in handled if a == ("TrainJob", ns, "resnet")), None), 30)
     assert outcome["adopted"] + outcome["owned"] == 2 and outcome["errors"] == 0, outcome
 
+    # A second `kubectl create` of the same name passes our webhook before storage refuses it:
+    # the running job's keys must survive it.
+    again = create(kubectl, trainjob("resnet", ns), check=False)
+    assert again.returncode != 0 and "AlreadyExists" in again.stderr, again.stderr
+    assert get_json("secret", "resnet-mpi-ssh-auth", "-n", ns)["data"] == secret["data"]
+    record = [r for r in harness.records() if r["endpoint"] == "validate" and r["name"] == "resnet"][-1]
+    assert {i["status"] for i in record["injections"]} == {"kept"}, record["injections"]
+
     # The NetworkPolicy selects exactly the job's pods: every pod of its Jobs, and nothing else.
     policy = get_json("networkpolicy", "resnet-mpi-isolation", "-n", ns)
     selector = policy["spec"]["podSelector"]["matchLabels"]
