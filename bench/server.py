@@ -69,6 +69,7 @@ class Phase:
     p99_ms: float
     max_ms: float
     throughput: float
+    cpu_ms: float  # server process CPU time per answered request: the cost, whatever the machine's load
 
 
 class ServerProcess:
@@ -96,6 +97,11 @@ class ServerProcess:
             time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"server did not start; its stderr:\n{self.stderr_path.read_text(errors='replace')}")
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the server process so far (Linux /proc)."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -203,13 +209,16 @@ async def measure(args: argparse.Namespace, workdir: Path) -> list[Phase]:
                 for endpoint in ENDPOINTS:
                     for name in sides:
                         want = expect.get((name, endpoint), b'"allowed":true')
+                        cpu_before = sides[name].cpu_seconds()
                         latencies, failed, span = await run_phase(
                             sessions[name], f"{base[name]}/{endpoint}", payloads[endpoint], rate, args.duration, want)
+                        cpu = sides[name].cpu_seconds() - cpu_before
                         latencies.sort()
                         ms = [v * 1000 for v in latencies]
                         phases.append(Phase(name, endpoint, rate, len(latencies) + failed, len(latencies), failed,
                                             percentile(ms, 50), percentile(ms, 95), percentile(ms, 99),
-                                            ms[-1] if ms else float("nan"), len(latencies) / span))
+                                            ms[-1] if ms else float("nan"), len(latencies) / span,
+                                            cpu * 1000 / max(len(latencies), 1)))
                         await asyncio.sleep(args.pause)
         finally:
             for session in sessions.values():
@@ -225,15 +234,16 @@ def report(phases: list[Phase], args: argparse.Namespace) -> str:
     lines = [f"webhook over TLS, open loop, {args.duration:g} s per phase, {args.connections} keep-alive connections; "
              f"job {JOB_FILE.relative_to(ROOT)} (4 workers, mpi-openmpi, team-a); "
              f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start",
-             "latency in ms from each request's scheduled send time; 'ratio' = default p99 / allow-all p99", "",
-             f"{'endpoint':<9} {'rate/s':>6} | {'default p50':>11} {'p95':>6} {'p99':>6} {'req/s':>6} {'fail':>4} | "
-             f"{'allow-all p50':>13} {'p95':>6} {'p99':>6} {'req/s':>6} {'fail':>4} | {'ratio':>5}"]
+             "latency in ms from each request's scheduled send time; cpu = server CPU ms per request; "
+             "'ratio' = default p99 / allow-all p99", "",
+             f"{'endpoint':<9} {'rate/s':>6} | {'default p50':>11} {'p95':>6} {'p99':>6} {'req/s':>6} {'cpu':>4} {'fail':>4} | "
+             f"{'allow-all p50':>13} {'p95':>6} {'p99':>6} {'req/s':>6} {'cpu':>4} {'fail':>4} | {'ratio':>5}"]
     for endpoint in ENDPOINTS:
         for rate in args.rates:
             d, a = by[("default", endpoint, rate)], by[("allow-all", endpoint, rate)]
             lines.append(f"{endpoint:<9} {rate:>6} | {d.p50_ms:>11.1f} {d.p95_ms:>6.1f} {d.p99_ms:>6.1f} "
-                         f"{d.throughput:>6.0f} {d.failed:>4} | {a.p50_ms:>13.1f} {a.p95_ms:>6.1f} {a.p99_ms:>6.1f} "
-                         f"{a.throughput:>6.0f} {a.failed:>4} | {d.p99_ms / a.p99_ms:>4.1f}x")
+                         f"{d.throughput:>6.0f} {d.cpu_ms:>4.1f} {d.failed:>4} | {a.p50_ms:>13.1f} {a.p95_ms:>6.1f} "
+                         f"{a.p99_ms:>6.1f} {a.throughput:>6.0f} {a.cpu_ms:>4.1f} {a.failed:>4} | {d.p99_ms / a.p99_ms:>4.1f}x")
     if TARGET_RATE in args.rates:
         worst = max(by[("default", e, TARGET_RATE)].p99_ms for e in ENDPOINTS)
         verdict = "met" if worst < TARGET_P99_MS else "MISSED"

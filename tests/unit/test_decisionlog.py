@@ -466,3 +466,50 @@ def test_any_single_byte_change_is_detected(pristine: bytes, data: st.DataObject
         path = Path(tmp) / "decisions.jsonl"
         path.write_bytes(bytes(tampered))
         assert not verify([path]).ok
+
+
+def test_concurrent_appends_share_fsyncs_and_each_returns_only_when_durable(tmp_path, monkeypatch):
+    """Group commit: an append returns only after an fsync that began after its line was
+    written, and concurrent appends need fewer fsyncs than lines."""
+    path = tmp_path / "decisions.jsonl"
+    log = DecisionLog(path, stdout=None, max_bytes=20_000, backups=50)  # rotations happen too
+    events: list[tuple[str, int]] = []
+    events_lock = threading.Lock()
+    real_fsync, real_write = os.fsync, os.write
+
+    def slow_fsync(fd: int) -> None:
+        with events_lock:
+            written = sum(1 for e in events if e[0] == "write")
+        real_fsync(fd)
+        threading.Event().wait(0.002)  # a slow disk, so appends pile up behind one fsync
+        with events_lock:
+            events.append(("synced", written))  # every line written before this fsync began
+
+    def counting_write(fd: int, data) -> int:
+        n = real_write(fd, data)
+        with events_lock:
+            events.append(("write", 0))
+        return n
+
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    monkeypatch.setattr(os, "write", counting_write)
+    durable_at_return: list[bool] = []
+
+    def worker(start: int) -> None:
+        for i in range(start, start + 25):
+            entry = log.append(decision(i))
+            with events_lock:
+                covered = max((n for kind, n in events if kind == "synced"), default=0)
+            durable_at_return.append(covered >= entry["seq"] + 1)  # line seq+1 was on disk
+
+    threads = [threading.Thread(target=worker, args=(k * 100,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    log.close()
+    assert len(durable_at_return) == 200 and all(durable_at_return)
+    fsyncs = sum(1 for kind, _ in events if kind == "synced")
+    assert fsyncs < 200, f"{fsyncs} fsyncs for 200 concurrent appends: no group commit"
+    report = verify(log_files(path))
+    assert report.ok and report.records == 200, str(report)
