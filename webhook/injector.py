@@ -86,8 +86,10 @@ class Injector:
     ``{"kind", "name", "namespace", "status": "created"|"kept"|"failed", "reason"?,
     "keyType"?, "fingerprint"?}``. Never raises for API trouble; never returns key material."""
 
-    def __init__(self, api: kubernetes.client.ApiClient, *, timeout: float = 5.0):
+    def __init__(self, api: kubernetes.client.ApiClient, *, timeout: float = 5.0,
+                 key_pool: keys.KeyPool | None = None):
         self.timeout = timeout
+        self.keys = key_pool or keys.KeyPool()
         self.resources = resources(api)
         self.custom = kubernetes.client.CustomObjectsApi(api)
 
@@ -107,8 +109,6 @@ class Injector:
         kind, name = plan["kind"], plan["name"]
         record: dict = {"kind": kind, "name": name, "namespace": job.namespace}
         resource = self.resources[kind]
-        pair_task = (asyncio.ensure_future(asyncio.to_thread(keys.generate, plan["keyType"]))
-                     if kind == "Secret" else None)
         try:
             existing = await self._read(resource, job.namespace, name)
             if existing is not None:
@@ -121,7 +121,7 @@ class Injector:
                 await self.call(resource.delete, name, job.namespace, body=_precondition(existing))
                 record["replaced"] = "a leftover of an earlier submission that was never admitted"
             if kind == "Secret":
-                pair = await pair_task
+                pair = await asyncio.to_thread(self.keys.take, plan["keyType"])
                 body = secret(job, name, uid, pair)
             else:
                 body = injections.network_policy(job, decision.injection_settings.networkPolicy)
@@ -133,9 +133,6 @@ class Injector:
             reason = api_error(exc, self.timeout)
             log.warning("could not create %s %s/%s: %s", kind, job.namespace, name, reason)
             return {**record, "status": "failed", "reason": reason}
-        finally:
-            if pair_task is not None and not pair_task.done():
-                pair_task.cancel()
 
     async def _read(self, resource: Resource, namespace: str, name: str) -> Any:
         try:

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
+import threading
+from collections import deque
 from dataclasses import dataclass
 from typing import Literal, get_args
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+
+log = logging.getLogger("trainjob_admission.keys")
 
 KeyType = Literal["rsa-4096", "ecdsa-p384", "ecdsa-p521", "ed25519"]
 KEY_TYPES: tuple[str, ...] = get_args(KeyType)
@@ -63,3 +68,62 @@ def fingerprint(public_openssh: bytes) -> str:
     """SHA256 fingerprint as `ssh-keygen -l` prints it, e.g. 'SHA256:47DEQpj8...' (unpadded base64)."""
     blob = base64.b64decode(public_openssh.split()[1])
     return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+
+
+class KeyPool:
+    """Pre-generated pairs for slow key types, each handed out once.
+
+    An RSA-4096 pair costs about a second of CPU; forty jobs submitted together would not fit in
+    the API server's webhook timeout. A background thread keeps ``size`` pairs ready for every
+    slow type asked for (or warmed) so far; an empty pool falls back to generating on the spot.
+    Fast types (ECDSA, Ed25519: well under a millisecond) are always generated on demand.
+    """
+
+    SLOW: tuple[str, ...] = ("rsa-4096",)
+
+    def __init__(self, size: int = 8):
+        self.size = size
+        self._ready: dict[str, deque[KeyPair]] = {}
+        self._lock = threading.Lock()
+        self._wanted = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def warm(self, key_type: KeyType) -> None:
+        """Start keeping pairs of ``key_type`` ready (a no-op for fast types)."""
+        if key_type not in self.SLOW or self.size <= 0:
+            return
+        with self._lock:
+            self._ready.setdefault(key_type, deque())
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._refill, name="ssh-key-pool", daemon=True)
+                self._thread.start()
+        self._wanted.set()
+
+    def take(self, key_type: KeyType) -> KeyPair:
+        """A pair nobody else has been given: from the pool when one is ready, else fresh."""
+        self.warm(key_type)
+        with self._lock:
+            ready = self._ready.get(key_type)
+            pair = ready.popleft() if ready else None
+        return pair or generate(key_type)
+
+    def ready(self, key_type: KeyType) -> int:
+        with self._lock:
+            return len(self._ready.get(key_type, ()))
+
+    def _refill(self) -> None:
+        while True:
+            self._wanted.clear()
+            with self._lock:
+                short = [t for t, ready in self._ready.items() if len(ready) < self.size]
+            if not short:
+                self._wanted.wait()
+                continue
+            for key_type in short:
+                try:
+                    pair = generate(key_type)  # type: ignore[arg-type]
+                except Exception:  # noqa: BLE001 - a failed refill only means slower admissions
+                    log.exception("could not pre-generate a %s key pair", key_type)
+                    continue
+                with self._lock:
+                    self._ready[key_type].append(pair)

@@ -10,6 +10,7 @@ import datetime as dt
 import logging
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
@@ -37,6 +38,12 @@ class Reviewer:
                  config: ReviewerConfig, injector: Injector | None = None):
         self.registry, self.state, self.log, self.metrics = registry, state, decision_log, metrics
         self.config, self.injector = config, injector
+        # Evaluation has its own threads: API calls and SSH key generation (an RSA-4096 pair is
+        # about a second of CPU) must never queue in front of a decision.
+        self._evaluators = ThreadPoolExecutor(max_workers=4, thread_name_prefix="evaluate")
+
+    def close(self) -> None:
+        self._evaluators.shutdown(wait=False, cancel_futures=True)
 
     async def review(self, body: bytes, endpoint: str) -> tuple[int, dict]:
         """Returns (HTTP status, JSON body). 200 for every AdmissionReview we could answer."""
@@ -58,7 +65,8 @@ class Reviewer:
         mutate = endpoint == "mutate"
         try:
             decision = await asyncio.wait_for(
-                asyncio.to_thread(evaluate, parsed.request, list(self.registry.active), self.state),
+                asyncio.get_running_loop().run_in_executor(
+                    self._evaluators, evaluate, parsed.request, list(self.registry.active), self.state),
                 timeout=self.config.timeout_seconds,
             )
         except Exception as exc:  # noqa: BLE001 - a timeout or any failure must still be answered and logged

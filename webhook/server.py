@@ -151,6 +151,7 @@ class WebhookServer:
             await self._server.wait_closed()
         if self._runner:
             await self._runner.cleanup()
+        self.reviewer.close()
 
 
 def _dumps(value: object) -> str:

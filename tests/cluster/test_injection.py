@@ -27,6 +27,7 @@ from webhook.server import ServerConfig, WebhookServer
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
+DEFAULT_BUNDLE = REPO / "policies" / "bundles" / "default.yaml"
 RUNTIME_FILE = REPO / "examples" / "runtimes" / "mpi-openmpi.yaml"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "trainjob-admission")
 
@@ -53,7 +54,12 @@ class Harness:
     def __init__(self, tmp_path: Path, cert: Path, key: Path, api, reconciler: Reconciler | None = None):
         runtime = yaml.safe_load(RUNTIME_FILE.read_text())
         self.log_path = tmp_path / "decisions.jsonl"
-        config = ServerConfig(host="127.0.0.1", port=0, cert_file=cert, key_file=key, decision_log=self.log_path)
+        # The default bundle, asking for RSA-4096 keys: unlike Trainer's own P-521, so a mounted key is provably ours.
+        bundle = yaml.safe_load(DEFAULT_BUNDLE.read_text())
+        bundle["spec"]["injections"]["sshKey"]["type"] = "rsa-4096"
+        (tmp_path / "bundle.yaml").write_text(yaml.safe_dump(bundle))
+        config = ServerConfig(host="127.0.0.1", port=0, cert_file=cert, key_file=key, decision_log=self.log_path,
+                              bundle_specs=[str(tmp_path / "bundle.yaml")])
         config.reviewer.timeout_seconds = 10
         self.server = WebhookServer(config, ClusterState.from_objects([runtime]),
                                     injector=Injector(api, timeout=5.0),

@@ -30,7 +30,7 @@ def test_default_bundle_settings(default):
     assert spec.checks.gpu.maxPerWorker == 8
     assert spec.checks.shape.maxWorkers == 64
     assert spec.checks.podSecurity.level == "restricted"
-    assert spec.injections.sshKey.type == "rsa-4096"
+    assert spec.injections.sshKey.type == "ecdsa-p521"
     assert [r.rule.name for r in bundle.rules] == ["max-job-gpus"]
     assert "kube-system" in spec.match.excludeNamespaces
 

@@ -195,7 +195,7 @@ def test_first_bundle_by_priority_wins_each_setting(build, make_bundle, review):
 def test_injection_plan_for_allowed_trainjob(example_job, example_state, default, review):
     decision = review(example_job("allowed"), default, example_state)
     assert decision.injections == [
-        {"kind": "Secret", "name": "resnet-allreduce-mpi-ssh-auth", "keyType": "rsa-4096"},
+        {"kind": "Secret", "name": "resnet-allreduce-mpi-ssh-auth", "keyType": "ecdsa-p521"},
         {"kind": "NetworkPolicy", "name": "resnet-allreduce-mpi-isolation", "template": "default"},
     ]
 
