@@ -338,7 +338,24 @@ def _macro_variable(expr: lark.Tree) -> str | None:
 
 
 def to_cel(value: Any) -> Any:
-    """JSON-like Python values to CEL values."""
+    """JSON-like Python values to CEL values, as ``celpy.json_to_cel`` converts them; plain types
+    are dispatched on their exact type (the library's isinstance checks against typing generics
+    cost more than the conversion), anything else goes to the library."""
+    kind = type(value)
+    if kind is str:
+        return ct.StringType(value)
+    if kind is int:
+        return ct.IntType(value)
+    if kind is dict:
+        return ct.MapType({to_cel(k): to_cel(v) for k, v in value.items()})
+    if kind is list:
+        return ct.ListType([to_cel(v) for v in value])
+    if kind is bool:
+        return ct.BoolType(value)
+    if kind is float:
+        return ct.DoubleType(value)
+    if value is None:
+        return None
     return celpy.json_to_cel(value)
 
 

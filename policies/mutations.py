@@ -7,7 +7,6 @@ their replica templates directly.
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import jsonpatch
@@ -89,7 +88,7 @@ def plan(obj: dict, job: EffectiveJob, settings: MutationSettings, namespace: di
     cost = {k: v for k, v in labels.items() if settings.costLabels and k in settings.costLabels.fromNamespaceLabels}
     metadata = pod_metadata(settings, cost)
     defaults = settings.securityDefaults is not None and settings.securityDefaults.enabled
-    mutated = copy.deepcopy(obj)
+    mutated = smp.clone(obj)
     if labels:
         mutated.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
     if job.kind == "TrainJob":
@@ -99,7 +98,7 @@ def plan(obj: dict, job: EffectiveJob, settings: MutationSettings, namespace: di
                 continue
             pod_patch: dict = {}
             if metadata:
-                pod_patch["metadata"] = copy.deepcopy(metadata)
+                pod_patch["metadata"] = smp.clone(metadata)
             spec_patch = security_defaults(ps.pod.get("spec") or {}) if defaults else {}
             if spec_patch:
                 pod_patch["spec"] = spec_patch

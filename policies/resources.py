@@ -4,6 +4,7 @@ Parsing is delegated to the kubernetes client's ``parse_quantity`` so suffix rul
 """
 from __future__ import annotations
 
+import functools
 import math
 from decimal import Decimal
 from typing import Mapping
@@ -20,9 +21,16 @@ class QuantityError(ValueError):
 
 def to_decimal(value: object) -> Decimal:
     try:
+        if type(value) in (str, int):  # the same few strings ("2", "8Gi") in every request
+            return _parse_cached(value)
         return parse_quantity(value)
     except (ValueError, TypeError, ArithmeticError) as exc:
         raise QuantityError(f"{value!r} is not a Kubernetes quantity (examples: 500m, 2, 1Gi)") from exc
+
+
+@functools.lru_cache(maxsize=4096, typed=True)
+def _parse_cached(value: str | int) -> Decimal:
+    return parse_quantity(value)
 
 
 def to_number(resource: str, value: object) -> int:

@@ -1,7 +1,10 @@
 """CEL: the Kubernetes helper functions, lint of unknown names, and readable evaluation errors."""
 from __future__ import annotations
 
+import celpy
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from policies.cel import CelCompileError, CelEvalError, compile_expression, prune, to_cel, to_python
 
@@ -155,3 +158,20 @@ def test_reads_are_the_field_chains_an_expression_selects():
     reads = compile_expression("job.totals.gpus < 9 && job.totals.cpu > 0 && job.podSets.all(p, p.count > 0)").reads
     assert reads == {"job": (("podSets", None), ("totals", (("cpu", None), ("gpus", None))))}
     assert compile_expression("size(job) > 0 && job.totals.gpus > 0").reads == {"job": None}
+
+
+def _same_cel(a, b) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_cel(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same_cel(x, y) for x, y in zip(a, b))
+    return a == b or (a != a and b != b)
+
+
+@given(st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**63 - 1) | st.floats() | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+                    max_leaves=20))
+def test_to_cel_converts_like_the_library(value):
+    assert _same_cel(to_cel(value), celpy.json_to_cel(value))
