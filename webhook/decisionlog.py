@@ -53,18 +53,26 @@ def format_time(moment: datetime) -> str:
 
 
 def redact(value: Any) -> Any:
-    """A copy with secret-named keys and PEM private keys masked.
+    """A copy with secret-named keys and PEM private keys masked, and lone surrogates escaped.
 
     Runs before hashing, so a secret never reaches disk, stdout or a digest even when a caller
-    puts a whole Secret (or a key pair) into a record by mistake.
+    puts a whole Secret (or a key pair) into a record by mistake. JSON may carry lone UTF-16
+    surrogates ("\\ud800") that UTF-8 cannot encode; they are kept as the text \\ud800, so a
+    hostile name is still recorded rather than failing the append.
     """
     if isinstance(value, dict):
-        return {k: REDACTED if _is_secret_key(str(k)) else redact(v) for k, v in value.items()}
+        return {_text(k) if isinstance(k, str) else k: REDACTED if _is_secret_key(str(k)) else redact(v)
+                for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [redact(v) for v in value]
-    if isinstance(value, str) and "PRIVATE KEY-----" in value:
-        return _PEM_PRIVATE_KEY.sub(REDACTED, value)
+    if isinstance(value, str):
+        return _text(_PEM_PRIVATE_KEY.sub(REDACTED, value) if "PRIVATE KEY-----" in value else value)
     return value
+
+
+def _text(text: str) -> str:
+    """``text`` with anything UTF-8 cannot hold (lone surrogates) as backslash escapes."""
+    return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _is_secret_key(key: str) -> bool:
@@ -275,11 +283,15 @@ def _parse(raw: bytes) -> dict | str:
 
 def _lines(paths: Iterable[str | Path]) -> Iterator[tuple[Path, int, bytes]]:
     for path in map(Path, paths):
-        lines = path.read_bytes().split(b"\n")
-        if lines[-1] == b"":
-            lines.pop()  # the terminator of the last line
-        for number, raw in enumerate(lines, start=1):
-            yield path, number, raw
+        yield from _split(path, path.read_bytes())
+
+
+def _split(name: Path, data: bytes) -> Iterator[tuple[Path, int, bytes]]:
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()  # the terminator of the last line
+    for number, raw in enumerate(lines, start=1):
+        yield name, number, raw
 
 
 ProblemKind = Literal["edited", "removed", "inserted", "reordered", "malformed"]
@@ -306,20 +318,27 @@ class VerifyReport:
     problems: list[Problem]
     first_seq: int | None
     last_seq: int | None
+    skipped: int = 0  # lines not starting with '{' in a mixed stream (see verify_stream)
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.problems and not (self.skipped and not self.records)
 
     def __str__(self) -> str:
+        skipped = (f"; {self.skipped} line(s) not starting with {{ skipped (service log lines, not records)"
+                   if self.skipped else "")
+        if self.skipped and not self.records and not self.problems:
+            return (f"FAILED: no decision records among {self.skipped} line(s); records are lines starting with {{ "
+                    "(was the log read with `kubectl logs --timestamps`? drop that flag)")
         if self.ok:
             if not self.records:
                 return "OK: no records"
             text = f"OK: {self.records} records, seq {self.first_seq}..{self.last_seq}, chain intact"
             if self.first_seq:
                 text += f" (seq 0..{self.first_seq - 1} were rotated away before this set)"
-            return text
-        lines = [f"FAILED: {len(self.problems)} problem(s) in {self.records} records; the first is the most precise:"]
+            return text + skipped
+        lines = [f"FAILED: {len(self.problems)} problem(s) in {self.records} records{skipped}; "
+                 "the first is the most precise:"]
         return "\n".join(lines + [f"  {p}" for p in self.problems])
 
 
@@ -340,8 +359,26 @@ def verify(paths: Iterable[str | Path]) -> VerifyReport:
     can change unnoticed), and walks `prev`/`seq` links. The first record of the set is the
     anchor: if it is not seq 0, older records were rotated away and cannot be checked.
     """
+    return _verify(_lines(paths))
+
+
+def verify_stream(data: bytes, name: str = "<stdin>") -> VerifyReport:
+    """Check one chain in a stream that mixes records with other lines, as ``kubectl logs``
+    prints the service's stdout (records) and stderr (its log) together.
+
+    Lines not starting with ``{`` are skipped and counted. A line starting with ``{`` that is
+    not a well-formed record still fails, so a record cannot be hidden by breaking it. Only for
+    such streams: in the service's own file every line is a record.
+    """
+    lines = list(_split(Path(name), data))
+    kept = [line for line in lines if line[2].startswith(b"{")]
+    report = _verify(kept)
+    return VerifyReport(report.records, report.problems, report.first_seq, report.last_seq, len(lines) - len(kept))
+
+
+def _verify(lines: Iterable[tuple[Path, int, bytes]]) -> VerifyReport:
     entries = []
-    for path, number, raw in _lines(paths):
+    for path, number, raw in lines:
         parsed = _parse(raw)
         if isinstance(parsed, str):
             entries.append(_Entry(path, number, None, error=parsed))
@@ -461,15 +498,22 @@ def parse_time(text: str, *, now: datetime | None = None) -> datetime:
 
 def query(paths: Iterable[str | Path], *, user: str | None = None, namespace: str | None = None,
           kind: str | None = None, decision: str | None = None, rule: str | None = None,
-          since: datetime | None = None, until: datetime | None = None) -> Iterator[dict]:
+          since: datetime | None = None, until: datetime | None = None, endpoint: str | None = None,
+          decision_id: str | None = None) -> Iterator[dict]:
     """Records matching every given filter, in log order; malformed lines are skipped (see verify).
 
     `kind` ignores case. `rule` ('name' or 'bundle/name') matches records where that rule
-    failed or errored. The time window is since <= time < until.
+    failed or errored. The time window is since <= time < until. `endpoint` is 'mutate' or
+    'validate' (each submission is logged once by each); `decision_id` is a record's `id`, as
+    the API server's audit log carries it.
     """
     for _, _, raw in _lines(paths):
         record = _parse(raw)
         if not isinstance(record, dict):
+            continue
+        if decision_id is not None and record.get("id") != decision_id:
+            continue
+        if endpoint is not None and record.get("endpoint") != endpoint:
             continue
         if user is not None and record.get("user") != user:
             continue
@@ -520,7 +564,7 @@ def _truncate(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-CSV_FIELDS = ("time", "id", "uid", "seq", "decision", "allowed", "user", "groups", "operation", "kind",
+CSV_FIELDS = ("time", "id", "endpoint", "uid", "seq", "decision", "allowed", "user", "groups", "operation", "kind",
               "namespace", "name", "failedRules", "messages", "latencyMs", "dryRun", "digest")
 
 
@@ -533,7 +577,7 @@ def render(records: Iterable[dict], fmt: Literal["table", "json", "csv"] = "tabl
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(CSV_FIELDS)
         for r in records:
-            writer.writerow([r.get("time", ""), r.get("id", ""), r.get("uid", ""), r.get("seq", ""),
+            writer.writerow([r.get("time", ""), r.get("id", ""), r.get("endpoint", ""), r.get("uid", ""), r.get("seq", ""),
                              r.get("decision", ""), r.get("allowed", ""), r.get("user", ""),
                              ";".join(map(str, r.get("groups") or [])), r.get("operation", ""),
                              r.get("kind", ""), r.get("namespace", ""), r.get("name", ""),
@@ -542,9 +586,9 @@ def render(records: Iterable[dict], fmt: Literal["table", "json", "csv"] = "tabl
         return out.getvalue()
     if fmt != "table":
         raise ValueError(f"unknown format {fmt!r}: use table, json or csv")
-    header = ("TIME", "DECISION", "USER", "NAMESPACE/NAME", "KIND", "FAILED RULES", "MESSAGE")
+    header = ("TIME", "ENDPOINT", "DECISION", "USER", "NAMESPACE/NAME", "KIND", "FAILED RULES", "MESSAGE")
     rows = [header] + [
-        (str(r.get("time", "")), str(r.get("decision", "")), str(r.get("user", "")), _object(r),
+        (str(r.get("time", "")), str(r.get("endpoint", "")), str(r.get("decision", "")), str(r.get("user", "")), _object(r),
          str(r.get("kind", "")), ",".join(_failed_rules(r)) or "-",
          _truncate(next(iter(_messages(r)), ""), 72))
         for r in records

@@ -513,3 +513,12 @@ def test_concurrent_appends_share_fsyncs_and_each_returns_only_when_durable(tmp_
     assert fsyncs < 200, f"{fsyncs} fsyncs for 200 concurrent appends: no group commit"
     report = verify(log_files(path))
     assert report.ok and report.records == 200, str(report)
+
+
+def test_lone_surrogates_are_recorded_escaped_not_dropped(tmp_path):
+    """JSON allows "\\ud800"; UTF-8 cannot hold it. The record is still written (escaped)."""
+    path = tmp_path / "decisions.jsonl"
+    with DecisionLog(path, stdout=None) as log:
+        entry = log.append(decision(1, name="x\ud800y", labels={"k\udfff": "é"}))
+    assert entry["name"] == "x\\ud800y" and entry["labels"] == {"k\\udfff": "é"}
+    assert verify([path]).ok
