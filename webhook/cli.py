@@ -39,6 +39,36 @@ def _bundles(specs: list[str] | None) -> list:
         raise CliError(f"invalid bundle:\n{exc}") from None
 
 
+def _review_bundles(args: argparse.Namespace) -> list:
+    """The bundles ``serve`` would decide with given the same flags: with --kubeconfig the cluster's
+    PolicyBundles (--bundle-selector) plus --bundle files, else the files (default builtin:default)."""
+    if args.bundle_selector and not args.kubeconfig:
+        raise CliError("--bundle-selector selects the cluster's PolicyBundles: use it with --kubeconfig")
+    if not args.kubeconfig:
+        return _bundles(args.bundle)
+    if args.bundle:
+        _bundles(args.bundle)  # the files' problems, with their exit codes, before any API call
+    from webhook.clusterbundles import read_bundles
+    from webhook.kubestate import ClusterUnreachable, KubeconfigError
+
+    if not Path(args.kubeconfig).is_file():
+        raise CliError(f"kubeconfig {args.kubeconfig} not found", EXIT_NOT_FOUND)
+    try:
+        found = read_bundles(args.kubeconfig, args.bundle or [], label_selector=args.bundle_selector)
+    except KubeconfigError as exc:
+        raise CliError(str(exc)) from None
+    except ClusterUnreachable as exc:
+        raise CliError(str(exc), EXIT_UNREACHABLE) from None
+    for problem in found.problems:
+        print(f"warning: {problem}", file=sys.stderr)
+    if not found.bundles:
+        selected = f" with labels {args.bundle_selector}" if args.bundle_selector else ""
+        raise CliError(f"no PolicyBundle{selected} in the cluster at {found.server} compiles, and no --bundle was given: "
+                       "apply one (kubectl apply -f manifests/base/policybundle-default.yaml) or pass "
+                       "--bundle builtin:default", EXIT_NOT_FOUND)
+    return list(found.bundles)
+
+
 def _objects(path: str) -> list[dict]:
     if not Path(path).exists():
         raise CliError(f"file not found: {path}", EXIT_NOT_FOUND)
@@ -73,8 +103,8 @@ def _request(obj: dict, args: argparse.Namespace) -> AdmissionInput:
 
 
 def cmd_review(args: argparse.Namespace) -> int:
-    bundles = _bundles(args.bundle)
     objects = _objects(args.file)
+    bundles = _review_bundles(args)
     if not objects:
         raise CliError(f"{args.file}: no object to review")
     code, outputs = EXIT_OK, []
@@ -114,7 +144,7 @@ def cmd_policy_lint(args: argparse.Namespace) -> int:
 
 
 def cmd_policy_test(args: argparse.Namespace) -> int:
-    bundles = _bundles([args.path])
+    bundles = _bundles(args.paths)
     if not Path(args.cases).exists():
         raise CliError(f"not found: {args.cases}", EXIT_NOT_FOUND)
     try:
@@ -131,8 +161,9 @@ def cmd_policy_test(args: argparse.Namespace) -> int:
 
 
 def cmd_policy_explain(args: argparse.Namespace) -> int:
-    bundles = _bundles(args.bundle)
-    for obj in _objects(args.file):
+    objects = _objects(args.file)
+    bundles = _review_bundles(args)
+    for obj in objects:
         request = _request(obj, args)
         decision = evaluate(request, bundles, _state(args, request.namespace))
         if args.output == "json":
@@ -146,11 +177,16 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
 def _add_review_inputs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-f", "--file", required=True, help="the TrainJob or MPIJob (YAML or JSON)")
     parser.add_argument("--bundle", action="append", metavar="PATH",
-                        help=f"bundle file, directory or builtin:NAME (repeatable; default {DEFAULT_BUNDLE})")
+                        help=f"bundle file, directory or builtin:NAME (repeatable; default {DEFAULT_BUNDLE}, or with "
+                             "--kubeconfig the cluster's PolicyBundles); with --kubeconfig added to the PolicyBundles, "
+                             "a file winning over a PolicyBundle of the same name, as in serve")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--cluster-state", action="append", metavar="F",
                         help="objects as `kubectl get -o yaml` prints them: runtimes, Namespace, ResourceQuotas (repeatable)")
-    source.add_argument("--kubeconfig", metavar="K", help="read runtimes, namespace and quotas from a live cluster")
+    source.add_argument("--kubeconfig", metavar="K", help="read runtimes, namespace, quotas and PolicyBundles from a "
+                                                          "live cluster (read-only), as serve does")
+    parser.add_argument("--bundle-selector", metavar="SEL",
+                        help="with --kubeconfig: only PolicyBundles with these labels, as serve's --bundle-selector")
     parser.add_argument("--namespace", default="default", help="namespace when the object has none (default: default)")
     parser.add_argument("--operation", choices=["CREATE", "UPDATE"], default="CREATE")
     parser.add_argument("--user", default="cli-user", help="request.userInfo.username seen by rules")
@@ -160,9 +196,10 @@ def _add_review_inputs(parser: argparse.ArgumentParser) -> None:
 
 EPILOG = """examples:
   trainjob-admission review -f job.yaml --cluster-state state.yaml
-  trainjob-admission review -f job.yaml --bundle policies/ --kubeconfig ~/.kube/config -o json
+  trainjob-admission review -f job.yaml --kubeconfig ~/.kube/config -o json
+  trainjob-admission review -f job.yaml --kubeconfig ~/.kube/config --bundle draft.yaml
   trainjob-admission policy lint bundles/
-  trainjob-admission policy test bundles/prod.yaml --cases tests/cases/
+  trainjob-admission policy test builtin:default bundles/prod.yaml --cases tests/cases/
   trainjob-admission policy explain -f job.yaml --bundle bundles/prod.yaml --cluster-state state.yaml
   trainjob-admission serve --bundle /etc/trainjob-admission/bundles --cert-dir /tls
   trainjob-admission decisions query --log decisions.jsonl --decision deny --since 2h
@@ -196,8 +233,10 @@ def build_parser() -> argparse.ArgumentParser:
     lint.add_argument("paths", nargs="+", metavar="PATH")
     lint.set_defaults(func=cmd_policy_lint)
     test = policy_commands.add_parser("test", help="run test cases (object + expected decision and messages)",
-                                      epilog="case format: see `policies/cases.py`")
-    test.add_argument("path", help="bundle file or directory")
+                                      epilog="example: trainjob-admission policy test builtin:default bundles/ --cases cases/\n"
+                                             "case format: see `policies/cases.py`")
+    test.add_argument("paths", nargs="+", metavar="PATH",
+                      help="bundle files, directories or builtin:NAME, decided together as the service would")
     test.add_argument("--cases", required=True, metavar="DIR")
     test.set_defaults(func=cmd_policy_test)
     explain = policy_commands.add_parser("explain", help="every rule's result on an object")

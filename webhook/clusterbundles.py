@@ -17,8 +17,10 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from policies.bundle import Bundle, BundleError, compile_document
+
 from .bundles import BundleRegistry
-from .kubestate import ApiError, ClusterUnreachable, KubeApi, Resource, call_json
+from .kubestate import ApiError, ClusterUnreachable, KubeApi, Resource, api_client, call_json, list_all
 
 log = logging.getLogger("trainjob_admission.clusterbundles")
 
@@ -50,6 +52,58 @@ class Enforced:
 
 def source_name(name: str) -> str:
     return SOURCE_PREFIX + name
+
+
+def bundle_document(obj: dict) -> dict:
+    """The bundle a PolicyBundle object holds, with its name and labels as written (not the
+    server's uid, annotations, ...): its digest then equals the one `policy lint` prints for the
+    file that was applied."""
+    meta = obj["metadata"]
+    written = {key: meta[key] for key in ("name", "labels") if meta.get(key)}
+    return {key: obj.get(key) for key in ("apiVersion", "kind", "spec")} | {"metadata": written}
+
+
+@dataclass(frozen=True)
+class ReadBundles:
+    bundles: tuple[Bundle, ...]  # in force, in evaluation order
+    problems: tuple[str, ...]  # PolicyBundles that do not compile
+    server: str
+
+
+def read_bundles(kubeconfig: str, specs: list[str], *, label_selector: str | None = None) -> ReadBundles:
+    """Read once what ``serve --kubeconfig`` with the same ``--bundle`` and ``--bundle-selector``
+    would enforce: the bundle files, then every PolicyBundle compiled as the watch compiles it.
+    A PolicyBundle that does not compile is left out and named (a running service keeps its
+    last good generation, which only it knows)."""
+    registry = BundleRegistry(list(specs))
+    registry.poll()
+    api = api_client(kubeconfig)
+    try:
+        try:
+            objects = list_all(api, POLICY_BUNDLES, label_selector=label_selector)[0]
+        except ApiError as exc:
+            if exc.status != 404:
+                raise ClusterUnreachable(
+                    f"the Kubernetes API server at {api.describe()} refused to list PolicyBundles: {exc}. Use a "
+                    "kubeconfig whose user may list policybundles.policy.trainjob-admission.io, or pass the "
+                    "bundle files with --bundle and the state with --cluster-state") from None
+            objects = []  # the CRD is not installed: no PolicyBundles
+        server = api.describe()
+    finally:
+        api.close()
+    problems = []
+    for obj in objects:
+        meta, source = obj["metadata"], source_name(obj["metadata"]["name"])
+        try:
+            compile_document(bundle_document(obj), source)  # checked first: the registry would log it as a reload
+        except BundleError as exc:
+            active = (obj.get("status") or {}).get("activeGeneration")
+            problems.append(f"PolicyBundle {meta['name']} generation {meta.get('generation')} does not compile "
+                            f"({len(exc.problems)} error(s), the first: {exc.problems[0] if exc.problems else exc}); "
+                            "decided without it" + (f" (the service still enforces generation {active})" if active else ""))
+            continue
+        registry.update_documents(source, [bundle_document(obj)])
+    return ReadBundles(registry.active, tuple(problems), server)
 
 
 class ClusterBundles:
@@ -94,12 +148,8 @@ class ClusterBundles:
             return  # a status write or a label change: nothing to compile
         if known is not None and known.uid != uid:
             self._forget(name)  # deleted and created again while we were not watching
-        # Name and labels as written (not the server's uid, annotations, ...): the digest then equals
-        # the one `policy lint` prints for the file that was applied.
-        written = {key: meta[key] for key in ("name", "labels") if meta.get(key)}
-        document = {key: obj.get(key) for key in ("apiVersion", "kind", "spec")} | {"metadata": written}
         source = source_name(name)
-        if self.registry.update_documents(source, [document]):
+        if self.registry.update_documents(source, [bundle_document(obj)]):
             bundle = self.registry.sources[source].bundles[0]
             self.enforced[name] = Enforced(generation, bundle.version, bundle.digest)
             self.seen[name] = Seen(uid, generation, True, ())

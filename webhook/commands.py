@@ -59,13 +59,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if kubeconfig and not Path(kubeconfig).is_file():
         raise CliError(f"kubeconfig {kubeconfig} not found", EXIT_NOT_FOUND)
     selector = args.bundle_selector or settings.get("bundleSelector")
+    namespaces = args.reconcile_namespace or settings.get("reconcileNamespaces") or []
+    if namespaces and not with_cluster:
+        raise CliError("--reconcile-namespace limits what the service creates and deletes in a cluster; "
+                       "use it with --kubeconfig or --in-cluster", EXIT_INVALID)
 
     async def run() -> None:
         if with_cluster:
             from .kubestate import KubeconfigError, run_with_cluster
 
             try:
-                await run_with_cluster(config, kubeconfig, bundle_selector=selector)
+                await run_with_cluster(config, kubeconfig, bundle_selector=selector, namespaces=namespaces)
             except KubeconfigError as exc:
                 raise CliError(str(exc), EXIT_INVALID) from None
             return
@@ -100,19 +104,22 @@ def cmd_decisions_query(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CliError(str(exc), EXIT_INVALID) from None
     records = query(files, user=args.user, namespace=args.namespace, kind=args.kind, decision=args.decision,
-                    rule=args.rule, since=since, until=until)
-    print(render(records, args.output))
+                    rule=args.rule, since=since, until=until, endpoint=args.endpoint, decision_id=args.id)
+    sys.stdout.write(render(records, args.output))
     return 0
 
 
 def cmd_decisions_verify(args: argparse.Namespace) -> int:
     from .cli import CliError, EXIT_NOT_FOUND
-    from .decisionlog import log_files, verify
+    from .decisionlog import log_files, verify, verify_stream
 
-    files = log_files(args.log)
-    if not files:
-        raise CliError(f"no decision log at {args.log}", EXIT_NOT_FOUND)
-    report = verify(files)
+    if args.log == "-":
+        report = verify_stream(sys.stdin.buffer.read())
+    else:
+        files = log_files(args.log)
+        if not files:
+            raise CliError(f"no decision log at {args.log}", EXIT_NOT_FOUND)
+        report = verify(files)
     print(report)
     return 0 if report.ok else 1
 
@@ -145,7 +152,7 @@ def register_server_commands(commands: argparse._SubParsersAction) -> None:
                "  trainjob-admission serve --cert-dir ./tls --cluster-state state.yaml --decision-log decisions.jsonl",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     serve.add_argument("--config", metavar="F", help="YAML with host, port, certDir, bundles, decisionLog, failureMode, "
-                                                      "timeoutSeconds, kubeconfig, bundleSelector")
+                                                      "timeoutSeconds, kubeconfig, bundleSelector, reconcileNamespaces")
     serve.add_argument("--bundle", action="append", metavar="PATH",
                        help="bundle file/dir or builtin:NAME; watched for changes (default: builtin:default, or with "
                             "a cluster only its PolicyBundle objects)")
@@ -158,6 +165,11 @@ def register_server_commands(commands: argparse._SubParsersAction) -> None:
     cluster.add_argument("--in-cluster", action="store_true", help="the same with the pod's service account")
     serve.add_argument("--bundle-selector", metavar="SEL",
                        help="only PolicyBundles with these labels, e.g. team=ml,env!=dev (several servers on one cluster)")
+    serve.add_argument("--reconcile-namespace", action="append", metavar="NS",
+                       help="create, adopt and delete injected Secrets/NetworkPolicies only in this namespace "
+                            "(repeatable; default: every namespace). A job elsewhere that needs an injection is "
+                            "treated as a failed injection (--failure-mode decides). Match the webhook "
+                            "configurations' namespaceSelector")
     serve.add_argument("--cluster-state", action="append", metavar="F", help="static cluster objects instead of a cluster")
     serve.add_argument("--decision-log", metavar="F", help="file sink for the decision log (also written to stdout)")
     serve.add_argument("--failure-mode", choices=["deny", "allow"], help="answer for /validate when a job cannot be evaluated (default deny)")
@@ -177,13 +189,25 @@ def register_server_commands(commands: argparse._SubParsersAction) -> None:
     query.add_argument("--namespace")
     query.add_argument("--kind", choices=["TrainJob", "MPIJob"])
     query.add_argument("--decision", choices=["allow", "deny", "warn", "error"])
+    query.add_argument("--endpoint", choices=["mutate", "validate"],
+                       help="each submission is logged twice, once per webhook: validate counts submissions")
+    query.add_argument("--id", metavar="DECISION_ID", help="the record with this decision id (as in the audit log's "
+                                                           "<webhook>/decision-id annotation)")
     query.add_argument("--rule", help="a rule that failed, e.g. default/quota")
     query.add_argument("--since", help="RFC3339 time or a duration like 15m, 2h, 7d")
     query.add_argument("--until")
     query.add_argument("-o", "--output", choices=["table", "json", "csv"], default="table")
     query.set_defaults(func=cmd_decisions_query)
-    verify_parser = sub.add_parser("verify", help="check the hash chain; names an edited, inserted or removed record")
-    verify_parser.add_argument("--log", required=True, metavar="F")
+    verify_parser = sub.add_parser(
+        "verify", help="check the hash chain; names an edited, inserted or removed record",
+        epilog="examples:\n"
+               "  trainjob-admission decisions verify --log /var/log/trainjob-admission/decisions.jsonl\n"
+               "  # the stdout copy, mixed with the service's log lines:\n"
+               "  kubectl logs -n trainjob-admission POD | trainjob-admission decisions verify --log -",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    verify_parser.add_argument("--log", required=True, metavar="F",
+                               help="the log file (its rotated predecessors beside it are read too), or - for stdin: "
+                                    "lines not starting with { (the service's own log) are skipped and counted")
     verify_parser.set_defaults(func=cmd_decisions_verify)
 
     certs = commands.add_parser("certs", help="certificates for the webhook")

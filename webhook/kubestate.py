@@ -28,6 +28,7 @@ from kubernetes import client, config
 from policies.state import ClusterState
 
 if TYPE_CHECKING:
+    from .reviewer import Injector
     from .server import ServerConfig
 
 log = logging.getLogger("trainjob_admission.kubestate")
@@ -394,15 +395,20 @@ class ClusterSync:
         log.info("cluster state synced: %s", ", ".join(f"{w.resource.plural}@{w.resource_version}" for w in self.watchers))
 
 
-async def run_with_cluster(config: "ServerConfig", kubeconfig: str | None, *, bundle_selector: str | None = None) -> None:
-    """Serve with state, bundles, injections and the reconciler backed by the API, until SIGINT/SIGTERM."""
+async def run_with_cluster(config: "ServerConfig", kubeconfig: str | None, *, bundle_selector: str | None = None,
+                           namespaces: list[str] | tuple[str, ...] = ()) -> None:
+    """Serve with state, bundles, injections and the reconciler backed by the API, until SIGINT/SIGTERM.
+
+    ``namespaces`` limits injection and reconciliation to those namespaces (default: all)."""
     from .injector import Injector
     from .reconciler import Reconciler
     from .server import WebhookServer
 
     api = api_client(kubeconfig)
     state, ready = ClusterState(), asyncio.Event()
-    server = WebhookServer(config, state, injector=Injector(api), state_ready=ready)
+    injector = Injector(api)
+    server = WebhookServer(config, state, injector=only_in(namespaces, injector) if namespaces else injector,
+                           state_ready=ready)
     sync = ClusterSync(api, state, server.registry, bundle_selector=bundle_selector)
     log.info("reading state and PolicyBundles%s from %s", f" ({bundle_selector})" if bundle_selector else "", api.describe())
     sync.start()
@@ -413,8 +419,9 @@ async def run_with_cluster(config: "ServerConfig", kubeconfig: str | None, *, bu
     tasks: list[asyncio.Task] = []
     try:
         await server.start()
-        tasks = [asyncio.create_task(sync.wait_synced(ready), name="state sync"),
-                 asyncio.create_task(Reconciler(api).run(), name="reconciler")]
+        reconcilers = [Reconciler(api, namespace=ns) for ns in sorted(set(namespaces))] or [Reconciler(api)]
+        tasks = [asyncio.create_task(sync.wait_synced(ready), name="state sync")] + [
+            asyncio.create_task(r.run(), name=f"reconciler ({r.namespace or 'all namespaces'})") for r in reconcilers]
         for task in tasks:
             task.add_done_callback(_report_crash)
         await stop.wait()
@@ -427,6 +434,23 @@ async def run_with_cluster(config: "ServerConfig", kubeconfig: str | None, *, bu
         await server.stop()
         await asyncio.to_thread(sync.stop)
         api.close()
+
+
+def only_in(namespaces: list[str] | tuple[str, ...], injector: "Injector") -> "Injector":
+    """``injector`` for jobs in ``namespaces``; elsewhere every planned object fails (the failure
+    mode decides), because no reconciler there would give it an owner or remove it."""
+    allowed = frozenset(namespaces)
+
+    async def inject(parsed, decision) -> list[dict]:
+        namespace = decision.job.namespace if decision.job is not None else parsed.request.namespace
+        if namespace in allowed:
+            return await injector(parsed, decision)
+        reason = (f"namespace {namespace} is not one this service manages (--reconcile-namespace "
+                  f"{', '.join(sorted(allowed))}); add it or fix the webhook's namespaceSelector")
+        return [{"kind": p["kind"], "name": p["name"], "namespace": namespace, "status": "failed", "reason": reason}
+                for p in decision.injections]
+
+    return inject
 
 
 def _report_crash(task: asyncio.Task) -> None:

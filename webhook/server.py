@@ -56,6 +56,7 @@ class WebhookServer:
         self._runner: web.AppRunner | None = None
         self._server: asyncio.AbstractServer | None = None
         self._tasks: list[asyncio.Task] = []
+        self._reloads_counted = (0, 0)  # the registry's (reloads, failures) already in the metric
 
     # --- handlers -------------------------------------------------------------------------------
     async def _admission(self, request: web.Request, endpoint: str) -> web.Response:
@@ -84,6 +85,7 @@ class WebhookServer:
         return web.Response(text="ok")
 
     async def metrics_handler(self, _: web.Request) -> web.Response:
+        self._count_reloads()
         self.metrics.bundles_active.set(len(self.registry.active))
         if self.certs:
             self.metrics.cert_expiry.set(self.certs.not_after.timestamp())
@@ -125,11 +127,20 @@ class WebhookServer:
         return port
 
     def _reload_bundles(self) -> None:
-        failures = self.registry.failures
-        if self.registry.poll():
-            self.metrics.bundle_reloads.labels("success").inc()
-        if self.registry.failures > failures:
-            self.metrics.bundle_reloads.labels("failure").inc(self.registry.failures - failures)
+        self.registry.poll()
+        self._count_reloads()
+
+    def _count_reloads(self) -> None:
+        """Bring trainjob_admission_bundle_reloads up to the registry's counts, which include the
+        PolicyBundles a watch thread compiles as well as the files polled here: one success per
+        source (file or PolicyBundle generation) compiled, one failure per one rejected."""
+        reloads, failures = self.registry.reloads, self.registry.failures
+        counted_reloads, counted_failures = self._reloads_counted
+        if reloads > counted_reloads:
+            self.metrics.bundle_reloads.labels("success").inc(reloads - counted_reloads)
+        if failures > counted_failures:
+            self.metrics.bundle_reloads.labels("failure").inc(failures - counted_failures)
+        self._reloads_counted = (reloads, failures)
 
     async def _reload_loop(self) -> None:
         while True:

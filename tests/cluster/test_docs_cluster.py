@@ -101,7 +101,7 @@ def test_doc_cluster_commands(doc: str, control_plane, namespace: str, serving_c
         if path.is_file():
             path.write_text(sub.file(path.read_text()))
     svc = start_service(tmp_path / "service", control_plane.admin_kubeconfig, serving_cert("docs-webhook"),
-                        args=("--bundle", "builtin:default", "--bundle-selector", f"{LABEL}={namespace}"))
+                        namespaces=[namespace], args=("--bundle", "builtin:default", "--bundle-selector", f"{LABEL}={namespace}"))
     name = f"docs-{namespace}"
     env = {**os.environ, "KUBECONFIG": str(control_plane.admin_kubeconfig), "HOME": str(tmp_path / "home")}
     (tmp_path / "home" / ".kube").mkdir(parents=True)

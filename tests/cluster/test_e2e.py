@@ -184,7 +184,7 @@ def e2e(control_plane, tmp_path_factory):
         # the service runs as its own user holding exactly the ClusterRoles of manifests/base/rbac.yaml
         kubeconfig, bindings = service_kubeconfig(work, f"e2e-webhook-{run}")
         svc = start_service(work, kubeconfig, cluster.issue_serving_cert(work / "certs", name="e2e-webhook"),
-                            args=("--bundle-selector", f"{E2E_LABEL}={run}"))
+                            namespaces=[ns, bulk], args=("--bundle-selector", f"{E2E_LABEL}={run}"))
         register(svc, hook, [ns, bulk])
         yield E2E(ns=ns, bulk_ns=bulk, svc=svc, hook=hook, admin=cluster.ADMIN_KUBECONFIG,
                   alice=cluster.USER_A_KUBECONFIG)

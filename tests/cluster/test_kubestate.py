@@ -177,6 +177,13 @@ def bundle(name: str, run: str, namespace: str, max_gpus: int, expression: str =
                                       "messageExpression": "'at most ' + string(params.maxGpus) + ' GPUs'"}]}}
 
 
+def reloads(metrics: str) -> dict[str, float]:
+    """trainjob_admission_bundle_reloads_total by result, from a /metrics page."""
+    prefix = 'trainjob_admission_bundle_reloads_total{result="'
+    return {line[len(prefix):].split('"')[0]: float(line.rsplit(" ", 1)[1])
+            for line in metrics.splitlines() if line.startswith(prefix)}
+
+
 def decide(synced: Synced, obj: dict):
     return evaluate(AdmissionInput(obj, operation="CREATE", username="alice"), list(synced.registry.active), synced.state)
 
@@ -422,7 +429,8 @@ def test_review_kubeconfig_decides_from_the_live_cluster(kubectl, namespace, adm
     apply(kubectl, runtime(namespace))
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(job(namespace)))
-    argv = [str(CLI), "review", "-f", str(job_file), "--kubeconfig", str(admin_kubeconfig), "-o", "json"]
+    argv = [str(CLI), "review", "-f", str(job_file), "--kubeconfig", str(admin_kubeconfig), "--bundle", "builtin:default",
+            "-o", "json"]
     first = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert first.returncode == 0, first.stdout + first.stderr
 
@@ -434,6 +442,44 @@ def test_review_kubeconfig_decides_from_the_live_cluster(kubectl, namespace, adm
     second = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert second.returncode == 1, second.stdout + second.stderr
     assert "quota" in json.dumps(json.loads(second.stdout)["messages"]).lower()
+
+
+def test_review_and_explain_kubeconfig_decide_with_the_clusters_policybundles(kubectl, namespace, crd, run_id,
+                                                                              admin_kubeconfig, tmp_path):
+    """Without --bundle, `review --kubeconfig` decides with the PolicyBundles (selected as serve
+    selects them); a --bundle file of the same name wins, as in serve; none at all is exit 3."""
+    apply(kubectl, runtime(namespace))
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(job(namespace)))
+    selector = f"{LABEL}={run_id}"
+    base = [str(CLI), "review", "-f", str(job_file), "--kubeconfig", str(admin_kubeconfig), "--bundle-selector", selector]
+
+    none = subprocess.run(base, capture_output=True, text=True, timeout=60)
+    assert none.returncode == 3, none
+    assert f"no PolicyBundle with labels {selector} in the cluster at https://" in none.stderr, none.stderr
+    assert "kubectl apply -f manifests/base/policybundle-default.yaml" in none.stderr and none.stdout == ""
+
+    name = f"cap-{run_id}"
+    apply(kubectl, bundle(name, run_id, namespace, max_gpus=2))
+    denied = subprocess.run(base + ["-o", "json"], capture_output=True, text=True, timeout=60)
+    assert denied.returncode == 1, denied
+    decision = json.loads(denied.stdout)
+    assert decision["messages"][0]["message"] == "at most 2 GPUs" and name in decision["messages"][0]["rule"], decision
+
+    explain = subprocess.run([str(CLI), "policy", "explain", *base[2:]], capture_output=True, text=True, timeout=60)
+    assert explain.returncode == 0 and f"{name} gpu-cap fail deny at most 2 GPUs" in " ".join(explain.stdout.split()), explain
+
+    draft = tmp_path / "draft.yaml"  # the same bundle, relaxed: the file wins over the PolicyBundle
+    draft.write_text(yaml.safe_dump(bundle(name, run_id, namespace, max_gpus=8)))
+    relaxed = subprocess.run(base + ["--bundle", str(draft)], capture_output=True, text=True, timeout=60)
+    assert relaxed.returncode == 0, relaxed
+    assert f"(bundles: {name} 1.0.8)" in relaxed.stdout
+
+    broken = bundle(f"broken-{run_id}", run_id, namespace, 4, expression="job.totals.gpus <= ")
+    apply(kubectl, broken)
+    warned = subprocess.run(base, capture_output=True, text=True, timeout=60)
+    assert warned.returncode == 1, warned
+    assert f"warning: PolicyBundle broken-{run_id} generation 1 does not compile" in warned.stderr, warned.stderr
 
 
 def test_review_unreachable_cluster_exits_6(admin_kubeconfig, tmp_path):
@@ -491,6 +537,13 @@ def test_serve_kubeconfig_ready_only_after_sync_and_bundle(kubectl, namespace, r
         code, text = call("/validate", review)
         response = json.loads(text)["response"]
         assert code == 200 and response["allowed"] is False and "at most 2 GPUs" in response["status"]["message"], text
+
+        # bundle reload metrics count the PolicyBundle generations the watch compiles (no files here)
+        assert reloads(call("/metrics")[1]) == {"success": 1.0}
+        apply(kubectl, bundle(f"serve-{run_id}", run_id, namespace, max_gpus=2, expression="job.totals.gpus <= "))
+        wait_until("the broken generation counted", lambda: reloads(call("/metrics")[1]).get("failure") == 1.0, timeout=FAST)
+        apply(kubectl, bundle(f"serve-{run_id}", run_id, namespace, max_gpus=3))
+        wait_until("the fix counted", lambda: reloads(call("/metrics")[1]) == {"success": 2.0, "failure": 1.0}, timeout=FAST)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -499,6 +552,41 @@ def test_serve_kubeconfig_ready_only_after_sync_and_bundle(kubectl, namespace, r
             proc.kill()
             rc = "killed"
     assert rc == 0, f"serve exit {rc}: {(tmp_path / 'serve.stderr').read_text()[-3000:]}"
+
+
+def test_serve_reconcile_namespace_leaves_other_namespaces_alone(kubectl, namespace, crd, tmp_path, admin_kubeconfig,
+                                                                  serving_cert):
+    """`serve --reconcile-namespace A`: the reconciler adopts an orphan injected object in A and
+    never touches the same kind of object in B (another test's namespace on a shared cluster)."""
+    from webhook_service import start_service
+
+    other = f"{namespace}-b"
+    kubectl("create", "namespace", other)
+    try:
+        for ns in (namespace, other):
+            apply(kubectl, {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                            "metadata": {"name": "held", "namespace": ns},
+                            "spec": {"suspend": True, "runtimeRef": {"name": "deepspeed-distributed"}}},
+                  {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                   "metadata": {"name": "held-mpi-isolation", "namespace": ns,
+                                "labels": {"app.kubernetes.io/managed-by": "trainjob-admission"},
+                                "annotations": {"trainjob-admission.io/job": "TrainJob/held"}},
+                   "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}})
+        svc = start_service(tmp_path, admin_kubeconfig, serving_cert(), namespaces=[namespace],
+                            args=("--bundle", "builtin:default"))
+        try:
+            def owners(ns: str) -> list:
+                obj = json.loads(kubectl("get", "networkpolicy", "held-mpi-isolation", "-n", ns, "-o", "json").stdout)
+                return [ref["name"] for ref in obj["metadata"].get("ownerReferences", [])]
+
+            wait_until("the object in the service's namespace adopted", lambda: owners(namespace) == ["held"], timeout=30)
+            time.sleep(1.0)  # the first sweep covers every namespace it may touch at once
+            assert owners(other) == [], "adopted outside --reconcile-namespace"
+            assert f"reconciler ({namespace}) stopped" not in svc.output()
+        finally:
+            svc.stop()
+    finally:
+        kubectl("delete", "namespace", other, "--wait=false", "--ignore-not-found", check=False)
 
 
 def test_example_bundle_file_applies_as_is_and_reports_the_lint_digest(start_sync, kubectl, get_json, run_id, tmp_path):

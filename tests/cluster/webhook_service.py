@@ -5,7 +5,7 @@ Black box on purpose: the service is a subprocess started from the installed con
 reads runtimes, namespaces, quotas and PolicyBundles from the API itself, and the tests see it
 only through the API server (kubectl, the Kubeflow SDK), its decision log and its HTTP endpoints.
 
-    svc = start_service(workdir, kubeconfig, cert_pem_key=(crt, key), bundle_selector="x=y")
+    svc = start_service(workdir, kubeconfig, (crt, key, ca_pem), namespaces=["ns1"], args=("--bundle-selector", "x=y"))
     register(svc, "e2e-abc", namespaces=["ns1"])   # Mutating + Validating configurations
     ...
     unregister("e2e-abc"); svc.stop()
@@ -92,13 +92,16 @@ class WebhookService:
                 self.proc.wait(5)
 
 
-def start_service(workdir: Path, kubeconfig: Path, cert: tuple[Path, Path, bytes], *,
+def start_service(workdir: Path, kubeconfig: Path, cert: tuple[Path, Path, bytes], *, namespaces: list[str],
                   args: tuple[str, ...] = (), ready_timeout: float = 60.0) -> WebhookService:
     """Start `trainjob-admission serve` on a free loopback port; return once /readyz says 200.
 
     cert is (cert_path, key_path, ca_pem) as the conftest `serving_cert` fixture returns it;
+    namespaces are the test's own: the service injects, adopts and deletes objects only there
+    (`--reconcile-namespace`), never in another test's namespace on the shared cluster;
     args are extra serve flags (bundle, bundle selector, failure mode, ...).
     """
+    assert namespaces, "a service on the shared cluster must be limited to the test's namespaces"
     cert_dir = workdir / "tls"
     cert_dir.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(cert[0], cert_dir / "tls.crt")
@@ -110,7 +113,8 @@ def start_service(workdir: Path, kubeconfig: Path, cert: tuple[Path, Path, bytes
     env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "HTTPS_PROXY", "https_proxy")}
     env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
     argv = [str(CLI), "serve", "--kubeconfig", str(kubeconfig), "--cert-dir", str(cert_dir),
-            "--host", LOOPBACK, "--port", str(port), "--decision-log", str(log), *args]
+            "--host", LOOPBACK, "--port", str(port), "--decision-log", str(log),
+            *(flag for ns in namespaces for flag in ("--reconcile-namespace", ns)), *args]
     with open(out, "wb") as o, open(err, "wb") as e:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=o, stderr=e, cwd=workdir, env=env)
     svc = WebhookService(url=f"https://{LOOPBACK}:{port}", ca_pem=cert[2], decision_log=log,

@@ -24,6 +24,7 @@ from webhook.decisionlog import (
     query,
     render,
     verify,
+    verify_stream,
 )
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
@@ -522,3 +523,72 @@ def test_lone_surrogates_are_recorded_escaped_not_dropped(tmp_path):
         entry = log.append(decision(1, name="x\ud800y", labels={"k\udfff": "é"}))
     assert entry["name"] == "x\\ud800y" and entry["labels"] == {"k\\udfff": "é"}
     assert verify([path]).ok
+
+
+# --- endpoint and id filters; a chain inside `kubectl logs` output ------------------------------
+def write_submissions(path: Path, n: int) -> list[dict]:
+    """Each submission twice, as the server logs it: mutate, then validate, each with its own id."""
+    with DecisionLog(path, stdout=None) as log:
+        return [log.append(decision(i, endpoint=endpoint, id=f"{endpoint}-{i}"))
+                for i in range(n) for endpoint in ("mutate", "validate")]
+
+
+def test_query_by_endpoint_and_decision_id(path: Path) -> None:
+    write_submissions(path, 3)
+    assert [(r["endpoint"], r["name"]) for r in query([path], endpoint="validate")] == [
+        ("validate", "job-0"), ("validate", "job-1"), ("validate", "job-2")]
+    assert [r["seq"] for r in query([path], endpoint="mutate")] == [0, 2, 4]
+    assert [r["seq"] for r in query([path], decision_id="validate-1")] == [3]
+    assert list(query([path], decision_id="mutate-1", endpoint="validate")) == []
+    assert list(query([path], decision_id="nope")) == []
+
+
+def test_render_shows_the_endpoint(path: Path) -> None:
+    records = write_submissions(path, 1)
+    table = render(records, "table").splitlines()
+    start = table[0].index("ENDPOINT")
+    assert table[1][start:].startswith("mutate ") and table[2][start:].startswith("validate ")
+    rows = list(csv.DictReader(io.StringIO(render(records, "csv"))))
+    assert [row["endpoint"] for row in rows] == ["mutate", "validate"]
+    assert [r["endpoint"] for r in json.loads(render(records, "json"))] == ["mutate", "validate"]
+
+
+def pod_log(path: Path) -> bytes:
+    """The records interleaved with log lines, as `kubectl logs` prints stdout and stderr together."""
+    out = [b"2025-03-01 12:00:00,000 INFO trainjob_admission.server: listening on 0.0.0.0:8443 (TLS)", b""]
+    for number, line in enumerate(path.read_bytes().splitlines()):
+        out.append(line)
+        if number == 1:
+            out += [b"Traceback (most recent call last):", b'  File "x.py", line 1, in <module>', b"ValueError: x"]
+    return b"\n".join(out) + b"\n"
+
+
+def test_verify_stream_skips_and_counts_log_lines(path: Path) -> None:
+    write_log(path, 5)
+    report = verify_stream(pod_log(path))
+    assert report.ok and report.records == 5 and report.skipped == 5
+    assert str(report) == ("OK: 5 records, seq 0..4, chain intact; 5 line(s) not starting with { skipped "
+                           "(service log lines, not records)")
+    assert verify_stream(path.read_bytes()).skipped == 0
+
+
+def test_verify_stream_still_finds_tampering_and_broken_records(path: Path) -> None:
+    write_log(path, 5)
+    text = pod_log(path)
+    edited = verify_stream(text.replace(b'"decision":"deny"', b'"decision":"allow"', 1))
+    assert not edited.ok and edited.problems[0].kind == "edited" and edited.problems[0].seq == 0
+    assert str(edited.problems[0]).startswith("<stdin>:3 (seq 0): edited")  # the stream's own line number
+    lines_ = text.split(b"\n")
+    removed = verify_stream(b"\n".join(lines_[:3] + lines_[4:]))  # seq 1 gone
+    assert not removed.ok and removed.problems[0].kind == "removed"
+    broken = verify_stream(b"\n".join(lines_[:3] + [lines_[3][:40]] + lines_[4:]))  # starts with {, cut short
+    assert not broken.ok and broken.problems[0].kind == "malformed" and broken.problems[0].line == 4
+    disguised = verify_stream(b"\n".join(lines_[:3] + [b" " + lines_[3]] + lines_[4:]))  # seq 1 hidden behind a space
+    assert not disguised.ok and disguised.problems[0].kind == "removed" and disguised.skipped == 6
+
+
+def test_verify_stream_without_records_fails_and_says_why() -> None:
+    report = verify_stream(b"2025-03-01T12:00:00.000Z {\"seq\":0}\nanother line\n")
+    assert not report.ok and report.records == 0 and report.skipped == 2
+    assert "no decision records among 2 line(s)" in str(report) and "--timestamps" in str(report)
+
