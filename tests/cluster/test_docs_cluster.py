@@ -15,6 +15,8 @@ what a reader types is mechanical and only this:
   installed ones;
 - PolicyBundles a doc applies get the label `trainjob-admission.io/docs-test=<ns>` and the
   service runs with `--bundle-selector` for it, so bundles of parallel tests never mix;
+  `trainjob-admission` commands with `--kubeconfig` (review, policy explain) get the service's
+  `--bundle builtin:default --bundle-selector ...`, so they see the bundles the service sees;
 - `kubectl get`/`describe` are retried for up to 30 s until exit code and output match: quota
   status, owner references and pods appear a moment after the command that causes them.
 """
@@ -115,8 +117,11 @@ def test_doc_cluster_commands(doc: str, control_plane, namespace: str, serving_c
                 renamed = harness.FileBlock(step.doc, step.line, sub.text(step.name), step.content)
                 harness.write_file(renamed, work, sub.file)
                 continue
-            command = harness.Command(step.doc, step.line, sub.text(step.text).replace("~/.kube/config", env["HOME"] + "/.kube/config"),
-                                      step.exit, [sub.text(line) for line in step.output], step.runner)
+            text = sub.text(step.text).replace("~/.kube/config", env["HOME"] + "/.kube/config")
+            if text.startswith("trainjob-admission ") and "--kubeconfig" in text.split():
+                text += f" --bundle builtin:default --bundle-selector {LABEL}={namespace}"
+            command = harness.Command(step.doc, step.line, text, step.exit, [sub.text(line) for line in step.output],
+                                      step.runner)
             deadline = time.monotonic() + (RETRY_SECONDS if retried(command) else 0)
             while True:
                 found = harness.execute(command, program, work, env, captures)

@@ -42,7 +42,7 @@ from pydantic_core import PydanticUndefined
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ("docs/quickstart.md", "docs/admin-guide.md", "docs/auditor-guide.md", "docs/troubleshooting.md")
 RUNNERS = {"": "unit", "cluster": "cluster", "cluster-install": "install"}
-OFFLINE_PROGRAMS = {"trainjob-admission", "make", "sed", "cp", "grep", "mkdir"}
+OFFLINE_PROGRAMS = {"trainjob-admission", "make", "sed", "cp", "grep", "mkdir", "cat"}
 FENCE = re.compile(r"^```(\w[\w-]*)?\s*(.*)$")
 EXIT = re.compile(r"\s+#\s*exit\s+(\d+)\s*$")
 CAPTURE = re.compile(r"<([A-Z][A-Z0-9_]*)>")
