@@ -1,0 +1,421 @@
+"""Issue 3 acceptance, as a new user would try it, against the real server over real TLS:
+
+- 10,000 hostile AdmissionReviews (malformed JSON, wrong apiVersion/kind, missing fields, wrong
+  types, unicode, deep nesting, huge objects, plus deny-worthy but well-formed jobs): the server
+  never crashes, answers no 5xx without a logged decision, logs every answer it gives, denies
+  every deny-worthy job, and the decision log verifies afterwards;
+- a certificate renewed (``certs.issue.renew``) while several clients keep sending requests:
+  no request fails and new connections get the new certificate.
+
+The payloads come from a seeded generator (one ``random.Random`` per case index), so a failing
+case is reproduced by its index alone: ``hostile_case(i)``.
+"""
+from __future__ import annotations
+
+import copy
+import http.client
+import json
+import multiprocessing
+import random
+import socket
+import ssl
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+
+from certs.issue import issue, renew
+from webhook import server as server_module
+from webhook.decisionlog import verify
+from webhook.demo import admission_review
+
+from .conftest import Running, job, start_server, stop_server
+
+pytestmark = pytest.mark.server
+
+SEED = 3
+CASES = 10_000
+CLIENTS = 6  # client processes
+SAMPLES = ["allowed.yaml", "over-quota.yaml", "too-many-gpus.yaml", "too-many-workers.yaml", "privileged.yaml",
+           "legacy-mpijob.yaml"]
+JOBS = {name: job(name) for name in SAMPLES}
+UNICODE = ["é", "ß", "中文", "🚀", "\u202eevil", "\u200b", "\x00", "\ud800", "\udfff", "𝔘𝔫𝔦", "\\", '"', "\n"]
+
+
+@dataclass
+class Case:
+    index: int
+    kind: str
+    endpoint: str  # path, "/validate" or "/mutate" for reviews
+    body: bytes
+    uid: str = ""  # echoed in the response when the body is a review we can answer
+    deny: bool = False  # well-formed and deny-worthy: /validate must refuse it
+    allow: bool = False  # a clean allowed job (control: proves the server is not refusing everything)
+    oversize: bool = False  # over the body limit: a 413 or a closed connection is the right answer
+
+
+def _text(rng: random.Random, size: int = 12) -> str:
+    return "".join(rng.choice(UNICODE) if rng.random() < 0.3 else chr(rng.randint(0x20, 0x7E)) for _ in range(size))
+
+
+def _review(rng: random.Random, obj: dict, **request: object) -> dict:
+    """The AdmissionReview the API server would send for ``obj`` (whatever shape obj is in)."""
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    envelope = {"kind": obj["kind"] if obj.get("kind") in ("TrainJob", "MPIJob") else "TrainJob", "metadata": meta}
+    review = admission_review(envelope, user=_text(rng, 6) if rng.random() < 0.3 else "alice")
+    review["request"]["object"] = obj
+    review["request"]["uid"] = f"uid-{rng.getrandbits(64):x}"
+    review["request"].update(request)
+    return review
+
+
+def _noise(rng: random.Random, obj: dict) -> None:
+    """Hostile but harmless decoration: unicode labels and annotations, unknown fields."""
+    meta = obj.setdefault("metadata", {})
+    meta.setdefault("labels", {})[_text(rng, 5)] = _text(rng)
+    meta.setdefault("annotations", {})[_text(rng, 8)] = _text(rng, rng.randint(1, 200))
+    if rng.random() < 0.3:
+        obj["spec"][f"x-{rng.randint(0, 99)}"] = {_text(rng, 4): [_text(rng), rng.random(), None]}
+
+
+def _deny_worthy(rng: random.Random) -> dict:
+    """A well-formed job the default bundle must refuse (team-a: 32 GPUs quota, 24 used, PSS restricted)."""
+    choice = rng.randrange(6)
+    if choice == 0:  # more than 8 GPUs per worker
+        obj = copy.deepcopy(JOBS["allowed.yaml"])
+        obj["spec"]["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] = rng.choice([rng.randint(9, 10**6), "16"])
+    elif choice == 1:  # over the namespace GPU quota (8 left)
+        obj = copy.deepcopy(JOBS["allowed.yaml"])
+        obj["spec"]["trainer"]["numNodes"] = rng.randint(9, 64)
+    elif choice == 2:  # more workers than the bundle allows
+        obj = copy.deepcopy(JOBS["too-many-workers.yaml"])
+        obj["spec"]["trainer"]["numNodes"] = rng.randint(65, 100_000)
+    elif choice == 3:  # a privileged runtime
+        obj = copy.deepcopy(JOBS["privileged.yaml"])
+    elif choice == 4:  # privilege smuggled in through runtimePatches
+        obj = copy.deepcopy(JOBS["allowed.yaml"])
+        pod_spec = rng.choice([
+            {"containers": [{"name": "node", "securityContext": {"privileged": True}}]},
+            {"hostNetwork": True},
+            {"hostPID": True},
+            {"volumes": [{"name": "host", "hostPath": {"path": "/"}}]},
+            {"containers": [{"name": "node", "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}]},
+        ])
+        obj["spec"]["runtimePatches"] = [{"manager": _text(rng, 6), "trainingRuntimeSpec": {"template": {"spec": {
+            "replicatedJobs": [{"name": "node", "template": {"spec": {"template": {"spec": pod_spec}}}}]}}}}]
+    else:  # legacy MPIJob with too many GPUs per worker
+        obj = copy.deepcopy(JOBS["legacy-mpijob.yaml"])
+        worker = obj["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+        worker["resources"]["limits"]["nvidia.com/gpu"] = rng.randint(9, 512)
+    _noise(rng, obj)
+    return obj
+
+
+def _wrong_types(rng: random.Random, obj: dict) -> None:
+    junk = rng.choice(["four", -3, 1e308, 2**70, [], {}, True, None, "1e400", [1, 2], {"a": "b"}, "\ud800", 0.5])
+    target = rng.choice(["numNodes", "resources", "gpu", "metadata", "labels", "runtimeRef", "runtimePatches",
+                         "env", "spec", "trainer", "image", "name", "replicas"])
+    spec = obj.setdefault("spec", {})
+    trainer = spec.get("trainer") if isinstance(spec.get("trainer"), dict) else spec.setdefault("trainer", {})
+    if target == "numNodes":
+        trainer["numNodes"] = junk
+    elif target == "resources":
+        trainer["resourcesPerNode"] = junk
+    elif target == "gpu":
+        trainer["resourcesPerNode"] = {"limits": {"nvidia.com/gpu": junk}}
+    elif target == "metadata":
+        obj["metadata"] = junk
+    elif target == "labels":
+        obj.setdefault("metadata", {})["labels"] = junk
+    elif target == "runtimeRef":
+        spec["runtimeRef"] = junk
+    elif target == "runtimePatches":
+        spec["runtimePatches"] = rng.choice([junk, [junk], [{"manager": junk, "trainingRuntimeSpec": junk}]])
+    elif target == "env":
+        trainer["env"] = rng.choice([junk, [junk], [{"name": junk, "value": junk}]])
+    elif target == "spec":
+        obj["spec"] = junk
+    elif target == "trainer":
+        spec["trainer"] = junk
+    elif target == "image":
+        trainer["image"] = junk
+    elif target == "name":
+        obj.setdefault("metadata", {})["name"] = junk
+    else:
+        spec["mpiReplicaSpecs"] = {"Worker": {"replicas": junk, "template": junk}}
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def hostile_case(index: int) -> Case:
+    """Case number ``index``, always the same one."""
+    rng = random.Random(SEED * 1_000_003 + index)
+    roll = rng.random()
+    endpoint = rng.choice(["/validate", "/mutate"])
+    obj = copy.deepcopy(JOBS[rng.choice(SAMPLES)])
+    if roll < 0.25:
+        review = _review(rng, _deny_worthy(rng), dryRun=rng.random() < 0.2)
+        return Case(index, "deny-worthy", "/validate", json.dumps(review).encode(), review["request"]["uid"], deny=True)
+    if roll < 0.30:
+        clean = copy.deepcopy(JOBS["allowed.yaml"])
+        clean["metadata"]["annotations"] = {"note": _text(rng, 40)}
+        review = _review(rng, clean)
+        return Case(index, "allowed", "/validate", json.dumps(review).encode(), review["request"]["uid"], allow=True)
+    if roll < 0.42:
+        text = json.dumps(_review(rng, obj))
+        body = rng.choice([
+            text[: rng.randint(0, len(text) - 1)].encode(),
+            rng.randbytes(rng.randint(0, 400)),
+            b"\xff\xfe" + text.encode(),
+            text.encode("utf-16"),
+            rng.choice([b"", b"null", b"[]", b"123", b'"x"', b"{", b'{"a": NaN}', b"{}" * 50, b"\x00" * 64]),
+            text.replace('"request"', '"request" "request"', 1).encode(),
+        ])
+        return Case(index, "malformed-json", endpoint, body)
+    if roll < 0.52:
+        review = _review(rng, obj)
+        review[rng.choice(["apiVersion", "kind"])] = rng.choice(["admission.k8s.io/v1beta1", "v1", "", None, 7,
+                                                                 "AdmissionResponse", _text(rng)])
+        if rng.random() < 0.5:
+            review["request"]["kind"] = rng.choice([{"group": "apps", "version": "v1", "kind": "Deployment"},
+                                                    {"group": "", "kind": "Pod"}, "TrainJob", None])
+            review["apiVersion"], review["kind"] = "admission.k8s.io/v1", "AdmissionReview"
+        return Case(index, "wrong-kind", endpoint, json.dumps(review).encode())
+    if roll < 0.62:
+        review = _review(rng, obj)
+        path = rng.choice([["request"], ["request", "uid"], ["request", "object"], ["request", "kind"],
+                           ["request", "operation"], ["request", "userInfo"], ["request", "object", "metadata"],
+                           ["request", "object", "spec"], ["request", "object", "kind"],
+                           ["request", "object", "spec", "trainer"], ["request", "object", "spec", "runtimeRef"],
+                           ["request", "object", "spec", "mpiReplicaSpecs"], ["apiVersion"]])
+        parent = review
+        for key in path[:-1]:
+            parent = parent.get(key) if isinstance(parent, dict) else None
+        if isinstance(parent, dict):
+            parent.pop(path[-1], None)
+        return Case(index, "missing-field", endpoint, json.dumps(review).encode())
+    if roll < 0.77:
+        _wrong_types(rng, obj)
+        review = _review(rng, obj, **rng.choice([{}, {"operation": rng.choice(["UPDATE", "DELETE", 5, "PATCH"])},
+                                                 {"oldObject": rng.choice([obj, [], "x"])}, {"dryRun": "yes"},
+                                                 {"userInfo": rng.choice(["root", {"groups": {"a": 1}}])}]))
+        return Case(index, "wrong-types", endpoint, json.dumps(review).encode())
+    if roll < 0.89:
+        _noise(rng, obj)
+        meta = obj.setdefault("metadata", {})
+        meta["name"] = _text(rng, rng.randint(1, 300))
+        meta.setdefault("labels", {}).update({_text(rng, 3): _text(rng, 3) for _ in range(rng.randint(1, 20))})
+        review = _review(rng, obj)
+        return Case(index, "unicode", endpoint, json.dumps(review).encode())
+    if roll < 0.965:
+        review = _review(rng, obj)
+        depth = rng.choice([rng.randint(60, 70), rng.randint(60, 70), rng.randint(100, 3000), rng.choice([200_000, 100])])
+        text = json.dumps(review)
+        if depth == 200_000:  # deeper than the JSON parser's recursion limit
+            body = text.replace('"object":', f'"deep": {_nested(depth)}, "object":', 1).encode()
+        else:
+            body = text.replace('"spec":', f'"deep": {_nested(depth)}, "spec":', 1).encode()
+        return Case(index, "deep-nesting", endpoint, body, review["request"]["uid"])
+    if roll < 0.975:
+        size = rng.randint(1_000_000, 2_800_000) if rng.random() < 0.2 else rng.randint(10_000, 200_000)
+        shape = rng.randrange(3)
+        if shape == 0:
+            obj.setdefault("metadata", {})["annotations"] = {"blob": "x" * size}
+        elif shape == 1:
+            obj["spec"]["runtimePatches"] = [{"manager": f"m{i}"} for i in range(size // 20)]
+        else:
+            obj.setdefault("spec", {}).setdefault("trainer", {})["env"] = [
+                {"name": f"E{i}", "value": "v"} for i in range(size // 30)]
+        review = _review(rng, obj)
+        return Case(index, "huge", endpoint, json.dumps(review).encode(), review["request"]["uid"])
+    if roll < 0.977:
+        padding = b" " * (server_module.MAX_BODY_BYTES + rng.randint(1, 1000))
+        return Case(index, "oversize", endpoint, b"{" + padding + b"}", oversize=True)
+    return Case(index, "other-route", rng.choice(["/", "/validate/x", "/admission", "/metrics/../validate"]),
+                json.dumps(_review(rng, obj)).encode())
+
+
+@dataclass
+class Answer:
+    case: Case  # without its body (the parent has no use for megabytes it sent)
+    status: int | None  # None: the connection was closed without an answer
+    body: object
+    error: str = ""
+
+
+def send_cases(port: int, ca_pem: str, indices: list[int]) -> list[Answer]:
+    """One client process: its cases in turn over one keep-alive HTTPS connection, as the API
+    server holds them. Separate processes, so the clients do not share the server's GIL."""
+    context = ssl.create_default_context(cadata=ca_pem)
+    conn: http.client.HTTPSConnection | None = None
+    answers = []
+    for index in indices:
+        case = hostile_case(index)
+        if conn is None or case.oversize:
+            conn = http.client.HTTPSConnection("localhost", port, context=context, timeout=60)
+        try:
+            conn.request("POST", case.endpoint, body=case.body, headers={"Content-Type": "application/json"})
+            reply = conn.getresponse()
+            status, raw = reply.status, reply.read()
+        except (ConnectionError, http.client.HTTPException, socket.timeout, ssl.SSLError) as exc:
+            conn.close()
+            conn = None
+            answers.append(Answer(replace(case, body=b""), None, None, f"{type(exc).__name__}: {exc}"))
+            continue
+        if case.oversize:  # the server stops reading an oversize body; start afresh
+            conn.close()
+            conn = None
+        try:
+            body: object = json.loads(raw)
+        except ValueError:
+            body = raw.decode(errors="replace")
+        answers.append(Answer(replace(case, body=b""), status, body))
+    if conn is not None:
+        conn.close()
+    return answers
+
+
+def _decision_id(answer: Answer) -> str | None:
+    body = answer.body if isinstance(answer.body, dict) else {}
+    response = body.get("response") if isinstance(body.get("response"), dict) else {}
+    return (response.get("auditAnnotations") or {}).get("decision-id") or body.get("decisionId")
+
+
+@pytest.fixture
+def hostile_server(tmp_path: Path):
+    running, thread = start_server(tmp_path)
+    yield running
+    stop_server(running, thread)
+
+
+def test_ten_thousand_hostile_payloads(hostile_server: Running):
+    started = time.monotonic()
+    chunks = [list(range(start, min(start + 250, CASES))) for start in range(0, CASES, 250)]
+    ca_pem = hostile_server.ca.cert_pem.bytes().decode()
+    with ProcessPoolExecutor(CLIENTS, mp_context=multiprocessing.get_context("spawn")) as pool:
+        answers = [a for chunk in pool.map(send_cases, [hostile_server.port] * len(chunks), [ca_pem] * len(chunks),
+                                           chunks) for a in chunk]
+    elapsed = time.monotonic() - started
+    status, body = hostile_server.get("/healthz")
+    assert (status, body) == (200, "ok"), "the server stopped answering"
+
+    kinds = Counter(a.case.kind for a in answers)
+    statuses = Counter(a.status for a in answers)
+    print(f"\n{CASES} hostile payloads in {elapsed:.1f}s with {CLIENTS} client processes; kinds {dict(kinds)}; "
+          f"statuses {dict(statuses)}")
+    records = {r["id"]: r for r in hostile_server.records()}
+
+    # No request went unanswered, except oversize bodies, which may be cut off mid-upload.
+    dropped = [(a.case.index, a.case.kind, a.error) for a in answers if a.status is None and not a.case.oversize]
+    assert not dropped, f"connections dropped without an answer: {dropped[:5]}"
+    # No 5xx without a logged decision.
+    bad_5xx = [(a.case.index, a.status) for a in answers if a.status and a.status >= 500 and _decision_id(a) not in records]
+    assert not bad_5xx, f"5xx answers with no logged decision: {bad_5xx[:5]}"
+    for a in answers:
+        where = f"case {a.case.index} ({a.case.kind}): {a.status} {str(a.body)[:300]}"
+        if a.case.oversize:
+            assert a.status in (413, None), where
+        elif a.case.kind == "other-route":
+            assert a.status in (404, 405), where
+        else:
+            # Every review endpoint answer carries a decision id that is in the log.
+            assert a.status in (200, 400), where
+            decision_id = _decision_id(a)
+            assert decision_id in records, f"not in the decision log: {where}"
+            if a.status == 200 and a.case.uid:
+                assert a.body["response"]["uid"] == a.case.uid, where
+        if a.case.deny:
+            assert a.status == 200 and a.body["response"]["allowed"] is False, f"deny-worthy job admitted: {where}"
+            assert records[_decision_id(a)]["decision"] == "deny", where
+        if a.case.allow:
+            assert a.status == 200 and a.body["response"]["allowed"] is True, f"clean job refused: {where}"
+    # One record per answered review, none extra, none twice.
+    answered = [_decision_id(a) for a in answers if a.status in (200, 400) and a.case.kind != "other-route"]
+    assert len(answered) == len(set(answered)) == len(records)
+    assert kinds["deny-worthy"] > 2000 and kinds["allowed"] > 400
+    report = verify([hostile_server.log_path])
+    assert report.ok and report.records == len(records), str(report)
+
+
+def _served_serial(port: int) -> int:
+    """The serial of the certificate a new connection gets (not verified: this only looks)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True)).serial_number
+
+
+def _file_serial(path: Path) -> int:
+    return x509.load_pem_x509_certificate(path.read_bytes()).serial_number
+
+
+def test_certificate_renewal_under_load_fails_no_request(tmp_path: Path):
+    running, thread = start_server(tmp_path, reload_interval=0.2)
+    try:
+        # Replace the fixture's pair with one from `certs issue`, as a deployment has it.
+        issued = issue("trainjob-admission", "trainjob-admission", running.cert_dir, ip_addresses=["127.0.0.1"])
+        deadline = time.monotonic() + 10
+        while _served_serial(running.port) != _file_serial(issued.cert):
+            assert time.monotonic() < deadline, "the issued certificate was never served"
+            time.sleep(0.1)
+
+        stop = threading.Event()
+        outcomes: list[tuple[str, int | str]] = []
+        outcomes_lock = threading.Lock()
+        context = ssl.create_default_context(cafile=str(issued.ca_cert))
+        body = json.dumps(admission_review(job("allowed.yaml"))).encode()
+
+        def load(keep_alive: bool) -> None:
+            conn = None
+            while not stop.is_set():
+                if conn is None or not keep_alive:
+                    conn = http.client.HTTPSConnection("127.0.0.1", running.port, context=context, timeout=10)
+                try:
+                    conn.request("POST", "/validate", body=body, headers={"Content-Type": "application/json"})
+                    reply = conn.getresponse()
+                    answer = json.loads(reply.read())
+                    result: int | str = reply.status if answer["response"]["allowed"] else "denied"
+                except Exception as exc:  # noqa: BLE001 - every failure is counted, none may happen
+                    result = f"{type(exc).__name__}: {exc}"
+                    conn.close()
+                    conn = None
+                with outcomes_lock:
+                    outcomes.append(("keep-alive" if keep_alive else "new", result))
+                if conn is not None and not keep_alive:
+                    conn.close()
+
+        workers = [threading.Thread(target=load, args=(i % 2 == 0,)) for i in range(4)]
+        for worker in workers:
+            worker.start()
+        serials = [_file_serial(issued.cert)]
+        try:
+            for _ in range(3):
+                time.sleep(0.7)
+                renewed = renew(running.cert_dir)
+                serials.append(_file_serial(renewed.cert))
+                deadline = time.monotonic() + 10
+                while _served_serial(running.port) != serials[-1]:
+                    assert time.monotonic() < deadline, f"renewed certificate {serials[-1]:x} not served"
+                    time.sleep(0.05)
+            time.sleep(0.5)
+        finally:
+            stop.set()
+            for worker in workers:
+                worker.join(15)
+    finally:
+        stop_server(running, thread)
+    failures = [o for o in outcomes if o[1] != 200]
+    kinds = Counter(kind for kind, _ in outcomes)
+    print(f"\n{len(outcomes)} requests across 3 renewals ({dict(kinds)}), serials {[f'{s:x}' for s in serials]}")
+    assert len(set(serials)) == 4, "renew did not change the serial"
+    assert not failures, f"{len(failures)} failed requests during renewal, e.g. {failures[:3]}"
+    assert kinds["new"] > 20 and kinds["keep-alive"] > 20
+    assert verify([running.log_path]).ok
