@@ -103,10 +103,6 @@ class ServerProcess:
         fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    def cpu_split(self):
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return int(fields[11]), int(fields[12])
-
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.terminate()
