@@ -60,6 +60,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CliError(f"kubeconfig {kubeconfig} not found", EXIT_NOT_FOUND)
     selector = args.bundle_selector or settings.get("bundleSelector")
     namespaces = args.reconcile_namespace or settings.get("reconcileNamespaces") or []
+    namespaces = [namespaces] if isinstance(namespaces, str) else list(namespaces)
     if namespaces and not with_cluster:
         raise CliError("--reconcile-namespace limits what the service creates and deletes in a cluster; "
                        "use it with --kubeconfig or --in-cluster", EXIT_INVALID)
@@ -146,6 +147,9 @@ def register_server_commands(commands: argparse._SubParsersAction) -> None:
                "  # only the PolicyBundles labelled for this server, plus a bundle file:\n"
                "  trainjob-admission serve --cert-dir ./tls --kubeconfig ~/.kube/config "
                "--bundle-selector trainjob-admission.io/server=staging --bundle bundles/\n"
+               "  # injecting, adopting and deleting Secrets/NetworkPolicies only in two namespaces:\n"
+               "  trainjob-admission serve --cert-dir ./tls --kubeconfig ~/.kube/config "
+               "--reconcile-namespace team-a --reconcile-namespace team-b\n"
                "  # in a pod, with its service account:\n"
                "  trainjob-admission serve --cert-dir /tls --in-cluster\n"
                "  # no cluster: bundles and state from files:\n"
