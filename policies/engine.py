@@ -248,9 +248,9 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
                 securityDefaults=_first(enforcing, lambda b: b.spec.mutations.securityDefaults),
                 costLabels=_first(enforcing, lambda b: b.spec.mutations.costLabels),
             )
-            patch = mutations.plan(obj, job, settings, namespace)
+            patch, patched = mutations.plan(obj, job, settings, namespace)
             if patch:
-                mutated = mutations.apply(obj, patch)
+                mutated = patched
                 job = effective_job.build(mutated, state)
     except JobModelError as exc:
         for bundle in active:

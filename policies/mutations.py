@@ -82,8 +82,9 @@ def security_defaults(pod_spec: dict) -> dict:
     return patch
 
 
-def plan(obj: dict, job: EffectiveJob, settings: MutationSettings, namespace: dict) -> list[dict]:
-    """JSONPatch operations for ``obj``; empty when there is nothing to change."""
+def plan(obj: dict, job: EffectiveJob, settings: MutationSettings, namespace: dict) -> tuple[list[dict], dict]:
+    """JSONPatch operations for ``obj`` (empty when there is nothing to change) and the object
+    they produce, so the caller need not apply them to a copy again."""
     labels = job_labels(obj, settings, namespace)
     cost = {k: v for k, v in labels.items() if settings.costLabels and k in settings.costLabels.fromNamespaceLabels}
     metadata = pod_metadata(settings, cost)
@@ -119,7 +120,7 @@ def plan(obj: dict, job: EffectiveJob, settings: MutationSettings, namespace: di
                     template.setdefault("metadata", {}).setdefault(part, {}).update(metadata[part])
             if defaults:
                 template["spec"] = _merge_defaults(template.get("spec") or {})
-    return _minimal_patch(obj, mutated)
+    return _minimal_patch(obj, mutated), mutated
 
 
 def _merge_defaults(pod_spec: dict) -> dict:
@@ -130,7 +131,3 @@ def _minimal_patch(before: dict, after: dict) -> list[dict]:
     """A JSONPatch from before to after, made by the python-json-patch library (whose diff walk
     costs far more than the equality check that usually finds nothing to do)."""
     return [] if before == after else list(jsonpatch.make_patch(before, after))
-
-
-def apply(obj: dict, patch: list[dict]) -> dict:
-    return jsonpatch.apply_patch(obj, patch) if patch else obj
