@@ -15,6 +15,7 @@ Function:
                          it created is removed after the test (see cluster.register_webhook)
   serving_cert        -> serving_cert(name="webhook") -> (cert_path, key_path, ca_pem) issued by
                          the cluster CA for 127.0.0.1/localhost, in the test's tmp_path
+  policybundle_crd    -> str, the PolicyBundle CRD applied from manifests/base and Established
 Helpers (session): get_json(*args, kubeconfig=None) -> dict, wait_for(what, pred, timeout=120)
 
 Tests are marked @pytest.mark.cluster. Without a Go toolchain (and no prebuilt binaries) every
@@ -171,3 +172,16 @@ def get_json(control_plane):
 def wait_for():
     """wait_for(what, pred, timeout=120, interval=0.5): poll until pred() is truthy, else TimeoutError."""
     return _wait_for
+
+
+POLICYBUNDLE_CRD = REPO / "manifests" / "base" / "policybundle-crd.yaml"
+
+
+@pytest.fixture(scope="session")
+def policybundle_crd(control_plane) -> str:
+    """The product's PolicyBundle CRD, applied (idempotently) and served; left installed, since
+    a fresh control plane has none and tests in any order may need it. Returns the CRD name."""
+    name = "policybundles.policy.trainjob-admission.io"
+    _kubectl("apply", "--server-side", "--force-conflicts", "-f", str(POLICYBUNDLE_CRD))
+    _kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
+    return name

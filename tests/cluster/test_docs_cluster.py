@@ -95,7 +95,7 @@ def retried(command) -> bool:
 
 
 @pytest.mark.parametrize("doc", CLUSTER_DOCS)
-def test_doc_cluster_commands(doc: str, control_plane, namespace: str, serving_cert, tmp_path: Path) -> None:
+def test_doc_cluster_commands(doc: str, control_plane, policybundle_crd, namespace: str, serving_cert, tmp_path: Path) -> None:
     sub = Substitution(namespace)
     work = tmp_path / "doc"
     shutil.copytree(REPO / "examples", work / "examples")

@@ -39,7 +39,6 @@ JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 GPU = "nvidia.com/gpu"
 QUOTA_GPUS = 32
 RUNTIMES = ("examples/runtimes/mpi-openmpi.yaml", "examples/runtimes/mpi-privileged.yaml")
-BUNDLE_CRD = REPO / "manifests" / "base" / "policybundle-crd.yaml"
 BULK_KEY_TYPE = yaml.safe_load((REPO / "policies/bundles/default.yaml").read_text())["spec"]["injections"]["sshKey"]["type"]
 
 
@@ -152,17 +151,13 @@ def _bundle(name: str, run: str, namespace: str, key_type: str | None = None) ->
 
 
 @pytest.fixture(scope="module")
-def e2e(control_plane, tmp_path_factory):
+def e2e(control_plane, policybundle_crd, tmp_path_factory):
     run = uuid.uuid4().hex[:8]
     ns, bulk, hook = f"e2e-{run}", f"e2e-{run}-bulk", f"e2e-{run}"
     work = tmp_path_factory.mktemp("e2e")
     svc, bindings = None, []
     try:
         cluster.install_mpijob_crd()
-        assert BUNDLE_CRD.exists(), f"{BUNDLE_CRD} is missing (the PolicyBundle CRD)"
-        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", BUNDLE_CRD)
-        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                        "crd/policybundles.policy.trainjob-admission.io")
         for f in RUNTIMES:
             cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", REPO / f)
         objs = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n, "labels": {E2E_LABEL: run}}}

@@ -37,7 +37,6 @@ from webhook.kubestate import ClusterSync, Watcher, api_client
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
-CRD = REPO / "manifests" / "base" / "policybundle-crd.yaml"
 CLI = Path(sys.executable).parent / "trainjob-admission"
 LABEL = "tests.trainjob-admission.io/run"
 FAST = 10.0  # seconds: what "within seconds" means for a watch on loopback
@@ -190,10 +189,8 @@ def decide(synced: Synced, obj: dict):
 
 # --- fixtures -----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def crd(kubectl):
-    """The product's CRD, applied (idempotently) and left installed: other tests use it too."""
-    kubectl("apply", "-f", str(CRD))
-    kubectl("wait", "--for=condition=Established", "crd/policybundles.policy.trainjob-admission.io", "--timeout=60s")
+def crd(policybundle_crd):
+    return policybundle_crd
 
 
 @pytest.fixture
