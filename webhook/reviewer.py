@@ -45,6 +45,13 @@ class Reviewer:
     def close(self) -> None:
         self._evaluators.shutdown(wait=False, cancel_futures=True)
 
+    async def refuse(self, endpoint: str, status: int, error: str) -> tuple[int, dict]:
+        """A request refused before its body could be read (too large, too slow): still logged."""
+        decision_id = str(uuid.uuid4())
+        await self._record(decision_id, endpoint, time.perf_counter(), decision="error", allowed=False,
+                           httpStatus=status, messages=[error])
+        return status, {"error": error, "decisionId": decision_id}
+
     async def review(self, body: bytes, endpoint: str) -> tuple[int, dict]:
         """Returns (HTTP status, JSON body). 200 for every AdmissionReview we could answer."""
         started = time.perf_counter()
@@ -92,13 +99,17 @@ class Reviewer:
     async def _failure(self, parsed: admission.ParsedReview, decision_id: str, endpoint: str, started: float,
                        exc: BaseException) -> tuple[int, dict]:
         reason = "timed out" if isinstance(exc, asyncio.TimeoutError) else f"failed ({type(exc).__name__})"
-        log.exception("evaluation %s for %s", reason, parsed.uid, exc_info=exc)
+        detail = f"{type(exc).__name__}: {str(exc)[:200]}"
+        # One line per failure: a hostile client sending ill-typed objects must not flood the log
+        # with tracebacks (they are kept at debug level).
+        log.warning("evaluation %s for %s (decision %s): %s", reason, parsed.uid, decision_id, detail)
+        log.debug("evaluation failure for %s", parsed.uid, exc_info=exc)
         allow = endpoint == "mutate" or self.config.failure_mode == "allow"
         message = (f"trainjob-admission could not evaluate this job: evaluation {reason}; "
                    f"failure mode is {'allow' if allow else 'deny'}. Retry, and tell your admin the decision id {decision_id}")
         await self._record(decision_id, endpoint, started, decision="error", allowed=allow, uid=parsed.uid,
                            operation=parsed.request.operation, kind=parsed.kind, messages=[message],
-                           **_who(parsed))
+                           error=detail, **_who(parsed))
         return 200, admission.response(parsed.uid, allowed=allow, message=message, decision_id=decision_id,
                                        warnings=[message] if allow else None)
 

@@ -64,10 +64,13 @@ class WebhookServer:
         try:
             body = await asyncio.wait_for(request.read(), timeout=BODY_READ_TIMEOUT)
         except asyncio.TimeoutError:
-            return web.json_response({"error": "request body too slow"}, status=408)
+            status, payload = await self.reviewer.refuse(
+                endpoint, 408, f"request body not received within {BODY_READ_TIMEOUT:g} s")
         except web.HTTPRequestEntityTooLarge:
-            return web.json_response({"error": f"request body larger than {MAX_BODY_BYTES} bytes"}, status=413)
-        status, payload = await self.reviewer.review(body, endpoint)
+            status, payload = await self.reviewer.refuse(
+                endpoint, 413, f"request body larger than {MAX_BODY_BYTES} bytes")
+        else:
+            status, payload = await self.reviewer.review(body, endpoint)
         return web.json_response(payload, status=status, dumps=_dumps)
 
     async def validate(self, request: web.Request) -> web.Response:

@@ -95,9 +95,11 @@ def test_deeply_nested_object_is_refused(webhook_server):
     assert response["allowed"] is False and "nested deeper" in response["status"]["message"]
 
 
-def test_body_over_limit_is_refused(webhook_server):
-    status, _ = webhook_server.post("/validate", b"{" + b" " * (server_module.MAX_BODY_BYTES + 10) + b"}")
+def test_body_over_limit_is_refused_and_logged(webhook_server):
+    status, body = webhook_server.post("/validate", b"{" + b" " * (server_module.MAX_BODY_BYTES + 10) + b"}")
     assert status == 413
+    (record,) = [r for r in webhook_server.records() if r["id"] == body["decisionId"]]
+    assert record["decision"] == "error" and record["httpStatus"] == 413 and record["allowed"] is False
 
 
 def test_tls_1_1_client_is_refused(webhook_server):
@@ -189,3 +191,15 @@ def test_unparseable_quota_in_state_does_not_crash(webhook_server):
                                         "status": {"hard": {"pods": "lots"}}})
     assert webhook_server.review(job("allowed.yaml"))["allowed"] is True
     assert json.loads(json.dumps(webhook_server.records()[-1]))["decision"] == "allow"
+
+
+def test_ill_typed_job_is_denied_logged_and_reported_in_one_line(webhook_server, caplog):
+    bad = job("allowed.yaml")
+    bad["spec"]["trainer"]["numNodes"] = "four"  # the API server's schema check runs after /mutate
+    with caplog.at_level("INFO", logger="trainjob_admission"):
+        response = webhook_server.review(bad)
+    assert response["allowed"] is False and "could not evaluate" in response["status"]["message"]
+    record = webhook_server.records()[-1]
+    assert record["decision"] == "error" and record["error"].startswith(("TypeError", "ValueError", "AttributeError"))
+    failures = [r for r in caplog.records if "evaluation failed" in r.getMessage()]
+    assert len(failures) == 1 and failures[0].exc_info is None  # no traceback flood from hostile input
