@@ -91,7 +91,7 @@ def main(argv=None) -> int:
         # a bundle selector no PolicyBundle carries: only this bundle applies
         svc = ws.start_service(work, cluster.ADMIN_KUBECONFIG,
                                cluster.issue_serving_cert(work / "certs", name="bench-webhook"),
-                               args=("--bundle", bundle, "--bundle-selector", f"{SELECTOR_LABEL}={run}"))
+                               namespaces=[with_ns], args=("--bundle", bundle, "--bundle-selector", f"{SELECTOR_LABEL}={run}"))
         ws.register(svc, hook, [with_ns])
         samples: dict[str, list[float]] = {"with": [], "without": []}
         for i in range(args.warmup + args.n):

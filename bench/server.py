@@ -235,7 +235,9 @@ def report(phases: list[Phase], args: argparse.Namespace) -> str:
              f"job {JOB_FILE.relative_to(ROOT)} (4 workers, mpi-openmpi, team-a); "
              f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start",
              "latency in ms from each request's scheduled send time; cpu = server CPU ms per request; "
-             "'ratio' = default p99 / allow-all p99", "",
+             "'ratio' = default p99 / allow-all p99",
+             "decision log fsync on this disk: p50 {:.2f} ms, p99 {:.2f} ms, max {:.1f} ms (a slow fsync delays every "
+             "answer waiting on it; --log-dir moves the log)".format(*args.fsync_ms), "",
              f"{'endpoint':<9} {'rate/s':>6} | {'default p50':>11} {'p95':>6} {'p99':>6} {'req/s':>6} {'cpu':>4} {'fail':>4} | "
              f"{'allow-all p50':>13} {'p95':>6} {'p99':>6} {'req/s':>6} {'cpu':>4} {'fail':>4} | {'ratio':>5}"]
     for endpoint in ENDPOINTS:
@@ -252,16 +254,37 @@ def report(phases: list[Phase], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+def fsync_latency(directory: Path, samples: int = 200) -> tuple[float, float, float]:
+    """(p50, p99, max) ms of appending a record-sized line and fsyncing it in ``directory``: the
+    floor under every decision-log write, measured before the servers start."""
+    path, times = directory / "fsync-probe", []
+    with open(path, "ab") as probe:
+        for _ in range(samples):
+            probe.write(b"x" * 600 + b"\n")
+            probe.flush()
+            started = time.perf_counter()
+            os.fsync(probe.fileno())
+            times.append((time.perf_counter() - started) * 1000)
+            time.sleep(0.002)
+    path.unlink()
+    times.sort()
+    return times[len(times) // 2], times[int(len(times) * 0.99)], times[-1]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rates", default="50,200,500", help="requests/s per phase, comma-separated (default 50,200,500)")
     parser.add_argument("--duration", type=float, default=8.0, help="seconds per phase (default 8)")
     parser.add_argument("--connections", type=int, default=32, help="client keep-alive connection pool (default 32)")
     parser.add_argument("--pause", type=float, default=0.5, help="idle seconds between phases (default 0.5)")
+    parser.add_argument("--log-dir", metavar="DIR",
+                        help="where the servers write their decision logs (default: the system temp dir); "
+                             "the log is fsynced per record, so this disk's fsync latency is part of every answer")
     parser.add_argument("--json", action="store_true", help="print the phases as JSON only")
     args = parser.parse_args()
     args.rates = [int(r) for r in args.rates.split(",") if r.strip()]
-    with tempfile.TemporaryDirectory(prefix="trainjob-admission-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="trainjob-admission-bench-", dir=args.log_dir) as tmp:
+        args.fsync_ms = fsync_latency(Path(tmp))
         phases = asyncio.run(measure(args, Path(tmp)))
     if args.json:
         print(json.dumps({"durationSeconds": args.duration, "connections": args.connections,
