@@ -230,8 +230,12 @@ def test_injected_objects_are_used_by_trainer_owned_by_the_job_and_collected(
     policy = get_json("networkpolicy", "resnet-mpi-isolation", "-n", ns)
     selector = policy["spec"]["podSelector"]["matchLabels"]
     assert policy["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": selector}}]}]
-    jobs = wait_for("the JobSet's Jobs", lambda: get_json("jobs", "-n", ns)["items"], 60)
-    assert {j["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"] for j in jobs} == {"node", "launcher"}
+    # The launcher Job dependsOn the node Job being ready, so JobSet creates it second.
+    def both_jobs():
+        items = get_json("jobs", "-n", ns)["items"]
+        names = {j["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"] for j in items}
+        return items if names == {"node", "launcher"} else None
+    jobs = wait_for("the JobSet's node and launcher Jobs", both_jobs, 90)
     for j in jobs:
         labels = j["spec"]["template"]["metadata"]["labels"]
         assert selector.items() <= labels.items(), (selector, labels)
