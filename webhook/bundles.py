@@ -104,9 +104,11 @@ class BundleRegistry:
                 continue
             try:
                 texts = read_source(source)
-            except (BundleError, FileNotFoundError) as exc:
-                self.sources.setdefault(source, SourceState()).error = str(exc)
-                self.failures += 1
+            except FileNotFoundError as exc:  # removed between listing and reading: the next poll drops it
+                log.warning("bundle file %s vanished while reloading", exc)
+                continue
+            except BundleError as exc:  # unreadable: rejected once per change of the file, like a bad one
+                self._reject(source, exc, fingerprint)
                 continue
             for name, text in texts:
                 self.update_source(name, text, fingerprint)

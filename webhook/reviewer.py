@@ -81,6 +81,8 @@ class Reviewer:
         injected: list[dict] = []
         if not mutate and decision.allowed and decision.injections and not parsed.request.dry_run and self.injector:
             injected = await self._inject(parsed, decision)
+            for record in injected:
+                self.metrics.injections.labels(record["kind"], record["status"]).inc()
             failed = [i for i in injected if i["status"] == "failed"]
             if failed:
                 return await self._injection_failure(parsed, decision_id, endpoint, started, decision, injected, failed)
@@ -98,15 +100,19 @@ class Reviewer:
 
     async def _failure(self, parsed: admission.ParsedReview, decision_id: str, endpoint: str, started: float,
                        exc: BaseException) -> tuple[int, dict]:
-        reason = "timed out" if isinstance(exc, asyncio.TimeoutError) else f"failed ({type(exc).__name__})"
+        reason = (f"timed out after {self.config.timeout_seconds:g} s" if isinstance(exc, asyncio.TimeoutError)
+                  else f"failed ({type(exc).__name__})")
         detail = f"{type(exc).__name__}: {str(exc)[:200]}"
         # One line per failure: a hostile client sending ill-typed objects must not flood the log
         # with tracebacks (they are kept at debug level).
         log.warning("evaluation %s for %s (decision %s): %s", reason, parsed.uid, decision_id, detail)
         log.debug("evaluation failure for %s", parsed.uid, exc_info=exc)
         allow = endpoint == "mutate" or self.config.failure_mode == "allow"
-        message = (f"trainjob-admission could not evaluate this job: evaluation {reason}; "
-                   f"failure mode is {'allow' if allow else 'deny'}. Retry, and tell your admin the decision id {decision_id}")
+        # /mutate never blocks (validation decides), so it must not claim the failure mode.
+        outcome = ("it continues unpatched (no Istio, queue or security defaults) to validation" if endpoint == "mutate"
+                   else f"failure mode is {'allow' if allow else 'deny'}")
+        message = (f"trainjob-admission could not evaluate this job: evaluation {reason}; {outcome}. "
+                   f"Retry, and tell your admin the decision id {decision_id}")
         await self._record(decision_id, endpoint, started, decision="error", allowed=allow, uid=parsed.uid,
                            operation=parsed.request.operation, kind=parsed.kind, messages=[message],
                            error=detail, **_who(parsed))

@@ -268,14 +268,14 @@ def built() -> bool:
 
 
 def cmd_build(_args=None) -> int:
+    check_gomod()
+    if built():  # without Go, prebuilt binaries are used as they are
+        log(f"build: cached, nothing to do ({BIN})")
+        return 0
     go = find_go()
     if not go:
         log("SKIP: no Go toolchain (set GO=/path/to/go or put go on PATH); cannot build")
         return 3
-    check_gomod()
-    if built():
-        log(f"build: cached, nothing to do ({BIN})")
-        return 0
     BIN.mkdir(parents=True, exist_ok=True)
     env = go_env(go)
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=BIN))
@@ -1238,8 +1238,7 @@ def cmd_test(args=None) -> int:
         rc = subprocess.call([sys.executable, "-m", "pytest", "tests/cluster", "-m", "cluster", *extra],
                              cwd=REPO)
         if rc == 5:
-            log("test: no cluster tests collected")
-            rc = 0
+            log("test: no cluster tests collected: a lost marker or filter, not a pass")
         return rc
     finally:
         if not was_up:

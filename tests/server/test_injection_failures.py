@@ -115,6 +115,9 @@ def test_unreachable_api_denies_with_what_failed_and_the_fix(start):
     assert record["decision"] == "error" and record["allowed"] is False
     assert {i["status"] for i in record["injections"]} == {"failed"}
     assert all(i["reason"] for i in record["injections"])
+    _, metrics = running.get("/metrics")
+    for kind in ("Secret", "NetworkPolicy"):
+        assert f'trainjob_admission_injections_total{{kind="{kind}",result="failed"}} 1.0' in metrics
 
 
 def test_failure_mode_allow_admits_with_a_warning(start):

@@ -156,3 +156,14 @@ def test_order_is_by_priority_then_name(make_bundle):
 
 def test_default_bundles_is_the_builtin(default):
     assert [b.digest for b in default_bundles()] == [b.digest for b in default]
+
+
+def test_unreadable_bundle_file_is_rejected_once_per_change(tmp_path):
+    from webhook.bundles import BundleRegistry
+
+    broken = tmp_path / "broken.yaml"
+    broken.write_bytes(b"\xff\xfe not utf-8")
+    registry = BundleRegistry([str(tmp_path)])
+    for _ in range(3):
+        registry.poll()
+    assert registry.failures == 1 and "cannot read" in registry.errors[str(broken)]
