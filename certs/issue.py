@@ -108,7 +108,7 @@ def _load_ca(out: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
         raise ValueError(f"{out / 'ca.key'}: not an unencrypted PEM private key") from None
     if not isinstance(key, ec.EllipticCurvePrivateKey):
         raise ValueError(f"{out / 'ca.key'}: expected an ECDSA key, found {type(key).__name__}")
-    if _public_der(key.public_key()) != _public_der(cert.public_key()):
+    if public_der(key.public_key()) != public_der(cert.public_key()):
         raise ValueError(f"{out / 'ca.key'} does not belong to {out / 'ca.crt'}")
     if not cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca:
         raise ValueError(f"{out / 'ca.crt'} is not a CA certificate")
@@ -166,7 +166,8 @@ def _private_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
                              serialization.NoEncryption())
 
 
-def _public_der(key: CertificatePublicKeyTypes) -> bytes:
+def public_der(key: CertificatePublicKeyTypes) -> bytes:
+    """SubjectPublicKeyInfo DER: equal for a certificate and its private key's public half."""
     return key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 

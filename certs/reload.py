@@ -24,6 +24,8 @@ from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 
+from .issue import public_der
+
 log = logging.getLogger(__name__)
 
 # TLS 1.2 suites with forward secrecy and AEAD only; TLS 1.3 suites are all of that already.
@@ -37,15 +39,12 @@ class RejectedPair(ValueError):
 class CertReloader:
     """Owns `context` and reloads its certificate chain when the files change on disk."""
 
-    def __init__(self, cert_file: str | Path, key_file: str | Path, *, client_ca: str | Path | None = None) -> None:
+    def __init__(self, cert_file: str | Path, key_file: str | Path) -> None:
         self.cert_file, self.key_file = Path(cert_file), Path(key_file)
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.minimum_version = ssl.TLSVersion.TLSv1_2
         self.context.set_ciphers(CIPHERS)
         self.context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_NO_RENEGOTIATION | ssl.OP_CIPHER_SERVER_PREFERENCE
-        if client_ca is not None:
-            self.context.load_verify_locations(cafile=str(client_ca))
-            self.context.verify_mode = ssl.CERT_REQUIRED
         self.last_error: str | None = None
         self.not_after: datetime = datetime.min.replace(tzinfo=timezone.utc)
         self.serial: int = 0
@@ -111,8 +110,7 @@ def _check_pair(cert_pem: bytes, key_pem: bytes, cert_file: Path, key_file: Path
         key = serialization.load_pem_private_key(key_pem, password=None)
     except (ValueError, TypeError, UnsupportedAlgorithm):
         raise RejectedPair(f"{key_file}: not a readable unencrypted PEM private key") from None
-    spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    if key.public_key().public_bytes(*spki) != leaf.public_key().public_bytes(*spki):
+    if public_der(key.public_key()) != public_der(leaf.public_key()):
         raise RejectedPair(f"{key_file} does not belong to the certificate in {cert_file}")
     if leaf.not_valid_after_utc <= datetime.now(timezone.utc):
         raise RejectedPair(f"{cert_file} expired at {leaf.not_valid_after_utc.isoformat()}")

@@ -22,7 +22,6 @@ from .resources import QuantityError, to_decimal
 API_VERSION = "policy.trainjob-admission.io/v1alpha1"
 KIND = "PolicyBundle"
 BUILTIN_PREFIX = "builtin:"
-KEY_TYPES = ("rsa-4096", "ecdsa-p384", "ecdsa-p521", "ed25519")
 FIPS_KEY_TYPES = ("rsa-4096", "ecdsa-p384", "ecdsa-p521")  # OpenSSH in FIPS mode refuses Ed25519
 
 

@@ -38,10 +38,6 @@ class CelCompileError(ValueError):
         super().__init__(message)
         self.message, self.line, self.column = message, line, column
 
-    @property
-    def position(self) -> str:
-        return f"line {self.line}, column {self.column}" if self.line else "unknown position"
-
 
 class CelEvalError(RuntimeError):
     """An expression that failed for this request (missing field, wrong type, ...)."""

@@ -11,9 +11,8 @@ from typing import Any
 
 from . import smp
 from .resources import QuantityError, is_accelerator, numbers
-from .state import ClusterState
+from .state import TRAINER_GROUP, ClusterState
 
-TRAINJOB_GROUP = "trainer.kubeflow.org"
 MPIJOB_GROUP = "kubeflow.org"
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"  # pkg/constants/constants.go
 ANCESTOR_TRAINER = "trainer"
@@ -217,7 +216,7 @@ def build(obj: dict, state: ClusterState) -> EffectiveJob:
     """Dispatch on apiVersion/kind; raises JobModelError with a message for the submitter."""
     kind = obj.get("kind")
     group = str(obj.get("apiVersion", "")).split("/")[0]
-    if kind == "TrainJob" and group == TRAINJOB_GROUP:
+    if kind == "TrainJob" and group == TRAINER_GROUP:
         return from_trainjob(obj, state)
     if kind == "MPIJob" and group == MPIJOB_GROUP:
         return from_mpijob(obj)

@@ -81,17 +81,39 @@ def api_error(exc: BaseException, timeout: float) -> str:
     return f"{type(exc).__name__}: {str(exc)[:200]}"
 
 
-class Injector:
+class KubeCalls:
+    """The API calls the injector and the reconciler make: the sync client in a worker thread,
+    bounded by the client's own timeout and by the event loop's."""
+
+    def __init__(self, api: kubernetes.client.ApiClient, timeout: float):
+        self.api, self.timeout = api, timeout
+        self.resources = resources(api)
+        self.custom = kubernetes.client.CustomObjectsApi(api)
+
+    async def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.wait_for(asyncio.to_thread(fn, *args, _request_timeout=self.timeout, **kwargs),
+                                      timeout=self.timeout + 1)
+
+    async def get_job(self, kind: str, namespace: str, name: str) -> dict | None:
+        """The stored TrainJob/MPIJob, or None when there is none."""
+        group, version, plural = OWNER_GROUPS[kind]
+        try:
+            return await self.call(self.custom.get_namespaced_custom_object, group, version, namespace, plural, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+
+class Injector(KubeCalls):
     """``await injector(parsed, decision)`` -> one record per plan for the decision log:
     ``{"kind", "name", "namespace", "status": "created"|"kept"|"failed", "reason"?,
     "keyType"?, "fingerprint"?}``. Never raises for API trouble; never returns key material."""
 
     def __init__(self, api: kubernetes.client.ApiClient, *, timeout: float = 5.0,
                  key_pool: keys.KeyPool | None = None):
-        self.timeout = timeout
+        super().__init__(api, timeout)
         self.keys = key_pool or keys.KeyPool()
-        self.resources = resources(api)
-        self.custom = kubernetes.client.CustomObjectsApi(api)
 
     async def __call__(self, parsed: admission.ParsedReview, decision: Decision) -> list[dict]:
         job = decision.job
@@ -99,11 +121,6 @@ class Injector:
             return []
         uid = str((parsed.request.object.get("metadata") or {}).get("uid", ""))
         return list(await asyncio.gather(*(self._inject(plan, job, uid, decision) for plan in decision.injections)))
-
-    async def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """A sync client call in a worker thread, bounded by the client and by the event loop."""
-        return await asyncio.wait_for(asyncio.to_thread(fn, *args, _request_timeout=self.timeout, **kwargs),
-                                      timeout=self.timeout + 1)
 
     async def _inject(self, plan: dict, job: EffectiveJob, uid: str, decision: Decision) -> dict:
         """Create first and look only on a name conflict: one API call per object in the common
@@ -168,20 +185,10 @@ class Injector:
         if owners:
             return (f"already exists and belongs to {owners[0].kind} {owners[0].name} (uid {owners[0].uid}); "
                     f"it was left as is and {consequence}")
-        if await self._job_exists(job):  # not yet adopted, but a stored job of this name mounts it
+        if await self.get_job(job.kind, job.namespace, job.name) is not None:  # not yet adopted, but a stored job of this name mounts it
             return (f"already exists for the {job.kind} {job.name} that is already in the cluster; "
                     f"it was left as is and {consequence}")
         return ""
-
-    async def _job_exists(self, job: EffectiveJob) -> bool:
-        group, version, plural = OWNER_GROUPS[job.kind]
-        try:
-            await self.call(self.custom.get_namespaced_custom_object, group, version, job.namespace, plural, job.name)
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
 
 
 def secret(job: EffectiveJob, name: str, uid: str, pair: keys.KeyPair) -> dict:

@@ -27,7 +27,7 @@ from kubernetes.client.rest import ApiException
 
 from policies import injections
 
-from .injector import OWNER_GROUPS, Resource, api_error, resources
+from .injector import OWNER_GROUPS, KubeCalls, Resource, api_error
 
 log = logging.getLogger("trainjob_admission.reconciler")
 
@@ -36,19 +36,13 @@ WATCH_SECONDS = 240  # server-side watch timeout; the watch is re-opened from th
 RETRY_SECONDS = 5.0
 
 
-class Reconciler:
+class Reconciler(KubeCalls):
     def __init__(self, api: kubernetes.client.ApiClient, *, grace_seconds: float = 300, interval: float = 30,
                  timeout: float = 5.0, namespace: str | None = None):
         """``namespace`` limits the loop to one namespace (default: all)."""
-        self.grace_seconds, self.interval, self.timeout = grace_seconds, interval, timeout
+        super().__init__(api, timeout)
+        self.grace_seconds, self.interval = grace_seconds, interval
         self.namespace = namespace
-        self.api = api
-        self.resources = resources(api)
-        self.custom = kubernetes.client.CustomObjectsApi(api)
-
-    async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.wait_for(asyncio.to_thread(fn, *args, _request_timeout=self.timeout, **kwargs),
-                                      timeout=self.timeout + 1)
 
     async def reconcile_once(self) -> dict:
         """One sweep over every managed object in every namespace. Returns counts by outcome:
@@ -57,9 +51,9 @@ class Reconciler:
         counts: Counter = Counter()
         for resource in self.resources.values():
             if self.namespace:
-                listing = await self._call(resource.list_namespaced, self.namespace, label_selector=SELECTOR)
+                listing = await self.call(resource.list_namespaced, self.namespace, label_selector=SELECTOR)
             else:
-                listing = await self._call(resource.list_all, label_selector=SELECTOR)
+                listing = await self.call(resource.list_all, label_selector=SELECTOR)
             for obj in listing.items:
                 counts[await self._reconcile(resource, obj)] += 1
         return _summary(counts)
@@ -68,7 +62,7 @@ class Reconciler:
         """The objects of one job (called when the watch sees it appear)."""
         counts: Counter = Counter()
         for resource in self.resources.values():
-            listing = await self._call(resource.list_namespaced, namespace, label_selector=SELECTOR)
+            listing = await self.call(resource.list_namespaced, namespace, label_selector=SELECTOR)
             for obj in listing.items:
                 if (obj.metadata.annotations or {}).get(injections.JOB_ANNOTATION) == f"{kind}/{name}":
                     counts[await self._reconcile(resource, obj)] += 1
@@ -84,7 +78,7 @@ class Reconciler:
         if any(r.kind == kind and r.name == job_name for r in refs):
             return "owned"
         try:
-            job = await self._get_job(kind, meta.namespace, job_name)
+            job = await self.get_job(kind, meta.namespace, job_name)
             if job is not None:
                 # Even a job other than the one it was made for (uid annotation) mounts it by name:
                 # it lives and dies with the job that uses it.
@@ -95,7 +89,7 @@ class Reconciler:
             age = (dt.datetime.now(dt.timezone.utc) - meta.creation_timestamp).total_seconds()
             if age < self.grace_seconds:
                 return "waiting"
-            await self._call(resource.delete, meta.name, meta.namespace, body=kubernetes.client.V1DeleteOptions(
+            await self.call(resource.delete, meta.name, meta.namespace, body=kubernetes.client.V1DeleteOptions(
                 preconditions=kubernetes.client.V1Preconditions(uid=meta.uid, resource_version=meta.resource_version)))
             log.info("deleted orphan %s: %s %s never appeared in %.0f s", where, kind, job_name, age)
             return "deleted"
@@ -105,15 +99,6 @@ class Reconciler:
             log.warning("could not reconcile %s: %s", where, api_error(exc, self.timeout))
             return "errors"
 
-    async def _get_job(self, kind: str, namespace: str, name: str) -> dict | None:
-        group, version, plural = OWNER_GROUPS[kind]
-        try:
-            return await self._call(self.custom.get_namespaced_custom_object, group, version, namespace, plural, name)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-
     async def _adopt(self, resource: Resource, obj: Any, kind: str, name: str, uid: str) -> None:
         group, version, _ = OWNER_GROUPS[kind]
         existing = [self.api.sanitize_for_serialization(r)
@@ -122,7 +107,7 @@ class Reconciler:
                "controller": not any(r.get("controller") for r in existing)}
         patch = [{"op": "test", "path": "/metadata/resourceVersion", "value": obj.metadata.resource_version},
                  {"op": "add", "path": "/metadata/ownerReferences", "value": existing + [ref]}]
-        await self._call(resource.patch, obj.metadata.name, obj.metadata.namespace, patch)
+        await self.call(resource.patch, obj.metadata.name, obj.metadata.namespace, patch)
 
     async def run(self) -> None:
         """Forever: a sweep every ``interval`` seconds, and each new TrainJob handled as it appears.

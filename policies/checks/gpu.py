@@ -39,18 +39,19 @@ def check(job: EffectiveJob, settings: GpuCheck) -> list[Finding]:
             ))
 
     nodes = [ps for ps in job.pod_sets if ps.role == "worker" or (ps.role == "launcher" and launcher_is_node)]
-    over = [ps for ps in nodes if settings.maxPerWorker is not None and ps.gpu_count > settings.maxPerWorker]
-    if over and settings.maxPerWorker is not None:
+    limit = settings.maxPerWorker
+    over = [ps for ps in nodes if ps.gpu_count > limit] if limit is not None else []
+    if over:
         worst = max(over, key=lambda ps: ps.gpu_count)
         resource = max(worst.gpus, key=worst.gpus.get)
         who = "each worker" if all(ps.role == "worker" for ps in over) else "each node (launcher and workers)"
         total = sum(ps.gpu_count * ps.count for ps in nodes)
-        fix = f"set {_per_worker_field(job, resource)} to {settings.maxPerWorker} or less"
-        if settings.maxPerWorker:
-            needed = -(-total // settings.maxPerWorker)
-            fix += f" and use more workers (the same {total} GPUs fit in {needed} workers x {settings.maxPerWorker})"
+        fix = f"set {_per_worker_field(job, resource)} to {limit} or less"
+        if limit:
+            needed = -(-total // limit)
+            fix += f" and use more workers (the same {total} GPUs fit in {needed} workers x {limit})"
         findings.append(Finding(
-            f"{who} requests {worst.gpu_count} {resource}; the limit is {settings.maxPerWorker} per worker", fix))
+            f"{who} requests {worst.gpu_count} {resource}; the limit is {limit} per worker", fix))
     total = job.totals["gpus"]
     if settings.maxPerJob is not None and total > settings.maxPerJob:
         worker = job.workers

@@ -4,7 +4,7 @@ refused with the numbers instead of hanging in Pending."""
 from __future__ import annotations
 
 from ..effective_job import EffectiveJob
-from ..resources import QuantityError, format_amount, numbers, resource_base
+from ..resources import QuantityError, format_amount, numbers
 from . import Finding, plural
 
 COMPUTE = ("cpu", "memory", "ephemeral-storage")
@@ -32,7 +32,7 @@ def _per_pod(job: EffectiveJob, kind: str, resource: str) -> list[tuple[str, int
 
 
 def _breakdown(parts: list[tuple[str, int, int]], resource: str) -> str:
-    shown = [f"{plural(count, name if name != 'worker' else 'worker')} x {format_amount(resource, amount)}"
+    shown = [f"{plural(count, name)} x {format_amount(resource, amount)}"
              for name, count, amount in parts if count and amount]
     return " + ".join(shown)
 
