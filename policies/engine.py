@@ -104,12 +104,13 @@ class Decision:
     @property
     def status_message(self) -> str:
         """What kubectl prints after 'denied the request:'."""
-        lines = [f"{m['message']}: {m['remediation']}" if m["remediation"] else m["message"] for m in self.messages]
+        messages = self.messages
+        lines = [f"{m['message']}: {m['remediation']}" if m["remediation"] else m["message"] for m in messages]
         if not lines:
             return ""
         if len(lines) == 1:
-            return f"[{self.messages[0]['rule']}] {lines[0]}"
-        shown = [f"({i}) [{m['rule']}] {line}" for i, (m, line) in enumerate(zip(self.messages, lines), 1)]
+            return f"[{messages[0]['rule']}] {lines[0]}"
+        shown = [f"({i}) [{m['rule']}] {line}" for i, (m, line) in enumerate(zip(messages, lines), 1)]
         extra = len(lines) - MAX_STATUS_MESSAGES
         tail = f" ... and {extra} more (trainjob-admission review -f JOB.yaml lists all)" if extra > 0 else ""
         return f"{len(lines)} policy violations: " + " ".join(shown[:MAX_STATUS_MESSAGES]) + tail
@@ -176,15 +177,15 @@ def _run_cel(bundle: Bundle, activation: _Activation) -> list[RuleResult]:
     for compiled in bundle.rules:
         rule = compiled.rule
         try:
-            value = compiled.expression.evaluate(scope.for_expression(compiled.expression))
-            if not isinstance(to_python(value), bool):
-                raise CelEvalError(f"expression must evaluate to true or false, got {to_python(value)!r}")
+            value = to_python(compiled.expression.evaluate(scope.for_expression(compiled.expression)))
+            if not isinstance(value, bool):
+                raise CelEvalError(f"expression must evaluate to true or false, got {value!r}")
         except CelEvalError as exc:
             results.append(RuleResult(bundle.name, rule.name, "error", rule.severity,
                                       [f"rule {rule.name!r} could not be evaluated: {exc}"],
                                       ["ask your admin to fix the rule (trainjob-admission policy explain -f JOB.yaml)"]))
             continue
-        if to_python(value):
+        if value:
             results.append(RuleResult(bundle.name, rule.name, "pass", "allow"))
             continue
         message = rule.message or f"failed rule {rule.name}: {rule.expression}"
@@ -257,8 +258,9 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
             results.append(RuleResult(bundle.name, "job-model", "fail", "deny", [str(exc)], [""]))
         job = None
 
-    old_job = None
-    if job is not None and request.operation == "UPDATE" and request.old_object:
+    old_job = None  # only the quota check reads it (growth over what is already in use)
+    quota_checked = any(b.spec.checks.quota and b.spec.checks.quota.enabled for b in active)
+    if job is not None and request.operation == "UPDATE" and request.old_object and quota_checked:
         try:
             old_job = effective_job.build(request.old_object, state)
         except JobModelError:

@@ -104,14 +104,18 @@ def _apparmor_profile(path: str, sc: dict) -> Iterator[Violation]:
         yield f"{path}.appArmorProfile.type", "AppArmor is Unconfined", "use RuntimeDefault"
 
 
-def restricted(spec: dict, metadata: dict) -> Iterator[Violation]:
-    yield from baseline(spec, metadata)
+def _restricted_volumes(spec: dict) -> Iterator[Violation]:
+    """Volume types outside the restricted list (hostPath is baseline's finding)."""
     for index, volume in enumerate(spec.get("volumes") or []):
-        kinds = [k for k in volume if k != "name"]
-        bad = [k for k in kinds if k not in RESTRICTED_VOLUMES and k != "hostPath"]
+        bad = [k for k in volume if k not in RESTRICTED_VOLUMES and k not in ("name", "hostPath")]
         if bad:
             yield f"spec.volumes[{volume.get('name', index)}]", f"uses a {bad[0]} volume", \
                 "use configMap, secret, emptyDir, projected, csi or persistentVolumeClaim volumes"
+
+
+def restricted(spec: dict, metadata: dict) -> Iterator[Violation]:
+    yield from baseline(spec, metadata)
+    yield from _restricted_volumes(spec)
     pod_sc = spec.get("securityContext") or {}
     pod_seccomp = (pod_sc.get("seccompProfile") or {}).get("type")
     if pod_sc.get("runAsUser") == 0:
@@ -139,17 +143,17 @@ def restricted(spec: dict, metadata: dict) -> Iterator[Violation]:
                 "add only NET_BIND_SERVICE"
 
 
-def scc_restricted_v2(spec: dict, metadata: dict, uid_range: tuple[int, int] | None) -> Iterator[Violation]:
+def scc_restricted_v2(spec: dict, metadata: dict, uid_range: tuple[int, int] | None,
+                      covered: str = "privileged") -> Iterator[Violation]:
     """OpenShift restricted-v2. Its admission fills in a UID from the namespace range, drop ALL
     and allowPrivilegeEscalation: false where a pod is silent, so only explicit contradictions
     are violations: privilege, host namespaces, hostPath, extra capabilities, escalation, root
-    or out-of-range UIDs, volume types outside its list."""
-    yield from baseline(spec, metadata)
-    for index, volume in enumerate(spec.get("volumes") or []):
-        bad = [k for k in volume if k not in RESTRICTED_VOLUMES and k not in ("name", "hostPath")]
-        if bad:
-            yield f"spec.volumes[{volume.get('name', index)}]", f"uses a {bad[0]} volume", \
-                "use configMap, secret, emptyDir, projected, csi or persistentVolumeClaim volumes"
+    or out-of-range UIDs, volume types outside its list. ``covered`` is the Pod Security level
+    already checked on the same pod, whose (identical) findings are not produced again."""
+    if covered == "privileged":
+        yield from baseline(spec, metadata)
+    if covered != "restricted":
+        yield from _restricted_volumes(spec)
     pod_sc = spec.get("securityContext") or {}
     candidates = [("spec.securityContext", pod_sc)] + [(f"spec.{p}.securityContext", sc) for p, _, sc in _containers(spec)]
     for path, sc in candidates:
@@ -186,7 +190,7 @@ def check(job: EffectiveJob, settings: PodSecurityCheck, namespace: dict) -> tup
         rules.append((f'Pod Security "{level}"', restricted))
     if settings.openshiftSCC:
         span = uid_range(namespace)
-        rules.append(("OpenShift SCC restricted-v2", lambda s, m: scc_restricted_v2(s, m, span)))
+        rules.append(("OpenShift SCC restricted-v2", lambda s, m: scc_restricted_v2(s, m, span, level)))
     findings: list[Finding] = []
     for ps in job.pod_sets:
         findings.extend(_pod_findings(ps, rules))
