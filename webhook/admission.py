@@ -10,7 +10,10 @@ from typing import Any
 from policies.engine import AdmissionInput, Decision
 
 API_VERSION = "admission.k8s.io/v1"
-SUPPORTED = {("trainer.kubeflow.org", "TrainJob"), ("kubeflow.org", "MPIJob")}
+# The kinds we decide, as (group, version, plural) by kind: TrainJob, and the legacy v2beta1 MPIJob.
+JOB_RESOURCES = {"TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),
+                 "MPIJob": ("kubeflow.org", "v2beta1", "mpijobs")}
+SUPPORTED = {(group, kind) for kind, (group, _, _) in JOB_RESOURCES.items()}
 MAX_DEPTH = 64  # Kubernetes objects are far shallower; deeper input is hostile
 MAX_WARNING_LENGTH = 256  # the API server truncates longer warnings
 MAX_MESSAGE_LENGTH = 4096
@@ -123,12 +126,7 @@ def response(uid: str, *, allowed: bool, message: str = "", warnings: list[str] 
     return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": body}
 
 
-def from_decision(uid: str, decision: Decision, decision_id: str, *, mutate: bool) -> dict:
-    return response(
-        uid,
-        allowed=decision.allowed,
-        message=decision.status_message,
-        warnings=decision.warnings,
-        patch=decision.patch if mutate and decision.allowed else None,
-        decision_id=decision_id,
-    )
+def from_decision(uid: str, decision: Decision, decision_id: str) -> dict:
+    """The /validate answer: allowed or denied with our message, and the warnings (no patch)."""
+    return response(uid, allowed=decision.allowed, message=decision.status_message, warnings=decision.warnings,
+                    decision_id=decision_id)

@@ -19,6 +19,7 @@ from policies.bundle import (BUILTIN_PREFIX, Bundle, BundleError, Problem, bundl
                             parse_documents, read_source)
 
 log = logging.getLogger("trainjob_admission.bundles")
+CLUSTER_SOURCE_PREFIX = "cluster:"  # sources fed from PolicyBundle objects, not files (webhook/clusterbundles.py)
 
 
 @dataclass
@@ -95,7 +96,7 @@ class BundleRegistry:
         before = self.active
         files = self._files()
         for source in list(self.sources):
-            if source not in files and not source.startswith("cluster:"):
+            if source not in files and not source.startswith(CLUSTER_SOURCE_PREFIX):
                 self.remove_source(source)
         for source in files:
             fingerprint = self._fingerprint(source)

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 import yaml
 
@@ -22,6 +22,7 @@ from policies.state import ClusterState, StateError, load_objects
 
 EXIT_OK, EXIT_DENIED, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_UNREACHABLE = 0, 1, 2, 3, 6
 DEFAULT_BUNDLE = BUILTIN_PREFIX + "default"
+T = TypeVar("T")
 
 
 class CliError(Exception):
@@ -49,16 +50,9 @@ def _review_bundles(args: argparse.Namespace) -> list:
     if args.bundle:
         _bundles(args.bundle)  # the files' problems, with their exit codes, before any API call
     from webhook.clusterbundles import read_bundles
-    from webhook.kubestate import ClusterUnreachable, KubeconfigError
 
-    if not Path(args.kubeconfig).is_file():
-        raise CliError(f"kubeconfig {args.kubeconfig} not found", EXIT_NOT_FOUND)
-    try:
-        found = read_bundles(args.kubeconfig, args.bundle or [], label_selector=args.bundle_selector)
-    except KubeconfigError as exc:
-        raise CliError(str(exc)) from None
-    except ClusterUnreachable as exc:
-        raise CliError(str(exc), EXIT_UNREACHABLE) from None
+    found = _from_cluster(args.kubeconfig, lambda: read_bundles(args.kubeconfig, args.bundle or [],
+                                                                label_selector=args.bundle_selector))
     for problem in found.problems:
         print(f"warning: {problem}", file=sys.stderr)
     if not found.bundles:
@@ -78,22 +72,39 @@ def _objects(path: str) -> list[dict]:
         raise CliError(str(exc)) from None
 
 
-def _state(args: argparse.Namespace, namespace: str) -> ClusterState:
-    if getattr(args, "kubeconfig", None):
-        from webhook.kubestate import ClusterUnreachable, KubeconfigError, read_state
+def _from_cluster(kubeconfig: str, read: Callable[[], T]) -> T:
+    """A read from the cluster, its failures as exit codes: 3 no kubeconfig, 2 unreadable, 6 unreachable."""
+    from webhook.kubestate import ClusterUnreachable, KubeconfigError
 
-        if not Path(args.kubeconfig).is_file():
-            raise CliError(f"kubeconfig {args.kubeconfig} not found", EXIT_NOT_FOUND)
-        try:
-            return read_state(args.kubeconfig, namespace)
-        except KubeconfigError as exc:
-            raise CliError(str(exc)) from None
-        except ClusterUnreachable as exc:
-            raise CliError(str(exc), EXIT_UNREACHABLE) from None
-    objects: list[dict] = []
-    for path in getattr(args, "cluster_state", None) or []:
-        objects += _objects(path)
-    return ClusterState.from_objects(objects)
+    if not Path(kubeconfig).is_file():
+        raise CliError(f"kubeconfig {kubeconfig} not found", EXIT_NOT_FOUND)
+    try:
+        return read()
+    except KubeconfigError as exc:
+        raise CliError(str(exc)) from None
+    except ClusterUnreachable as exc:
+        raise CliError(str(exc), EXIT_UNREACHABLE) from None
+
+
+def _states(args: argparse.Namespace) -> Callable[[str], ClusterState]:
+    """The cluster state by namespace, read once each (from the API with --kubeconfig, else the
+    --cluster-state files, which do not depend on the namespace)."""
+    cache: dict[str | None, ClusterState] = {}
+
+    def state(namespace: str) -> ClusterState:
+        kubeconfig = getattr(args, "kubeconfig", None)
+        key = namespace if kubeconfig else None
+        if key not in cache:
+            if kubeconfig:
+                from webhook.kubestate import read_state
+
+                cache[key] = _from_cluster(kubeconfig, lambda: read_state(kubeconfig, namespace))
+            else:
+                cache[key] = ClusterState.from_objects(
+                    [obj for path in getattr(args, "cluster_state", None) or [] for obj in _objects(path)])
+        return cache[key]
+
+    return state
 
 
 def _request(obj: dict, args: argparse.Namespace) -> AdmissionInput:
@@ -108,9 +119,10 @@ def cmd_review(args: argparse.Namespace) -> int:
     if not objects:
         raise CliError(f"{args.file}: no object to review")
     code, outputs = EXIT_OK, []
+    state = _states(args)
     for obj in objects:
         request = _request(obj, args)
-        decision = evaluate(request, bundles, _state(args, request.namespace))
+        decision = evaluate(request, bundles, state(request.namespace))
         outputs.append(decision.as_json() if args.output == "json" else report.decision_text(obj, decision))
         if not decision.allowed:
             code = EXIT_DENIED
@@ -163,9 +175,10 @@ def cmd_policy_test(args: argparse.Namespace) -> int:
 def cmd_policy_explain(args: argparse.Namespace) -> int:
     objects = _objects(args.file)
     bundles = _review_bundles(args)
+    state = _states(args)
     for obj in objects:
         request = _request(obj, args)
-        decision = evaluate(request, bundles, _state(args, request.namespace))
+        decision = evaluate(request, bundles, state(request.namespace))
         if args.output == "json":
             print(json.dumps({"results": [r.as_dict() for r in decision.results],
                               "job": decision.job.as_cel() if decision.job else None}, indent=2))

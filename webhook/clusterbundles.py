@@ -19,14 +19,13 @@ from datetime import datetime, timezone
 
 from policies.bundle import Bundle, BundleError, compile_document
 
-from .bundles import BundleRegistry
+from .bundles import CLUSTER_SOURCE_PREFIX, BundleRegistry
 from .kubestate import ApiError, ClusterUnreachable, KubeApi, Resource, api_client, call_json, list_all
 
 log = logging.getLogger("trainjob_admission.clusterbundles")
 
 GROUP, VERSION = "policy.trainjob-admission.io", "v1alpha1"
 POLICY_BUNDLES = Resource("PolicyBundle", f"{GROUP}/{VERSION}", "policybundles")
-SOURCE_PREFIX = "cluster:"
 MAX_ERRORS = 20  # in status; the count is always complete
 PATCH_ATTEMPTS = 3
 
@@ -51,7 +50,7 @@ class Enforced:
 
 
 def source_name(name: str) -> str:
-    return SOURCE_PREFIX + name
+    return CLUSTER_SOURCE_PREFIX + name
 
 
 def bundle_document(obj: dict) -> dict:

@@ -133,8 +133,8 @@ class DecisionLog:
 
     def append(self, record: dict) -> dict:
         """Redact, chain and write one record; returns exactly what was written."""
+        entry = json.loads(canonical(redact(record)))  # outside the lock: it does not touch the chain
         with self._lock:
-            entry = json.loads(canonical(redact(record)))
             entry.setdefault("time", format_time(datetime.now(timezone.utc)))
             entry["seq"], entry["prev"] = self._seq, self._prev
             entry.pop("digest", None)

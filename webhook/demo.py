@@ -20,20 +20,20 @@ import yaml
 from certs.issue import issue
 from policies.state import ClusterState, load_objects
 
+from .admission import API_VERSION, JOB_RESOURCES
 from .decisionlog import DecisionLog, verify
 from .server import ServerConfig, WebhookServer
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SAMPLES = ["allowed.yaml", "over-quota.yaml", "too-many-gpus.yaml", "too-many-workers.yaml", "privileged.yaml",
            "legacy-mpijob.yaml"]
-GROUPS = {"TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"), "MPIJob": ("kubeflow.org", "v2beta1", "mpijobs")}
 
 
 def admission_review(obj: dict, user: str = "alice") -> dict:
-    group, version, resource = GROUPS[obj["kind"]]
+    group, version, resource = JOB_RESOURCES[obj["kind"]]
     meta = obj.get("metadata") or {}
     return {
-        "apiVersion": "admission.k8s.io/v1",
+        "apiVersion": API_VERSION,
         "kind": "AdmissionReview",
         "request": {
             "uid": str(uuid.uuid4()),

@@ -33,8 +33,6 @@ log = logging.getLogger("trainjob_admission.injector")
 
 FINGERPRINT_ANNOTATION = "trainjob-admission.io/ssh-key-fingerprint"
 KEY_TYPE_ANNOTATION = "trainjob-admission.io/ssh-key-type"
-OWNER_GROUPS = {"TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),
-                "MPIJob": ("kubeflow.org", "v2beta1", "mpijobs")}
 
 
 @dataclass(frozen=True)
@@ -96,7 +94,7 @@ class KubeCalls:
 
     async def get_job(self, kind: str, namespace: str, name: str) -> dict | None:
         """The stored TrainJob/MPIJob, or None when there is none."""
-        group, version, plural = OWNER_GROUPS[kind]
+        group, version, plural = admission.JOB_RESOURCES[kind]
         try:
             return await self.call(self.custom.get_namespaced_custom_object, group, version, namespace, plural, name)
         except ApiException as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import random
@@ -52,7 +53,7 @@ class KubeconfigError(ValueError):
 class ApiError(Exception):
     def __init__(self, status: int, message: str, what: str = ""):
         super().__init__(f"{what}: HTTP {status}: {message}" if what else f"HTTP {status}: {message}")
-        self.status, self.message = status, message
+        self.status = status
 
 
 class Expired(Exception):
@@ -138,11 +139,16 @@ def call_json(api: KubeApi, method: str, path: str, **kw) -> dict:
         payload = json.loads(data) if data else {}
     except ValueError:
         payload = {"message": data[:200].decode(errors="replace")}
-    if response.status == 410:
-        raise Expired(payload.get("message", "resource version too old"))
     if not 200 <= response.status < 300:
-        raise ApiError(response.status, payload.get("message") or response.reason, f"{method} {path}")
+        raise api_failure(response.status, payload, f"{method} {path}", response.reason)
     return payload
+
+
+def api_failure(status: int, payload: dict, what: str, reason: str = "") -> Exception:
+    """What a failed call or watch raises: :class:`Expired` for 410 Gone (list again), else :class:`ApiError`."""
+    if status == 410:
+        return Expired(payload.get("message") or "resource version too old")
+    return ApiError(status, payload.get("message") or reason, what)
 
 
 def list_all(api: KubeApi, resource: Resource, *, namespace: str | None = None,
@@ -284,10 +290,8 @@ class Watcher:
         response = request(self.api, "GET", self.resource.path(), query=query, timeout=(CONNECT_TIMEOUT, seconds + 15))
         raw = response.response
         if response.status != 200:
-            payload = json.loads(response.read() or b"{}")
-            if response.status == 410:
-                raise Expired(payload.get("message", "resource version too old"))
-            raise ApiError(response.status, payload.get("message", response.reason), f"watch {self.resource.plural}")
+            raise api_failure(response.status, json.loads(response.read() or b"{}"), f"watch {self.resource.plural}",
+                              response.reason)
         with self._lock:
             if self._stop.is_set():
                 raw.close()
@@ -309,9 +313,7 @@ class Watcher:
     def _event(self, event: dict) -> None:
         kind, obj = event.get("type"), event.get("object") or {}
         if kind == "ERROR":
-            if obj.get("code") == 410:
-                raise Expired(obj.get("message", "resource version too old"))
-            raise ApiError(obj.get("code", 0), obj.get("message", ""), f"watch {self.resource.plural}")
+            raise api_failure(obj.get("code", 0), obj, f"watch {self.resource.plural}")
         version = (obj.get("metadata") or {}).get("resourceVersion")
         if kind in ("ADDED", "MODIFIED", "DELETED"):
             self.sink.apply(kind, _clean(self.resource, obj))
@@ -390,6 +392,7 @@ class ClusterSync:
     async def wait_synced(self, ready: asyncio.Event | None = None) -> None:
         while not self.synced:
             await asyncio.sleep(0.1)
+        gc.freeze()  # the first lists and the compiled PolicyBundles live long too (see WebhookServer.start)
         if ready is not None:
             ready.set()
         log.info("cluster state synced: %s", ", ".join(f"{w.resource.plural}@{w.resource_version}" for w in self.watchers))

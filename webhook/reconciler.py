@@ -27,7 +27,8 @@ from kubernetes.client.rest import ApiException
 
 from policies import injections
 
-from .injector import OWNER_GROUPS, KubeCalls, Resource, api_error
+from .admission import JOB_RESOURCES
+from .injector import KubeCalls, Resource, api_error
 
 log = logging.getLogger("trainjob_admission.reconciler")
 
@@ -72,7 +73,7 @@ class Reconciler(KubeCalls):
         meta = obj.metadata
         where = f"{resource.kind} {meta.namespace}/{meta.name}"
         kind, _, job_name = (meta.annotations or {}).get(injections.JOB_ANNOTATION, "").partition("/")
-        if kind not in OWNER_GROUPS or not job_name:
+        if kind not in JOB_RESOURCES or not job_name:
             return "skipped"
         refs = meta.owner_references or []
         if any(r.kind == kind and r.name == job_name for r in refs):
@@ -100,7 +101,7 @@ class Reconciler(KubeCalls):
             return "errors"
 
     async def _adopt(self, resource: Resource, obj: Any, kind: str, name: str, uid: str) -> None:
-        group, version, _ = OWNER_GROUPS[kind]
+        group, version, _ = JOB_RESOURCES[kind]
         existing = [self.api.sanitize_for_serialization(r)
                     for r in obj.metadata.owner_references or []]
         ref = {"apiVersion": f"{group}/{version}", "kind": kind, "name": name, "uid": uid,
@@ -144,7 +145,7 @@ class Reconciler(KubeCalls):
     def _watch_trainjobs(self, loop: asyncio.AbstractEventLoop, events: asyncio.Queue, stop: threading.Event) -> None:
         """List for a resourceVersion, then watch from it; on 410 Gone or any error, list again.
         Jobs created while the watch was down are caught by the periodic sweep."""
-        group, version, plural = OWNER_GROUPS["TrainJob"]
+        group, version, plural = JOB_RESOURCES["TrainJob"]
         if self.namespace:
             lister, args = self.custom.list_namespaced_custom_object, (group, version, self.namespace, plural)
         else:

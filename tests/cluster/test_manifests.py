@@ -225,7 +225,7 @@ def test_base_rbac_is_least_privilege(base):
 
 def test_service_rbac_covers_every_call_the_code_makes(base):
     """A watch or call added to the code without its permission fails here, not in production."""
-    from webhook import clusterbundles, injector, kubestate
+    from webhook import admission, clusterbundles, kubestate
 
     rules = service_rules(base)
 
@@ -236,7 +236,7 @@ def test_service_rbac_covers_every_call_the_code_makes(base):
     for res in (*kubestate.STATE_RESOURCES, clusterbundles.POLICY_BUNDLES):
         missing += [(res.plural, v) for v in ("list", "watch") if not granted(rules, group(res.api_version), res.plural, v)]
     missing += [("policybundles/status", "patch")] * (not granted(rules, clusterbundles.GROUP, "policybundles/status", "patch"))
-    for grp, _, plural in injector.OWNER_GROUPS.values():  # injector reads the job; reconciler watches TrainJobs
+    for grp, _, plural in admission.JOB_RESOURCES.values():  # injector reads the job; reconciler watches TrainJobs
         missing += [(plural, v) for v in ("get", "list", "watch") if not granted(rules, grp, plural, v)]
     for kind in ("Secret", "NetworkPolicy"):
         grp = "" if kind == "Secret" else "networking.k8s.io"
