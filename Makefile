@@ -14,7 +14,7 @@ help:
 	@echo "make demo   - install, then run the webhook demo on loopback with the default bundle"
 	@echo "make test   - install, then run the unit, server and (with Go) cluster tests"
 	@echo "make test-cluster - build the Go control plane, run the cluster tests"
-	@echo "make bench  - engine and server benchmarks against their baselines"
+	@echo "make bench  - engine and server benchmarks, each side by side with its baseline (bench/cluster.py: on the control plane)"
 
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)

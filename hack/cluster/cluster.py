@@ -11,7 +11,7 @@ Subcommands (run with .venv/bin/python hack/cluster/cluster.py CMD):
   env     print shell exports (KUBECONFIG, KUBECTL, ...) for the running cluster
 
 Everything listens on 127.0.0.1 only.  State lives in hack/cluster/run/ (git-ignored).
-Importable: tests use `Cluster`, `register_webhook`, `issue_serving_cert` from here.
+Importable: tests use `register_webhook`, `issue_serving_cert`, `kubectl`, `apply_objects` from here.
 """
 from __future__ import annotations
 
@@ -116,11 +116,6 @@ NODES = [
     {"name": f"kwok-node-{i}", "cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "8", "pods": "110"}
     for i in range(2)
 ]
-
-# Labels our KWOK stages react to (set them on a pod template).
-FAIL_EXIT_CODE_LABEL = "kwok.x-k8s.io/fail-exit-code"  # value: exit code, e.g. "3"
-OOM_LABEL = "kwok.x-k8s.io/oom"  # value: "true" -> terminated reason OOMKilled, exit 137
-RUN_SECONDS_ANNOTATION = "kwok.x-k8s.io/run-ms"  # optional: ms a pod stays Running (default 3000)
 
 NAMESPACES = {"team-a": "alice", "team-b": "bob"}
 

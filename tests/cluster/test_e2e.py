@@ -239,7 +239,9 @@ def test_apply_admits_mutates_and_injects_what_trainer_uses(e2e):
     assert f"{name}-mpi-ssh-auth" in mounted, mounted
     for rj in js["spec"]["replicatedJobs"]:  # Trainer applied our runtimePatch to the pod templates
         assert rj["template"]["spec"]["template"]["metadata"]["labels"][ISTIO] == "false"
-    time.sleep(1.0)  # give the Trainer's reconcile a chance to (wrongly) rewrite the key
+    # Trainer builds the hostfile after the Secret: once it exists, Trainer has passed the point
+    # where it would have written its own keys.
+    wait("the hostfile ConfigMap", lambda: get("configmap", f"{name}-mpi-hostfile", ns))
     after = get("secret", f"{name}-mpi-ssh-auth", ns)
     assert after["data"] == secret["data"], "the Secret's key data changed after the JobSet appeared"
 

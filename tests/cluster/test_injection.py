@@ -209,9 +209,8 @@ def test_injected_objects_are_used_by_trainer_owned_by_the_job_and_collected(
     assert forced.returncode != 0 and "immutable" in forced.stderr, forced.stdout + forced.stderr
     assert get_json("secret", "resnet-mpi-ssh-auth", "-n", ns)["data"] == secret["data"]
 
-    # The reconciler adopts both objects as soon as the TrainJob appears.
-    # (On a shared cluster another trainjob-admission's reconciler may win the race to adopt them;
-    # ours must then find them owned.)
+    # The reconciler adopts both objects as soon as the TrainJob appears. (Its start-up sweep may
+    # have adopted them first if it ran after the job was stored; its watch then finds them owned.)
     for kind, name in (("secret", "resnet-mpi-ssh-auth"), ("networkpolicy", "resnet-mpi-isolation")):
         wait_for(f"{kind} {name} owned by the TrainJob", lambda: owned_by(get_json(kind, name, "-n", ns), uid), 30)
     outcome = wait_for("the watch handing the new TrainJob to the reconciler",
@@ -337,7 +336,7 @@ def test_orphans_of_refused_jobs_go_after_grace_and_a_resubmission_replaces_them
     assert {i["status"] for i in record["injections"]} == {"created"}
     assert all("replaced" in i for i in record["injections"])
     counts = asyncio.run(reconciler.reconcile_once())
-    # Another trainjob-admission on the shared cluster may have adopted them first.
+    # This reconciler's watch may have adopted them already; this sweep then finds them owned.
     assert counts["adopted"] + counts["owned"] == 2 and counts["deleted"] == 0, counts
     assert owned_by(get_json("secret", "young-mpi-ssh-auth", "-n", ns), uid)
     assert owned_by(get_json("networkpolicy", "young-mpi-isolation", "-n", ns), uid)

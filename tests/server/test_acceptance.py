@@ -288,29 +288,22 @@ def _decision_id(answer: Answer) -> str | None:
     return (response.get("auditAnnotations") or {}).get("decision-id") or body.get("decisionId")
 
 
-@pytest.fixture
-def hostile_server(tmp_path: Path):
-    running, thread = start_server(tmp_path)
-    yield running
-    stop_server(running, thread)
-
-
-def test_ten_thousand_hostile_payloads(hostile_server: Running):
+def test_ten_thousand_hostile_payloads(webhook_server: Running):
     started = time.monotonic()
     chunks = [list(range(start, min(start + 250, CASES))) for start in range(0, CASES, 250)]
-    ca_pem = hostile_server.ca.cert_pem.bytes().decode()
+    ca_pem = webhook_server.ca.cert_pem.bytes().decode()
     with ProcessPoolExecutor(CLIENTS, mp_context=multiprocessing.get_context("spawn")) as pool:
-        answers = [a for chunk in pool.map(send_cases, [hostile_server.port] * len(chunks), [ca_pem] * len(chunks),
+        answers = [a for chunk in pool.map(send_cases, [webhook_server.port] * len(chunks), [ca_pem] * len(chunks),
                                            chunks) for a in chunk]
     elapsed = time.monotonic() - started
-    status, body = hostile_server.get("/healthz")
+    status, body = webhook_server.get("/healthz")
     assert (status, body) == (200, "ok"), "the server stopped answering"
 
     kinds = Counter(a.case.kind for a in answers)
     statuses = Counter(a.status for a in answers)
     print(f"\n{CASES} hostile payloads in {elapsed:.1f}s with {CLIENTS} client processes; kinds {dict(kinds)}; "
           f"statuses {dict(statuses)}")
-    records = {r["id"]: r for r in hostile_server.records()}
+    records = {r["id"]: r for r in webhook_server.records()}
 
     # No request went unanswered, except oversize bodies, which may be cut off mid-upload.
     dropped = [(a.case.index, a.case.kind, a.error) for a in answers if a.status is None and not a.case.oversize]
@@ -342,7 +335,7 @@ def test_ten_thousand_hostile_payloads(hostile_server: Running):
     answered = [_decision_id(a) for a in answers if a.status in (200, 400, 413) and a.case.kind != "other-route"]
     assert len(answered) == len(set(answered)) == len(records)
     assert kinds["deny-worthy"] > 2000 and kinds["allowed"] > 400
-    report = verify([hostile_server.log_path])
+    report = verify([webhook_server.log_path])
     assert report.ok and report.records == len(records), str(report)
 
 
