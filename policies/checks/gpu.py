@@ -4,17 +4,7 @@ from __future__ import annotations
 
 from ..bundle import GpuCheck
 from ..effective_job import EffectiveJob
-from . import Finding, plural
-
-
-def _numnodes_field(job: EffectiveJob) -> str:
-    return "spec.trainer.numNodes" if job.kind == "TrainJob" else "the Worker replicas"
-
-
-def _per_worker_field(job: EffectiveJob, resource: str) -> str:
-    if job.kind == "TrainJob":
-        return f'spec.trainer.resourcesPerNode.limits["{resource}"]'
-    return f'the Worker container limits["{resource}"]'
+from . import Finding, per_worker_field, plural, workers_field
 
 
 def check(job: EffectiveJob, settings: GpuCheck) -> list[Finding]:
@@ -46,7 +36,7 @@ def check(job: EffectiveJob, settings: GpuCheck) -> list[Finding]:
         resource = max(worst.gpus, key=worst.gpus.get)
         who = "each worker" if all(ps.role == "worker" for ps in over) else "each node (launcher and workers)"
         total = sum(ps.gpu_count * ps.count for ps in nodes)
-        fix = f"set {_per_worker_field(job, resource)} to {limit} or less"
+        fix = f"set {per_worker_field(job, 'limits', resource)} to {limit} or less"
         if limit:
             needed = -(-total // limit)
             fix += f" and use more workers (the same {total} GPUs fit in {needed} workers x {limit})"
@@ -62,7 +52,7 @@ def check(job: EffectiveJob, settings: GpuCheck) -> list[Finding]:
             other = total - worker.count * per
             fits = (settings.maxPerJob - other) // per
             if fits >= 1:
-                fix = f"reduce workers to {fits} ({_numnodes_field(job)}) or GPUs per worker, or " + fix
+                fix = f"reduce workers to {fits} ({workers_field(job)}) or GPUs per worker, or " + fix
         findings.append(Finding(
             f"job requests {total} GPUs{breakdown}; the limit is {settings.maxPerJob} per job", fix))
     return findings

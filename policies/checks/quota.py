@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..effective_job import EffectiveJob
 from ..resources import QuantityError, format_amount, numbers
-from . import Finding, plural
+from . import Finding, per_worker_field, plural, workers_field
 
 COMPUTE = ("cpu", "memory", "ephemeral-storage")
 
@@ -81,7 +81,7 @@ def check(job: EffectiveJob, quotas: list[dict], old_job: EffectiveJob | None = 
                     findings.append(Finding(
                         f'quota "{name}" in {job.namespace} tracks {key}, but ' + ", ".join(missing) + f" sets no {resource} "
                         f"{kind[:-1]}; Kubernetes will refuse to create those pods",
-                        f"set spec.trainer.resourcesPerNode.{kind}.{resource} (or ask your admin for a LimitRange default)",
+                        f"set {per_worker_field(job, kind, resource)} (or ask your admin for a LimitRange default)",
                         severity="warn",
                     ))
             available = limit - used.get(key, 0)
@@ -106,8 +106,7 @@ def _over_quota(job: EffectiveJob, quota: str, key: str, resource: str, kind: st
     if worker and worker[1] > 0 and available - fixed >= worker[1]:
         fits = (available - fixed) // worker[1]
         nodes = fits + (1 if job.mpi.get("runLauncherAsNode") and job.launcher else 0)
-        where = f"spec.trainer.numNodes to {nodes}" if job.kind == "TrainJob" else f"Worker replicas to {fits}"
-        fix = f"reduce {where} or ask your admin to raise the quota"
+        fix = f"reduce {workers_field(job)} to {nodes if job.kind == 'TrainJob' else fits} or ask your admin to raise the quota"
     elif worker and worker[1] > 0 and kind != "pods" and available > fixed:
         fix = (f"reduce {resource} per worker to {format_amount(resource, available - fixed)} or less, "
                "or ask your admin to raise the quota")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..bundle import ShapeCheck
 from ..effective_job import EffectiveJob, images_of
 from ..resources import format_amount, to_number
-from . import Finding
+from . import Finding, per_worker_field, workers_field
 
 
 def image_registry(image: str) -> str:
@@ -31,7 +31,7 @@ def registry_allowed(image: str, allowed: list[str]) -> bool:
 def check(job: EffectiveJob, settings: ShapeCheck) -> list[Finding]:
     findings: list[Finding] = []
     if settings.maxWorkers is not None and job.num_nodes > settings.maxWorkers:
-        field = "spec.trainer.numNodes" if job.kind == "TrainJob" else "spec.mpiReplicaSpecs.Worker.replicas"
+        field = workers_field(job)
         findings.append(Finding(
             f"job has {job.num_nodes} workers; the limit is {settings.maxWorkers}",
             f"set {field} to {settings.maxWorkers} or less, or ask your admin to raise maxWorkers",
@@ -45,7 +45,7 @@ def check(job: EffectiveJob, settings: ShapeCheck) -> list[Finding]:
             asked = f"requests {format_amount(resource, has)} {resource}" if has else f"requests no {resource}"
             findings.append(Finding(
                 f"each worker {asked}; the minimum per worker is {format_amount(resource, floor)}",
-                f"set spec.trainer.resourcesPerNode.requests.{resource} to at least {format_amount(resource, floor)}",
+                f"set {per_worker_field(job, 'requests', resource)} to at least {format_amount(resource, floor)}",
             ))
     if settings.allowedRuntimes and job.kind == "TrainJob" and job.runtime["name"] not in settings.allowedRuntimes:
         findings.append(Finding(
