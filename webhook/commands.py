@@ -25,6 +25,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             settings = yaml.safe_load(Path(args.config).read_text()) or {}
         except (OSError, yaml.YAMLError) as exc:
             raise CliError(f"cannot read --config {args.config}: {exc}", EXIT_INVALID) from None
+        if not isinstance(settings, dict):
+            raise CliError(f"--config {args.config} must be a YAML mapping (host, port, certDir, ...), "
+                           f"got {type(settings).__name__}", EXIT_INVALID)
     cert_value = args.cert_dir or settings.get("certDir")
     log_value = args.decision_log or settings.get("decisionLog")
     cert_dir = Path(cert_value) if cert_value else None
@@ -32,15 +35,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     with_cluster = bool(kubeconfig or args.in_cluster)
     # With a cluster, the bundles are its PolicyBundle objects; --bundle files may be added.
     default_bundles = [] if with_cluster else ["builtin:default"]
+    try:
+        port = args.port if args.port is not None else int(settings.get("port", 8443))
+        timeout_seconds = float(settings.get("timeoutSeconds", 5.0))
+    except (TypeError, ValueError) as exc:
+        raise CliError(f"--config {args.config}: port and timeoutSeconds must be numbers ({exc})", EXIT_INVALID) from None
     config = ServerConfig(
         host=args.host or settings.get("host", "0.0.0.0"),
-        port=args.port if args.port is not None else int(settings.get("port", 8443)),
+        port=port,
         cert_file=cert_dir / "tls.crt" if cert_dir else None,
         key_file=cert_dir / "tls.key" if cert_dir else None,
         bundle_specs=args.bundle or settings.get("bundles") or default_bundles,
         decision_log=Path(log_value) if log_value else None,
         reviewer=ReviewerConfig(failure_mode=args.failure_mode or settings.get("failureMode", "deny"),
-                                timeout_seconds=float(settings.get("timeoutSeconds", 5.0))),
+                                timeout_seconds=timeout_seconds),
     )
     if cert_dir is None and not args.insecure_http:
         raise CliError("--cert-dir is required (the API server only calls webhooks over TLS); "

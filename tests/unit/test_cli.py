@@ -307,3 +307,15 @@ def test_decisions_verify_reads_kubectl_logs_from_stdin(submissions):
     strict = run("decisions", "verify", "--log", str(submissions))
     assert strict.returncode == 1 and "malformed" in strict.stdout.decode(), strict
 
+
+
+@pytest.mark.parametrize("content, words", [
+    ("- a\n- b\n", "must be a YAML mapping"),
+    ("port: eighty\n", "port and timeoutSeconds must be numbers"),
+])
+def test_serve_rejects_a_malformed_config_with_exit_2(tmp_path: Path, content: str, words: str) -> None:
+    config = tmp_path / "serve.yaml"
+    config.write_text(content)
+    result = subprocess.run([str(SCRIPT), "serve", "--config", str(config), "--cert-dir", str(tmp_path)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr, result.stderr
