@@ -38,8 +38,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         port = args.port if args.port is not None else int(settings.get("port", 8443))
         timeout_seconds = float(settings.get("timeoutSeconds", 5.0))
+        fsync_interval = (args.log_fsync_interval if args.log_fsync_interval is not None
+                          else float(settings.get("logFsyncInterval", ServerConfig.decision_log_fsync_interval)))
     except (TypeError, ValueError) as exc:
-        raise CliError(f"--config {args.config}: port and timeoutSeconds must be numbers ({exc})", EXIT_INVALID) from None
+        raise CliError(f"--config {args.config}: port, timeoutSeconds and logFsyncInterval must be numbers ({exc})",
+                       EXIT_INVALID) from None
+    if not 0 <= fsync_interval <= 3600:
+        raise CliError(f"the decision log's fsync interval must be 0-3600 seconds, got {fsync_interval:g}", EXIT_INVALID)
     config = ServerConfig(
         host=args.host or settings.get("host", "0.0.0.0"),
         port=port,
@@ -47,6 +52,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         key_file=cert_dir / "tls.key" if cert_dir else None,
         bundle_specs=args.bundle or settings.get("bundles") or default_bundles,
         decision_log=Path(log_value) if log_value else None,
+        decision_log_fsync_interval=fsync_interval,
         reviewer=ReviewerConfig(failure_mode=args.failure_mode or settings.get("failureMode", "deny"),
                                 timeout_seconds=timeout_seconds),
     )
@@ -163,8 +169,8 @@ def register_server_commands(commands: argparse._SubParsersAction) -> None:
                "  # no cluster: bundles and state from files:\n"
                "  trainjob-admission serve --cert-dir ./tls --cluster-state state.yaml --decision-log decisions.jsonl",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    serve.add_argument("--config", metavar="F", help="YAML with host, port, certDir, bundles, decisionLog, failureMode, "
-                                                      "timeoutSeconds, kubeconfig, bundleSelector, reconcileNamespaces")
+    serve.add_argument("--config", metavar="F", help="YAML with host, port, certDir, bundles, decisionLog, logFsyncInterval, "
+                                                      "failureMode, timeoutSeconds, kubeconfig, bundleSelector, reconcileNamespaces")
     serve.add_argument("--bundle", action="append", metavar="PATH",
                        help="bundle file/dir or builtin:NAME; watched for changes (default: builtin:default, or with "
                             "a cluster only its PolicyBundle objects)")
@@ -184,6 +190,12 @@ def register_server_commands(commands: argparse._SubParsersAction) -> None:
                             "configurations' namespaceSelector")
     serve.add_argument("--cluster-state", action="append", metavar="F", help="static cluster objects instead of a cluster")
     serve.add_argument("--decision-log", metavar="F", help="file sink for the decision log (also written to stdout)")
+    serve.add_argument("--log-fsync-interval", type=float, metavar="SECONDS",
+                       help="how often the decision-log file is fsynced (default 0.1). Each record is written to the "
+                            "file and stdout before its answer either way, so a crashed or killed server loses none; "
+                            "a node crash can lose up to this many seconds of the file (stdout has them). 0 = fsync "
+                            "each record before its answer: nothing lost even on a node crash, but every answer "
+                            "waits for the disk, and slow fsyncs become latency (docs/architecture.md)")
     serve.add_argument("--failure-mode", choices=["deny", "allow"], help="answer for /validate when a job cannot be evaluated (default deny)")
     serve.add_argument("--insecure-http", action="store_true", help=argparse.SUPPRESS)
     serve.set_defaults(func=cmd_serve)

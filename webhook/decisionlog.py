@@ -13,11 +13,13 @@ import csv
 import hashlib
 import io
 import json
+import logging
 import os
 import re
 import sys
 import threading
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -34,6 +36,8 @@ _ROTATED_SUFFIX = re.compile(r"[0-9]+")
 _RELATIVE_TIME = re.compile(r"([0-9]+)\s*([smhdw])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 _FAILED_RESULTS = ("fail", "error")
+
+log = logging.getLogger("trainjob_admission.decisionlog")
 
 
 def canonical(value: Any) -> str:
@@ -101,21 +105,33 @@ class DecisionLog:
     """Appends decisions to a hash-chained JSON-lines file and stdout, rotating by size.
 
     One process owns the file. A lock serialises appends because the server calls `append`
-    from a thread executor; each line is fsynced before `append` returns, so a request is never
-    admitted while its decision is still in a buffer. Concurrent appends share fsyncs (group
-    commit): the lock is not held during an fsync, and one fsync makes every line written before
-    it durable, so under load N waiting requests cost one disk flush instead of N in a row.
-    `path=None` logs to stdout only.
+    from a thread executor. Every line is written to the file (the kernel has it: a crashed or
+    killed server loses nothing) and to stdout before `append` returns. When it reaches the
+    disk is `fsync_interval`:
+
+    - 0: fsynced before `append` returns, so even a node crash loses no answered decision;
+      every answer then waits for the disk's flush. Concurrent appends share fsyncs (group
+      commit): the lock is not held during an fsync, and one fsync makes every line written
+      before it durable, so N waiting requests cost one flush instead of N in a row.
+    - N > 0 seconds: a background thread fsyncs whatever is new every N s, so a node crash can
+      lose at most the file's last N s (stdout carries the same lines off the node) and no
+      answer waits for the disk. A failed background fsync is logged, not raised.
+
+    `on_fsync` receives each fsync's duration in seconds (the server's metric). `path=None`
+    logs to stdout only.
     """
 
     def __init__(self, path: str | Path | None, *, stdout: TextIO | None = sys.stdout,
-                 max_bytes: int = 50 * 1024 * 1024, backups: int = 5) -> None:
-        if max_bytes <= 0 or backups < 0:
-            raise ValueError("max_bytes must be > 0 and backups >= 0")
+                 max_bytes: int = 50 * 1024 * 1024, backups: int = 5, fsync_interval: float = 0.0,
+                 on_fsync: Callable[[float], None] | None = None) -> None:
+        if max_bytes <= 0 or backups < 0 or fsync_interval < 0:
+            raise ValueError("max_bytes must be > 0, backups >= 0 and fsync_interval >= 0")
         self._path = Path(path) if path is not None else None
         self._stdout = stdout
         self._max_bytes = max_bytes
         self._backups = backups
+        self._fsync_interval = fsync_interval
+        self._on_fsync = on_fsync
         self._lock = threading.Lock()
         self._durable = threading.Condition(self._lock)  # signalled when an fsync finishes
         self._written = self._synced = 0  # lines written to the file / known to be on disk
@@ -124,12 +140,18 @@ class DecisionLog:
         self._fd: int | None = None
         self._size = 0
         self._torn_tail = False
+        self._closing = threading.Event()
+        self._flusher: threading.Thread | None = None
         if self._path is not None:
             self._path.parent.mkdir(parents=True, exist_ok=True)
             last = _last_record(log_files(self._path))
             if last is not None:
                 self._seq, self._prev = last["seq"] + 1, last["digest"]
             self._open()
+            if fsync_interval > 0:
+                self._flusher = threading.Thread(target=self._fsync_periodically, name="decision-log-fsync",
+                                                 daemon=True)
+                self._flusher.start()
 
     def append(self, record: dict) -> dict:
         """Redact, chain and write one record; returns exactly what was written."""
@@ -146,9 +168,20 @@ class DecisionLog:
             if self._stdout is not None:
                 self._stdout.write(line)
                 self._stdout.flush()
-            if self._fd is not None:
+            if self._fd is not None and not self._fsync_interval:
                 self._sync_through(self._written)
             return entry
+
+    def _fsync_periodically(self) -> None:
+        while not self._closing.wait(self._fsync_interval):
+            with self._lock:
+                if self._fd is None:
+                    return
+                try:
+                    self._sync_through(self._written)
+                except OSError:
+                    log.exception("decision log fsync failed; lines written since the last good one may not "
+                                  "survive a node crash (stdout has them)")
 
     def _sync_through(self, line: int) -> None:
         """Return once lines 1..line are on disk; called with the lock held.
@@ -165,8 +198,11 @@ class DecisionLog:
             assert self._fd is not None
             target, fd = self._written, os.dup(self._fd)
             self._lock.release()
+            started = time.perf_counter()
             try:
                 os.fsync(fd)
+                if self._on_fsync is not None:
+                    self._on_fsync(time.perf_counter() - started)
             finally:
                 os.close(fd)
                 self._lock.acquire()
@@ -175,10 +211,17 @@ class DecisionLog:
             self._synced = max(self._synced, target)
 
     def close(self) -> None:
+        """Flush what the periodic fsync has not yet, and close the file."""
+        self._closing.set()
+        if self._flusher is not None:
+            self._flusher.join()
         with self._lock:
             if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+                try:
+                    self._sync_through(self._written)
+                finally:
+                    os.close(self._fd)
+                    self._fd = None
 
     def __enter__(self) -> DecisionLog:
         return self

@@ -24,5 +24,10 @@ class Metrics:
         self.injections = Counter("trainjob_admission_injections", "Objects injected by kind and result",
                                   ["kind", "result"], registry=self.registry)
 
+        self.decision_log_fsync = Histogram(
+            "trainjob_admission_decision_log_fsync_seconds",
+            "Time to flush the decision-log file to disk (with --log-fsync-interval 0 every answer waits for it)",
+            registry=self.registry, buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -40,7 +40,7 @@ class Reviewer:
         # Evaluation has its own threads: API calls and SSH key generation (an RSA-4096 pair is
         # about a second of CPU) must never queue in front of a decision.
         self._evaluators = ThreadPoolExecutor(max_workers=4, thread_name_prefix="evaluate")
-        # So do decision-log appends; several at once share one fsync (group commit).
+        # So do decision-log appends (with per-record fsync, several at once share one: group commit).
         self._log_writers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="decision-log")
 
     def close(self) -> None:
@@ -183,7 +183,8 @@ class Reviewer:
             **fields,
             "latencyMs": round(latency * 1000, 3),
         }
-        # Written (and fsynced) before the response leaves: no decision is ever lost.
+        # In the file and on stdout before the response leaves (fsynced too in strict mode): a
+        # crashed or killed server loses no answered decision.
         await asyncio.get_running_loop().run_in_executor(self._log_writers, self.log.append, record)
         self.metrics.requests.labels(endpoint, fields.get("decision", "error"), fields.get("kind", "")).inc()
         self.metrics.latency.labels(endpoint).observe(latency)

@@ -16,7 +16,6 @@ import pytest
 import trustme
 import yaml
 
-from webhook.decisionlog import DecisionLog
 from webhook.demo import admission_review, sample_state
 from webhook.server import ServerConfig, WebhookServer
 
@@ -93,7 +92,7 @@ def start_server(tmp_path: Path, bundle_specs: list[str] | None = None, reload_i
                           bundle_specs=bundle_specs or ["builtin:default"], decision_log=log_path,
                           reload_interval=reload_interval)
     loop = asyncio.new_event_loop()
-    server = WebhookServer(config, sample_state(), decision_log=DecisionLog(log_path, stdout=None))
+    server = WebhookServer(config, sample_state())  # its own log: the default fsync interval, stdout copy
     ready = threading.Event()
     holder: dict[str, int] = {}
 

@@ -122,6 +122,14 @@ def test_health_ready_and_metrics(webhook_server):
     assert 'trainjob_admission_rule_results_total{bundle="default",effect="deny",rule="quota"} 1.0' in text
     assert "trainjob_admission_certificate_expiry_timestamp_seconds" in text
     assert "trainjob_admission_request_duration_seconds_bucket" in text
+    # the decision log's background fsync (default every 0.1 s) reports how long the disk took
+    for _ in range(50):
+        if "trainjob_admission_decision_log_fsync_seconds_count 0.0" not in text:
+            break
+        time.sleep(0.05)
+        text = webhook_server.get("/metrics")[1]
+    assert "trainjob_admission_decision_log_fsync_seconds_count" in text
+    assert "trainjob_admission_decision_log_fsync_seconds_count 0.0" not in text, text
 
 
 def test_slow_client_is_cut_off(tmp_path, monkeypatch):

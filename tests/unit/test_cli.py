@@ -311,7 +311,9 @@ def test_decisions_verify_reads_kubectl_logs_from_stdin(submissions):
 
 @pytest.mark.parametrize("content, words", [
     ("- a\n- b\n", "must be a YAML mapping"),
-    ("port: eighty\n", "port and timeoutSeconds must be numbers"),
+    ("port: eighty\n", "port, timeoutSeconds and logFsyncInterval must be numbers"),
+    ("logFsyncInterval: soon\n", "port, timeoutSeconds and logFsyncInterval must be numbers"),
+    ("logFsyncInterval: -1\n", "fsync interval must be 0-3600 seconds, got -1"),
 ])
 def test_serve_rejects_a_malformed_config_with_exit_2(tmp_path: Path, content: str, words: str) -> None:
     config = tmp_path / "serve.yaml"

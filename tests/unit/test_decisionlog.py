@@ -592,3 +592,79 @@ def test_verify_stream_without_records_fails_and_says_why() -> None:
     assert not report.ok and report.records == 0 and report.skipped == 2
     assert "no decision records among 2 line(s)" in str(report) and "--timestamps" in str(report)
 
+
+
+def test_periodic_fsync_answers_without_waiting_for_a_stalled_disk(tmp_path, monkeypatch):
+    """With fsync_interval > 0 a line is in the file when `append` returns, even while the
+    disk's flush hangs; the background fsync covers it later and `close` waits for it."""
+    path = tmp_path / "decisions.jsonl"
+    disk_free = threading.Event()
+    flushed_lines: list[int] = []
+    real_fsync = os.fsync
+
+    def stalled_fsync(fd: int) -> None:
+        disk_free.wait(10)
+        real_fsync(fd)
+        flushed_lines.append(len(path.read_bytes().splitlines()))
+
+    monkeypatch.setattr(os, "fsync", stalled_fsync)
+    durations: list[float] = []
+    log = DecisionLog(path, stdout=None, fsync_interval=0.01, on_fsync=durations.append)
+    for i in range(20):  # from the first line on, the flusher hangs in an fsync
+        entry = log.append(decision(i))
+        assert json.loads(lines(path)[-1])["digest"] == entry["digest"]  # in the file on return
+    assert flushed_lines == []  # and nothing waited for the disk
+    disk_free.set()
+    log.close()
+    assert flushed_lines and flushed_lines[-1] == 20
+    assert durations and all(d >= 0 for d in durations)
+    assert verify([path]).ok
+
+
+def test_close_flushes_what_the_periodic_fsync_has_not(tmp_path, monkeypatch):
+    path = tmp_path / "decisions.jsonl"
+    synced_sizes: list[int] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        real_fsync(fd)
+        synced_sizes.append(os.fstat(fd).st_size)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    log = DecisionLog(path, stdout=None, fsync_interval=3600)  # the timer never fires in this test
+    for i in range(5):
+        log.append(decision(i))
+    assert synced_sizes == []
+    log.close()
+    assert synced_sizes == [path.stat().st_size]
+    log.close()  # idempotent
+    assert len(synced_sizes) == 1
+
+
+def test_failed_periodic_fsync_is_logged_and_appends_go_on(tmp_path, monkeypatch, caplog):
+    path = tmp_path / "decisions.jsonl"
+    failures = iter([OSError(5, "Input/output error")])
+    real_fsync = os.fsync
+
+    def failing_once(fd: int) -> None:
+        error = next(failures, None)
+        if error:
+            raise error
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", failing_once)
+    with DecisionLog(path, stdout=None, fsync_interval=0.01) as log:
+        log.append(decision(0))
+        for _ in range(200):
+            if "decision log fsync failed" in caplog.text:
+                break
+            threading.Event().wait(0.01)
+        log.append(decision(1))
+    assert "decision log fsync failed" in caplog.text and "Input/output error" in caplog.text
+    report = verify([path])
+    assert report.ok and report.records == 2, str(report)
+
+
+def test_negative_fsync_interval_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="fsync_interval"):
+        DecisionLog(tmp_path / "d.jsonl", stdout=None, fsync_interval=-1)
