@@ -36,6 +36,9 @@ class PodSet:
     count: int
     pod: dict  # {"metadata": {...}, "spec": {...}} after all overrides
     source: str  # where the pod template lives, for field paths in messages
+    # Fields of the "node" container Trainer copies from spec.trainer: "image" (and command,
+    # args), "resources" (resourcesPerNode). Messages name spec.trainer for these, else the template.
+    from_trainer: frozenset[str] = frozenset()
     requests: dict[str, int] = field(default_factory=dict)  # per pod, cpu in millicores
     limits: dict[str, int] = field(default_factory=dict)
     gpus: dict[str, int] = field(default_factory=dict)  # per pod, accelerator name -> count
@@ -268,10 +271,11 @@ def from_trainjob(trainjob: dict, state: ClusterState) -> EffectiveJob:
         # 3. resourcesPerNode merges into the "node" container of the trainer ancestor, and of the
         #    "node" job when the MPI launcher runs as a node (newRuntimeInfo + MergeResourceRequirements).
         node_container = _container(pod_spec, NODE)
-        if trainer.get("resourcesPerNode") and node_container is not None and (
-            is_trainer or (run_launcher_as_node and rjob_name == NODE)
-        ):
-            node_container["resources"] = smp.merge(node_container.get("resources") or {}, trainer["resourcesPerNode"])
+        from_trainer: set[str] = set()
+        if node_container is not None and (is_trainer or (run_launcher_as_node and rjob_name == NODE)):
+            from_trainer.add("resources")
+            if trainer.get("resourcesPerNode"):
+                node_container["resources"] = smp.merge(node_container.get("resources") or {}, trainer["resourcesPerNode"])
 
         # 4. numNodes: the MPI plugin sets the "node" job (minus one when the launcher is a node,
         #    plugins/mpi/mpi.go EnforceMLPolicy); other policies set the trainer ancestor (plugins/plainml).
@@ -288,6 +292,7 @@ def from_trainjob(trainjob: dict, state: ClusterState) -> EffectiveJob:
         if ancestor == ANCESTOR_TRAINER:
             replicas = 1
             if node_container is not None:
+                from_trainer.add("image")
                 for key in ("image", "command", "args"):
                     if trainer.get(key) is not None:
                         node_container[key] = smp.clone(trainer[key])
@@ -302,7 +307,7 @@ def from_trainjob(trainjob: dict, state: ClusterState) -> EffectiveJob:
         if mpi_policy is None and ancestor == ANCESTOR_TRAINER:
             role = "worker"
         source = f"{runtime.get('kind')} {runtime.get('metadata', {}).get('name')}, replicatedJobs[{rjob_name}] pod template"
-        pod_sets.append(_finish(PodSet(rjob_name, role, replicas * count, pod, source)))
+        pod_sets.append(_finish(PodSet(rjob_name, role, replicas * count, pod, source, frozenset(from_trainer))))
 
     mpi: dict[str, Any] = {}
     if mpi_policy is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..effective_job import EffectiveJob
 from ..resources import QuantityError, format_amount, numbers
-from . import Finding, per_worker_field, plural, workers_field
+from . import Finding, container_field, per_worker_field, plural, resource_path, workers_field
 
 COMPUTE = ("cpu", "memory", "ephemeral-storage")
 
@@ -37,17 +37,19 @@ def _breakdown(parts: list[tuple[str, int, int]], resource: str) -> str:
     return " + ".join(shown)
 
 
-def _missing_values(job: EffectiveJob, kind: str, resource: str) -> list[str]:
-    """Pod sets with a container that sets no value for a compute resource the quota tracks;
-    the API refuses such pods outright unless a LimitRange fills a default."""
-    missing = []
+def _missing_values(job: EffectiveJob, kind: str, resource: str) -> dict[str, str]:
+    """Containers that set no value for a compute resource the quota tracks, each with the field
+    that would set it; the API refuses such pods outright unless a LimitRange fills a default."""
+    missing = {}
     for ps in job.pod_sets:
         for container in ps.pod.get("spec", {}).get("containers") or []:
             values = (container.get("resources") or {}).get(kind) or {}
             if kind == "requests":
                 values = {**((container.get("resources") or {}).get("limits") or {}), **values}
             if resource not in values:
-                missing.append(f"{ps.name} container {container.get('name')!r}")
+                name = container.get("name", "")
+                field = container_field(job, ps, name, f"resources.{resource_path(kind, resource)}")
+                missing[f"{ps.name} container {name!r}"] = field
     return missing
 
 
@@ -81,7 +83,7 @@ def check(job: EffectiveJob, quotas: list[dict], old_job: EffectiveJob | None = 
                     findings.append(Finding(
                         f'quota "{name}" in {job.namespace} tracks {key}, but ' + ", ".join(missing) + f" sets no {resource} "
                         f"{kind[:-1]}; Kubernetes will refuse to create those pods",
-                        f"set {per_worker_field(job, kind, resource)} (or ask your admin for a LimitRange default)",
+                        f"set {' and '.join(dict.fromkeys(missing.values()))}; or ask your admin for a LimitRange default",
                         severity="warn",
                     ))
             available = limit - used.get(key, 0)

@@ -3,9 +3,9 @@ required labels."""
 from __future__ import annotations
 
 from ..bundle import ShapeCheck
-from ..effective_job import EffectiveJob, images_of
+from ..effective_job import EffectiveJob
 from ..resources import format_amount, to_number
-from . import Finding, per_worker_field, workers_field
+from . import Finding, container_field, per_worker_field, workers_field
 
 
 def image_registry(image: str) -> str:
@@ -54,11 +54,16 @@ def check(job: EffectiveJob, settings: ShapeCheck) -> list[Finding]:
         ))
     if settings.allowedRegistries:
         for ps in job.pod_sets:
-            for image in images_of(ps.pod.get("spec", {})):
-                if not registry_allowed(image, settings.allowedRegistries):
+            spec = ps.pod.get("spec") or {}
+            for key in ("initContainers", "containers"):
+                for container in spec.get(key) or []:
+                    image = container.get("image", "")
+                    if registry_allowed(image, settings.allowedRegistries):
+                        continue
                     findings.append(Finding(
                         f"{ps.name} image {image!r} comes from {image_registry(image)}, which is not an allowed registry",
-                        f"use an image from {', '.join(settings.allowedRegistries)} (spec.trainer.image)",
+                        f"use an image from {', '.join(settings.allowedRegistries)} in "
+                        + container_field(job, ps, container.get("name", ""), "image", key),
                     ))
     missing = [label for label in settings.requiredLabels if label not in job.labels]
     if missing:

@@ -387,3 +387,47 @@ def test_example_privileged_runtime_is_denied_with_paths(example_job, example_st
     assert "spec.containers[node].securityContext.privileged (privileged is true)" in message["message"]
     assert "ClusterTrainingRuntime mpi-privileged" in message["message"]
     assert "remove privileged: true" in message["remediation"]
+
+
+# --- where a fix goes: spec.trainer only for what Trainer copies into the container --------------
+
+def test_registry_fix_names_the_field_that_sets_each_image(build):
+    # The trainer ancestor's "node" container takes spec.trainer.image; the other job keeps the
+    # runtime's image, which only spec.runtimePatches changes; a sidecar likewise.
+    node = build.pod_spec(image="docker.io/acme/sshd:1")
+    node["containers"].append({"name": "metrics", "image": "docker.io/acme/exporter:2"})
+    job = job_of(build, build.runtime(node=node), numNodes=2, image="docker.io/me/train:1")
+    fixes = {f.message.split(" comes from")[0]: f.remediation for f in shape.check(job, ShapeCheck(allowedRegistries=["quay.io"]))}
+    assert fixes == {
+        "launcher image 'docker.io/me/train:1'": "use an image from quay.io in spec.trainer.image",
+        "node image 'docker.io/acme/sshd:1'": "use an image from quay.io in image of containers[name=node] in "
+                                              "replicatedJobs[node] through spec.runtimePatches "
+                                              "(now set by ClusterTrainingRuntime rt, replicatedJobs[node] pod template)",
+        "node image 'docker.io/acme/exporter:2'": "use an image from quay.io in image of containers[name=metrics] in "
+                                                  "replicatedJobs[node] through spec.runtimePatches "
+                                                  "(now set by ClusterTrainingRuntime rt, replicatedJobs[node] pod template)",
+    }
+
+
+def test_registry_fix_for_a_legacy_mpijob_names_its_replica_spec(example_job, example_state):
+    obj = example_job("legacy-mpijob")
+    obj["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["image"] = "horovod/horovod:0.28.1"
+    findings = shape.check(effective(obj, example_state), ShapeCheck(allowedRegistries=["quay.io"]))
+    (finding,) = findings
+    name = obj["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["name"]
+    assert finding.remediation == (f"use an image from quay.io in spec.mpiReplicaSpecs.Launcher.template.spec."
+                                   f"containers[name={name}].image")
+
+
+def test_quota_missing_value_fix_names_each_containers_field(build):
+    # resourcesPerNode reaches "node" containers of the trainer ancestor and, with the launcher
+    # as a node, of the node job; a sidecar's value only comes from the template.
+    launcher = build.pod_spec()
+    launcher["containers"].append({"name": "log-shipper", "image": "quay.io/acme/fluent:1"})
+    job = job_of(build, build.runtime(launcher=launcher), numNodes=2, resourcesPerNode={"requests": {"cpu": "2"}})
+    (finding,) = quota.check(job, [build.quota({"requests.memory": "100Gi"})])
+    assert "launcher container 'log-shipper' sets no memory request" in finding.message
+    assert finding.remediation == ("set resources.requests.memory of containers[name=log-shipper] in "
+                                   "replicatedJobs[launcher] through spec.runtimePatches (now set by "
+                                   "ClusterTrainingRuntime rt, replicatedJobs[launcher] pod template); "
+                                   "or ask your admin for a LimitRange default")
