@@ -198,11 +198,14 @@ class StateSink:
 
 
 class Watcher:
-    """Keeps ``sink`` equal to one resource's objects: list, then watch from the list's
-    resourceVersion; resume after a dropped watch, list again (replacing) after 410 Gone."""
+    """Keeps ``sink`` equal to one resource's objects (in ``namespace``, default all): list, then
+    watch from the list's resourceVersion; resume after a dropped watch, list again (replacing)
+    after 410 Gone."""
 
-    def __init__(self, api: KubeApi, resource: Resource, sink: Sink, *, label_selector: str | None = None):
+    def __init__(self, api: KubeApi, resource: Resource, sink: Sink, *, label_selector: str | None = None,
+                 namespace: str | None = None):
         self.api, self.resource, self.sink, self.label_selector = api, resource, sink, label_selector
+        self.namespace = namespace
         self.resource_version: str | None = None
         self.synced = threading.Event()  # set after the first complete list
         self.relists = self.errors = 0
@@ -274,7 +277,7 @@ class Watcher:
         self._stop.wait(MISSING_CRD_RECHECK)
 
     def _relist(self) -> None:
-        items, version = list_all(self.api, self.resource, label_selector=self.label_selector)
+        items, version = list_all(self.api, self.resource, namespace=self.namespace, label_selector=self.label_selector)
         self.sink.replace(items)
         self.resource_version = version
         self.relists += 1
@@ -287,7 +290,8 @@ class Watcher:
                  "timeoutSeconds": str(seconds)}
         if self.label_selector:
             query["labelSelector"] = self.label_selector
-        response = request(self.api, "GET", self.resource.path(), query=query, timeout=(CONNECT_TIMEOUT, seconds + 15))
+        response = request(self.api, "GET", self.resource.path(self.namespace), query=query,
+                           timeout=(CONNECT_TIMEOUT, seconds + 15))
         raw = response.response
         if response.status != 200:
             raise api_failure(response.status, json.loads(response.read() or b"{}"), f"watch {self.resource.plural}",

@@ -17,28 +17,27 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-import threading
 from collections import Counter
 from typing import Any
 
 import kubernetes.client
-from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
 from policies import injections
 
+from . import kubestate
 from .admission import JOB_RESOURCES
 from .injector import KubeCalls, Resource, api_error
 
 log = logging.getLogger("trainjob_admission.reconciler")
 
 SELECTOR = f"{injections.MANAGED_BY_LABEL}={injections.MANAGED_BY}"
-WATCH_SECONDS = 240  # server-side watch timeout; the watch is re-opened from the last resourceVersion
-RETRY_SECONDS = 5.0
+_group, _version, _plural = JOB_RESOURCES["TrainJob"]
+TRAINJOBS = kubestate.Resource("TrainJob", f"{_group}/{_version}", _plural)
 
 
 class Reconciler(KubeCalls):
-    def __init__(self, api: kubernetes.client.ApiClient, *, grace_seconds: float = 300, interval: float = 30,
+    def __init__(self, api: kubestate.KubeApi, *, grace_seconds: float = 300, interval: float = 30,
                  timeout: float = 5.0, namespace: str | None = None):
         """``namespace`` limits the loop to one namespace (default: all)."""
         super().__init__(api, timeout)
@@ -113,12 +112,10 @@ class Reconciler(KubeCalls):
     async def run(self) -> None:
         """Forever: a sweep every ``interval`` seconds, and each new TrainJob handled as it appears.
         API errors are logged and retried; the TrainJob watch resumes after expiry and reconnects."""
-        loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
-        stop = threading.Event()
-        # A daemon thread, not the default executor: a blocked watch must not delay shutdown.
-        threading.Thread(target=self._watch_trainjobs, args=(loop, events, stop), daemon=True,
-                         name="trainjob-watch").start()
+        watcher = kubestate.Watcher(self.api, TRAINJOBS, _NewJobs(asyncio.get_running_loop(), events),
+                                    namespace=self.namespace)
+        watcher.start()
         sweeper = asyncio.create_task(self._sweep_forever())
         try:
             while True:
@@ -129,7 +126,7 @@ class Reconciler(KubeCalls):
                     log.warning("could not reconcile %s: %s", f"TrainJob {'/'.join(job)}" if job else "after a watch restart",
                                 api_error(exc, self.timeout))
         finally:
-            stop.set()
+            watcher.close()
             sweeper.cancel()
 
     async def _sweep_forever(self) -> None:
@@ -142,40 +139,24 @@ class Reconciler(KubeCalls):
                 log.warning("reconcile sweep failed: %s", api_error(exc, self.timeout))
             await asyncio.sleep(self.interval)
 
-    def _watch_trainjobs(self, loop: asyncio.AbstractEventLoop, events: asyncio.Queue, stop: threading.Event) -> None:
-        """List for a resourceVersion, then watch from it; on 410 Gone or any error, list again.
-        Jobs created while the watch was down are caught by the periodic sweep."""
-        group, version, plural = JOB_RESOURCES["TrainJob"]
-        if self.namespace:
-            lister, args = self.custom.list_namespaced_custom_object, (group, version, self.namespace, plural)
-        else:
-            lister, args = self.custom.list_cluster_custom_object, (group, version, plural)
-        resource_version, first = None, True
-        while not stop.is_set():
-            try:
-                if resource_version is None:
-                    resource_version = lister(*args, limit=1, _request_timeout=self.timeout)["metadata"]["resourceVersion"]
-                    if not first:  # jobs may have appeared while the watch was down
-                        loop.call_soon_threadsafe(events.put_nowait, None)
-                    first = False
-                stream = watch.Watch()
-                for event in stream.stream(lister, *args, resource_version=resource_version, allow_watch_bookmarks=True,
-                                           timeout_seconds=WATCH_SECONDS,
-                                           _request_timeout=(self.timeout, WATCH_SECONDS + self.timeout)):
-                    if stop.is_set():
-                        stream.stop()
-                        break
-                    if event["type"] == "ADDED":
-                        meta = event["object"]["metadata"]
-                        loop.call_soon_threadsafe(events.put_nowait, (meta["namespace"], meta["name"]))
-                resource_version = stream.resource_version or resource_version
-            except Exception as exc:  # noqa: BLE001 - 410 Gone, connection loss, a missing CRD: start over
-                expired = isinstance(exc, ApiException) and exc.status == 410
-                if not expired:
-                    log.warning("TrainJob watch failed, retrying in %.0f s: %s", RETRY_SECONDS,
-                                api_error(exc, self.timeout))
-                    stop.wait(RETRY_SECONDS)
-                resource_version = None
+
+class _NewJobs:
+    """The TrainJob watch's sink: each job that appears goes to ``reconcile_job`` (None: sweep all).
+    A list after the first follows a 410 Gone, when events were lost, so jobs may have come
+    unseen: sweep."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, events: asyncio.Queue):
+        self.loop, self.events, self.listed = loop, events, False
+
+    def replace(self, objects: list[dict]) -> None:
+        if self.listed:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, None)
+        self.listed = True
+
+    def apply(self, event: str, obj: dict) -> None:
+        if event == "ADDED":
+            meta = obj.get("metadata") or {}
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (meta.get("namespace", ""), meta.get("name", "")))
 
 
 def _summary(counts: Counter) -> dict:

@@ -14,13 +14,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kubernetes import config as kube_config
 
 from policies.state import ClusterState
 from webhook.decisionlog import DecisionLog
 from webhook.injector import Injector
 from webhook.keys import fingerprint, generate
-from webhook import reconciler as reconciler_module
+from webhook import kubestate
 from webhook.reconciler import Reconciler
 from webhook.server import ServerConfig, WebhookServer
 
@@ -103,7 +102,7 @@ def mpi_runtime(control_plane):
 
 @pytest.fixture
 def api(control_plane):
-    return kube_config.new_client_from_config(config_file=str(control_plane.admin_kubeconfig))
+    return kubestate.api_client(str(control_plane.admin_kubeconfig))
 
 
 @pytest.fixture
@@ -150,7 +149,7 @@ def test_injected_objects_are_used_by_trainer_owned_by_the_job_and_collected(
     ns = namespace
     # A large sweep interval: the ownerReference must come from the TrainJob watch, which
     # expires every second here and must resume each time.
-    monkeypatch.setattr(reconciler_module, "WATCH_SECONDS", 1)
+    monkeypatch.setattr(kubestate, "WATCH_SECONDS", 1)
     reconciler = Reconciler(api, grace_seconds=3600, interval=3600, namespace=ns)
     handled: list[tuple[tuple, dict]] = []  # what the watch handed to reconcile_job, and the outcome
     reconcile_job = reconciler.reconcile_job

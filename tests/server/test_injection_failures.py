@@ -16,6 +16,7 @@ import trustme
 from webhook.decisionlog import DecisionLog
 from webhook.demo import sample_state
 from webhook.injector import Injector
+from webhook.kubestate import KubeApi
 from webhook.reconciler import Reconciler
 from webhook.server import ServerConfig, WebhookServer
 
@@ -25,12 +26,12 @@ pytestmark = pytest.mark.server
 SECRET = "team-a/resnet-allreduce-mpi-ssh-auth"
 
 
-def api_client(port: int) -> kubernetes.client.ApiClient:
+def api_client(port: int) -> KubeApi:
     configuration = kubernetes.client.Configuration()
     configuration.host = f"https://127.0.0.1:{port}"
     configuration.verify_ssl = False
     configuration.retries = 0
-    return kubernetes.client.ApiClient(configuration)
+    return KubeApi(configuration)
 
 
 def closed_port() -> int:
@@ -160,4 +161,5 @@ def test_reconciler_keeps_running_without_an_api(caplog):
     assert asyncio.run(run_briefly())
     messages = [r.getMessage() for r in caplog.records]
     assert sum("reconcile sweep failed: cannot connect to the Kubernetes API" in m for m in messages) >= 3, messages
-    assert any("TrainJob watch failed, retrying" in m for m in messages), messages
+    assert any("watch of trainjobs failed: cannot reach the Kubernetes API server" in m and "retrying" in m
+               for m in messages), messages
