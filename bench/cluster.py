@@ -24,6 +24,7 @@ from pathlib import Path
 
 import yaml
 
+from latency import percentile  # bench/, the script's own directory
 from webhook.keys import KEY_TYPES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,13 +44,8 @@ def trainjob(name: str) -> dict:
                                                                      "limits": {"nvidia.com/gpu": "1"}}}}}
 
 
-def percentile(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
-
-
 def summary(ms: list[float]) -> dict:
-    return {"n": len(ms), "p50": percentile(ms, 0.50), "p95": percentile(ms, 0.95), "mean": statistics.fmean(ms)}
+    return {"n": len(ms), "p50": percentile(ms, 50), "p95": percentile(ms, 95), "mean": statistics.fmean(ms)}
 
 
 def ensure_cluster() -> None:

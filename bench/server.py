@@ -51,6 +51,8 @@ from certs.issue import issue  # noqa: E402
 from policies.bundle import API_VERSION, KIND  # noqa: E402
 from webhook.demo import admission_review  # noqa: E402
 
+from latency import percentile  # noqa: E402 - bench/, the script's own directory
+
 EXAMPLES = ROOT / "examples"
 STATE_FILES = [EXAMPLES / "cluster-state.yaml", EXAMPLES / "runtimes" / "mpi-openmpi.yaml"]
 JOB_FILE = EXAMPLES / "jobs" / "allowed.yaml"
@@ -142,14 +144,6 @@ async def mutated_job(session: aiohttp.ClientSession, base: str, obj: dict) -> d
     return jsonpatch.apply_patch(obj, json.loads(base64.b64decode(answer["patch"])))
 
 
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile (no interpolation: p99 is a latency some request really had)."""
-    if not sorted_values:
-        return float("nan")
-    rank = max(1, -(-len(sorted_values) * q // 100))
-    return sorted_values[int(rank) - 1]
-
-
 async def run_phase(session: aiohttp.ClientSession, url: str, payloads: list[bytes], rate: int, duration: float,
                     expect: bytes) -> tuple[list[float], int, float]:
     """Send at ``rate``/s for ``duration`` s on schedule; returns latencies (s), failures, span (s)."""
@@ -220,11 +214,10 @@ async def measure(args: argparse.Namespace, workdir: Path) -> list[Phase]:
                         latencies, failed, span = await run_phase(
                             sessions[name], f"{base[name]}/{endpoint}", payloads[endpoint], rate, args.duration, want)
                         cpu = sides[name].cpu_seconds() - cpu_before
-                        latencies.sort()
                         ms = [v * 1000 for v in latencies]
                         phases.append(Phase(name, endpoint, rate, len(latencies) + failed, len(latencies), failed,
                                             percentile(ms, 50), percentile(ms, 95), percentile(ms, 99),
-                                            ms[-1] if ms else float("nan"), len(latencies) / span,
+                                            max(ms, default=float("nan")), len(latencies) / span,
                                             cpu * 1000 / max(len(latencies), 1)))
                         await asyncio.sleep(args.pause)
         finally:
@@ -281,8 +274,7 @@ def fsync_latency(directory: Path, samples: int = 200) -> tuple[float, float, fl
             times.append((time.perf_counter() - started) * 1000)
             time.sleep(0.002)
     path.unlink()
-    times.sort()
-    return times[len(times) // 2], times[int(len(times) * 0.99)], times[-1]
+    return percentile(times, 50), percentile(times, 99), max(times)
 
 
 def main() -> int:
