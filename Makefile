@@ -14,6 +14,7 @@ help:
 	@echo "make demo   - install, then run the webhook demo on loopback with the default bundle"
 	@echo "make test   - install, then run the unit, server and (with Go) cluster tests"
 	@echo "make test-cluster - build the Go control plane, run the cluster tests"
+	@echo "make lint   - pyflakes over the code, tests, bench and hack (part of make test)"
 	@echo "make bench  - engine and server benchmarks, each side by side with its baseline (bench/cluster.py: on the control plane)"
 
 $(STAMP): pyproject.toml requirements.lock
@@ -28,7 +29,7 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/trainjob-admission demo
 
-test: $(STAMP)
+test: $(STAMP) lint
 	$(PY) -m pytest tests/unit tests/server -q
 	$(MAKE) test-cluster
 
@@ -37,6 +38,9 @@ test-unit: $(STAMP)
 
 test-server: $(STAMP)
 	$(PY) -m pytest tests/server -q
+
+lint: $(STAMP)
+	$(PY) -m pyflakes webhook policies certs bench tests hack
 
 bench: $(STAMP)
 	$(PY) bench/engine.py

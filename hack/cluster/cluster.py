@@ -934,7 +934,7 @@ def _start(t0: float, timeout: float) -> dict:
         "--enable-admission-plugins=NamespaceLifecycle,LimitRanger,ServiceAccount,NodeRestriction,"
         "DefaultTolerationSeconds,PodSecurity,Priority,MutatingAdmissionWebhook,"
         "ValidatingAdmissionWebhook,ResourceQuota",
-        f"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={pki_dir / 'sa.pub'}",
         f"--service-account-signing-key-file={pki_dir / 'sa.key'}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..effective_job import EffectiveJob
 from ..resources import QuantityError, format_amount, numbers
-from . import Finding, container_field, per_worker_field, plural, resource_path, workers_field
+from . import Finding, container_field, plural, resource_path, workers_field
 
 COMPUTE = ("cpu", "memory", "ephemeral-storage")
 

@@ -33,6 +33,7 @@ from policies.state import ClusterState
 from webhook.bundles import BundleRegistry
 from webhook.demo import admission_review
 from webhook.kubestate import ClusterSync, Watcher, api_client
+from webhook_service import free_port, start_service
 
 pytestmark = pytest.mark.cluster
 
@@ -43,12 +44,6 @@ FAST = 10.0  # seconds: what "within seconds" means for a watch on loopback
 
 
 # --- helpers ------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Relay:
     """A TCP relay to the API server. ``cut()`` resets every connection and closes the port;
     ``restore()`` listens on the same port again."""
@@ -555,7 +550,6 @@ def test_serve_reconcile_namespace_leaves_other_namespaces_alone(kubectl, namesp
                                                                   serving_cert):
     """`serve --reconcile-namespace A`: the reconciler adopts an orphan injected object in A and
     never touches the same kind of object in B (another test's namespace on a shared cluster)."""
-    from webhook_service import start_service
 
     other = f"{namespace}-b"
     kubectl("create", "namespace", other)
