@@ -131,8 +131,13 @@ class EffectiveJob:
         }
 
 
+def containers_of(pod_spec: dict) -> list[tuple[str, dict]]:
+    """(list key, container) for what a pod runs: its init containers, then its containers."""
+    return [(key, c) for key in ("initContainers", "containers") for c in pod_spec.get(key) or []]
+
+
 def images_of(pod_spec: dict) -> list[str]:
-    return [c.get("image", "") for key in ("initContainers", "containers") for c in pod_spec.get(key) or []]
+    return [c.get("image", "") for _, c in containers_of(pod_spec)]
 
 
 def all_containers(pod_spec: dict) -> list[tuple[str, int, dict]]:

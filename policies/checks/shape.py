@@ -3,7 +3,7 @@ required labels."""
 from __future__ import annotations
 
 from ..bundle import ShapeCheck
-from ..effective_job import EffectiveJob
+from ..effective_job import EffectiveJob, containers_of
 from ..resources import format_amount, to_number
 from . import Finding, container_field, per_worker_field, workers_field
 
@@ -54,17 +54,15 @@ def check(job: EffectiveJob, settings: ShapeCheck) -> list[Finding]:
         ))
     if settings.allowedRegistries:
         for ps in job.pod_sets:
-            spec = ps.pod.get("spec") or {}
-            for key in ("initContainers", "containers"):
-                for container in spec.get(key) or []:
-                    image = container.get("image", "")
-                    if registry_allowed(image, settings.allowedRegistries):
-                        continue
-                    findings.append(Finding(
-                        f"{ps.name} image {image!r} comes from {image_registry(image)}, which is not an allowed registry",
-                        f"use an image from {', '.join(settings.allowedRegistries)} in "
-                        + container_field(job, ps, container.get("name", ""), "image", key),
-                    ))
+            for key, container in containers_of(ps.pod.get("spec") or {}):
+                image = container.get("image", "")
+                if registry_allowed(image, settings.allowedRegistries):
+                    continue
+                findings.append(Finding(
+                    f"{ps.name} image {image!r} comes from {image_registry(image)}, which is not an allowed registry",
+                    f"use an image from {', '.join(settings.allowedRegistries)} in "
+                    + container_field(job, ps, container.get("name", ""), "image", key),
+                ))
     missing = [label for label in settings.requiredLabels if label not in job.labels]
     if missing:
         findings.append(Finding(
