@@ -80,13 +80,20 @@ def decode_patch(response: dict) -> list[dict]:
     return json.loads(base64.b64decode(response["patch"])) if response.get("patch") else []
 
 
-def start_server(tmp_path: Path, bundle_specs: list[str] | None = None, reload_interval: float = 0.2) -> tuple[Running, threading.Thread]:
+def serving_cert(cert_dir: Path) -> trustme.CA:
+    """A throwaway CA and a serving certificate for localhost/127.0.0.1 (and the in-cluster
+    Service name) written as cert_dir/tls.crt and tls.key, the layout `serve --cert-dir` reads."""
     ca = trustme.CA()
     cert = ca.issue_cert("localhost", "127.0.0.1", "trainjob-admission.trainjob-admission.svc")
-    cert_dir = tmp_path / "tls"
     cert_dir.mkdir()
     cert.private_key_pem.write_to_path(str(cert_dir / "tls.key"))
     cert.cert_chain_pems[0].write_to_path(str(cert_dir / "tls.crt"))
+    return ca
+
+
+def start_server(tmp_path: Path, bundle_specs: list[str] | None = None, reload_interval: float = 0.2) -> tuple[Running, threading.Thread]:
+    cert_dir = tmp_path / "tls"
+    ca = serving_cert(cert_dir)
     log_path = tmp_path / "decisions.jsonl"
     config = ServerConfig(host="127.0.0.1", port=0, cert_file=cert_dir / "tls.crt", key_file=cert_dir / "tls.key",
                           bundle_specs=bundle_specs or ["builtin:default"], decision_log=log_path,

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import kubernetes.client
 import pytest
-import trustme
 
 from webhook.decisionlog import DecisionLog
 from webhook.demo import sample_state
@@ -20,7 +19,7 @@ from webhook.kubestate import KubeApi
 from webhook.reconciler import Reconciler
 from webhook.server import ServerConfig, WebhookServer
 
-from .conftest import Running, job
+from .conftest import Running, job, serving_cert
 
 pytestmark = pytest.mark.server
 SECRET = "team-a/resnet-allreduce-mpi-ssh-auth"
@@ -73,12 +72,8 @@ def start(tmp_path: Path):
     stops = []
 
     def _start(api_port: int, failure_mode: str = "deny", timeout: float = 1.0) -> Running:
-        ca = trustme.CA()
         cert_dir = tmp_path / f"tls-{len(stops)}"
-        cert_dir.mkdir()
-        issued = ca.issue_cert("localhost", "127.0.0.1")
-        issued.private_key_pem.write_to_path(str(cert_dir / "tls.key"))
-        issued.cert_chain_pems[0].write_to_path(str(cert_dir / "tls.crt"))
+        ca = serving_cert(cert_dir)
         log_path = tmp_path / f"decisions-{len(stops)}.jsonl"
         config = ServerConfig(host="127.0.0.1", port=0, cert_file=cert_dir / "tls.crt",
                               key_file=cert_dir / "tls.key", decision_log=log_path)

@@ -17,12 +17,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import trustme
 
 from webhook.decisionlog import verify
 from webhook.demo import admission_review
 
-from .conftest import job
+from .conftest import job, serving_cert
 
 pytestmark = pytest.mark.server
 
@@ -31,12 +30,8 @@ LISTENING = re.compile(r"listening on [0-9.]+:([0-9]+)")
 
 
 def serve(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, int, ssl.SSLContext, Path]:
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1")
     cert_dir = tmp_path / "tls"
-    cert_dir.mkdir()
-    cert.private_key_pem.write_to_path(str(cert_dir / "tls.key"))
-    cert.cert_chain_pems[0].write_to_path(str(cert_dir / "tls.crt"))
+    ca = serving_cert(cert_dir)
     log_path, stderr_path = tmp_path / "decisions.jsonl", tmp_path / "serve.stderr"
     command = [sys.executable, "-m", "webhook.cli", "serve", "--host", "127.0.0.1", "--port", "0",
                "--cert-dir", str(cert_dir), "--decision-log", str(log_path), *extra,
