@@ -28,20 +28,13 @@ from latency import percentile  # bench/, the script's own directory
 from webhook.keys import KEY_TYPES
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "cluster"))
+sys.path.insert(0, str(ROOT))
 
-import webhook_service as ws  # noqa: E402
+from tests.support.objects import trainjob  # noqa: E402
+from tests.support.service import cluster, register, start_service, unregister  # noqa: E402
 
-cluster = ws.cluster
 GROUP, VERSION, PLURAL = "trainer.kubeflow.org", "v1alpha1", "trainjobs"
 SELECTOR_LABEL = "trainjob-admission.io/bench"
-
-
-def trainjob(name: str) -> dict:
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainJob", "metadata": {"name": name},
-            "spec": {"runtimeRef": {"name": "mpi-openmpi"}, "suspend": True,
-                     "trainer": {"numNodes": 4, "resourcesPerNode": {"requests": {"cpu": "1", "memory": "2Gi"},
-                                                                     "limits": {"nvidia.com/gpu": "1"}}}}}
 
 
 def summary(ms: list[float]) -> dict:
@@ -87,23 +80,24 @@ def main(argv=None) -> int:
             (work / "bundle.yaml").write_text(yaml.safe_dump(doc))
             bundle = str(work / "bundle.yaml")
         # a bundle selector no PolicyBundle carries: only this bundle applies
-        svc = ws.start_service(work, cluster.ADMIN_KUBECONFIG,
-                               cluster.issue_serving_cert(work / "certs", name="bench-webhook"),
-                               namespaces=[with_ns], args=("--bundle", bundle, "--bundle-selector", f"{SELECTOR_LABEL}={run}"))
-        ws.register(svc, hook, [with_ns])
+        svc = start_service(work, cluster.ADMIN_KUBECONFIG,
+                            cluster.issue_serving_cert(work / "certs", name="bench-webhook"),
+                            namespaces=[with_ns], args=("--bundle", bundle, "--bundle-selector", f"{SELECTOR_LABEL}={run}"))
+        register(svc, hook, [with_ns])
         samples: dict[str, list[float]] = {"with": [], "without": []}
         for i in range(args.warmup + args.n):
             order = (("with", with_ns), ("without", without_ns))
             for side, ns in (order if i % 2 == 0 else order[::-1]):  # alternate who goes first
+                obj = trainjob(f"j{i}", image=None, command=None, suspend=True)  # 4 nodes x 1 GPU, no pods start
                 t0 = time.perf_counter()
-                api.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, trainjob(f"j{i}"), _request_timeout=60)
+                api.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, obj, _request_timeout=60)
                 dt = (time.perf_counter() - t0) * 1000
                 if i >= args.warmup:
                     samples[side].append(dt)
         served = {e: [r["latencyMs"] for r in svc.records() if r.get("namespace") == with_ns and r["endpoint"] == e]
                   for e in ("mutate", "validate")}
     finally:
-        ws.unregister(hook)
+        unregister(hook)
         if svc:
             svc.stop()
         cluster.kubectl("delete", "namespace", with_ns, without_ns, "--wait=false", check=False)

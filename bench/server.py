@@ -30,9 +30,7 @@ import asyncio
 import base64
 import json
 import os
-import re
 import ssl
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,8 +45,9 @@ import aiohttp  # noqa: E402
 import jsonpatch  # noqa: E402
 import yaml  # noqa: E402
 
-from certs.issue import issue  # noqa: E402
+from certs.issue import IssuedCerts, issue  # noqa: E402
 from policies.bundle import API_VERSION, KIND  # noqa: E402
+from tests.support.serve import Serve  # noqa: E402
 from webhook.demo import admission_review  # noqa: E402
 
 from latency import percentile  # noqa: E402 - bench/, the script's own directory
@@ -59,7 +58,6 @@ JOB_FILE = EXAMPLES / "jobs" / "allowed.yaml"
 ENDPOINTS = ("mutate", "validate")
 TARGET_RATE, TARGET_P99_MS = 200, 25.0
 STRICT = "default, fsync per record"
-LISTENING = re.compile(r"listening on [0-9.]+:([0-9]+)")
 
 
 @dataclass
@@ -78,45 +76,16 @@ class Phase:
     cpu_ms: float  # server process CPU time per answered request: the cost, whatever the machine's load
 
 
-class ServerProcess:
+def serve(workdir: Path, name: str, bundle: str, certs: IssuedCerts, *extra: str) -> Serve:
     """``trainjob-admission serve`` on 127.0.0.1 with a free port, as its own process."""
+    state = [flag for path in STATE_FILES for flag in ("--cluster-state", str(path))]
+    return Serve(workdir, certs.cert.parent, certs.ca_cert.read_bytes(), "--bundle", bundle, *state, *extra, name=name)
 
-    def __init__(self, workdir: Path, name: str, bundle: str, cert_dir: Path, *extra: str):
-        self.stderr_path = workdir / f"{name}.stderr"
-        self.log_path = workdir / f"{name}-decisions.jsonl"
-        command = [sys.executable, "-m", "webhook.cli", "serve", "--host", "127.0.0.1", "--port", "0",
-                   "--cert-dir", str(cert_dir), "--bundle", bundle, "--decision-log", str(self.log_path), *extra]
-        for path in STATE_FILES:
-            command += ["--cluster-state", str(path)]
-        with open(self.stderr_path, "wb") as stderr:
-            self.process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr)
-        self.port = self._wait_for_port()
 
-    def _wait_for_port(self, timeout: float = 30.0) -> int:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            match = LISTENING.search(self.stderr_path.read_text(errors="replace"))
-            if match:
-                return int(match.group(1))
-            if self.process.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"server did not start; its stderr:\n{self.stderr_path.read_text(errors='replace')}")
-
-    def cpu_seconds(self) -> float:
-        """User + system CPU time of the server process so far (Linux /proc)."""
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+def cpu_seconds(server: Serve) -> float:
+    """User + system CPU time of the server process so far (Linux /proc)."""
+    fields = Path(f"/proc/{server.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def allow_all_bundle(path: Path) -> str:
@@ -183,9 +152,9 @@ async def run_phase(session: aiohttp.ClientSession, url: str, payloads: list[byt
 async def measure(args: argparse.Namespace, workdir: Path) -> list[Phase]:
     certs = issue("trainjob-admission", "bench", workdir / "tls", ip_addresses=["127.0.0.1"])
     sides = {
-        "default": ServerProcess(workdir, "default", "builtin:default", certs.cert.parent),
-        "allow-all": ServerProcess(workdir, "allow-all", allow_all_bundle(workdir / "allow-all.yaml"), certs.cert.parent),
-        STRICT: ServerProcess(workdir, "strict", "builtin:default", certs.cert.parent, "--log-fsync-interval", "0"),
+        "default": serve(workdir, "default", "builtin:default", certs),
+        "allow-all": serve(workdir, "allow-all", allow_all_bundle(workdir / "allow-all.yaml"), certs),
+        STRICT: serve(workdir, "strict", "builtin:default", certs, "--log-fsync-interval", "0"),
     }
     tls = ssl.create_default_context(cafile=str(certs.ca_cert))
     obj = yaml.safe_load(JOB_FILE.read_text())
@@ -196,7 +165,7 @@ async def measure(args: argparse.Namespace, workdir: Path) -> list[Phase]:
             connector=aiohttp.TCPConnector(ssl=tls, limit=args.connections, keepalive_timeout=60), timeout=timeout)
             for name in sides}
         try:
-            base = {name: f"https://127.0.0.1:{server.port}" for name, server in sides.items()}
+            base = {name: server.url for name, server in sides.items()}
             validated = await mutated_job(sessions["default"], base["default"], obj)
             payloads = {"mutate": bodies(obj, 64), "validate": bodies(validated, 64)}
             # Every answer must be 200 and allowed; the default bundle's /mutate must also patch.
@@ -210,10 +179,10 @@ async def measure(args: argparse.Namespace, workdir: Path) -> list[Phase]:
                         if name == STRICT and rate != TARGET_RATE:
                             continue
                         want = expect.get((name, endpoint), b'"allowed":true')
-                        cpu_before = sides[name].cpu_seconds()
+                        cpu_before = cpu_seconds(sides[name])
                         latencies, failed, span = await run_phase(
                             sessions[name], f"{base[name]}/{endpoint}", payloads[endpoint], rate, args.duration, want)
-                        cpu = sides[name].cpu_seconds() - cpu_before
+                        cpu = cpu_seconds(sides[name]) - cpu_before
                         ms = [v * 1000 for v in latencies]
                         phases.append(Phase(name, endpoint, rate, len(latencies) + failed, len(latencies), failed,
                                             percentile(ms, 50), percentile(ms, 95), percentile(ms, 99),

@@ -10,8 +10,9 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from importlib import resources
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -176,6 +177,20 @@ class NetworkPolicyInjection(Strict):
 class Injections(Strict):
     sshKey: SshKeyInjection | None = None
     networkPolicy: NetworkPolicyInjection | None = None
+
+
+Section = TypeVar("Section", bound=BaseModel)
+
+
+def merged(model: type[Section], sections: Sequence[Section]) -> Section:
+    """Per field, the value of the first section (priority order) that sets it: how the
+    single-valued settings of several enforcing bundles combine. Reading the fields from the
+    schema keeps their list in one place."""
+    if len(sections) == 1:
+        return sections[0]  # the common case, and the same result
+    return model.model_construct(**{
+        name: next((value for section in sections if (value := getattr(section, name)) is not None), None)
+        for name in model.model_fields})
 
 
 class BundleSpec(Strict):

@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .bundle import Bundle
+from .decision import FAILED
 from .engine import AdmissionInput, evaluate
 from .state import ClusterState, StateError, load_objects
 
@@ -90,7 +91,7 @@ def run_case(path: Path, case: Case, bundles: list[Bundle]) -> CaseResult:
     if decision.decision != case.expect.decision:
         reasons = "; ".join(m["message"] for m in decision.messages) or "; ".join(decision.warnings)
         failures.append(f"expected {case.expect.decision}, got {decision.decision}" + (f" ({reasons})" if reasons else ""))
-    failed_rules = {r.qualified for r in decision.results if r.result in ("fail", "error")}
+    failed_rules = {r.qualified for r in decision.results if r.result in FAILED}
     for rule in case.expect.rules:
         if rule not in failed_rules:
             failures.append(f"expected rule {rule} to fail; failed: {', '.join(sorted(failed_rules)) or 'none'}")

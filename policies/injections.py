@@ -3,9 +3,7 @@ reconciles it. Planning is pure (used by ``review`` and the server alike); creat
 server's job (webhook/injector.py)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from .bundle import NetworkPolicyInjection, SshKeyInjection
+from .bundle import Injections, NetworkPolicyInjection
 from .effective_job import EffectiveJob
 
 SSH_SECRET_SUFFIX = "-mpi-ssh-auth"  # the name Trainer's MPI plugin looks for (plugins/mpi/mpi.go)
@@ -16,13 +14,7 @@ JOB_ANNOTATION = "trainjob-admission.io/job"  # "<kind>/<name>", how the reconci
 JOB_UID_ANNOTATION = "trainjob-admission.io/job-uid"  # the uid the API server gave the job at admission
 
 
-@dataclass
-class InjectionSettings:
-    sshKey: SshKeyInjection | None = None
-    networkPolicy: NetworkPolicyInjection | None = None
-
-
-def plan(job: EffectiveJob, settings: InjectionSettings) -> list[dict]:
+def plan(job: EffectiveJob, settings: Injections) -> list[dict]:
     """What the server will create for this job, as {"kind", "name", ...details}."""
     plans: list[dict] = []
     if settings.sshKey and settings.sshKey.enabled and job.kind == "TrainJob" and job.mpi:

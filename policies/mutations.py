@@ -7,27 +7,17 @@ their replica templates directly.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import jsonpatch
 
-from .bundle import CostLabelsMutation, IstioMutation, SchedulingMutation, SecurityDefaultsMutation
 from . import smp
+from .bundle import Mutations
 from .effective_job import EffectiveJob, all_containers
 
 MANAGER = "trainjob-admission.io/webhook"
 ISTIO_INJECT = "sidecar.istio.io/inject"
 
 
-@dataclass
-class MutationSettings:
-    istio: IstioMutation | None = None
-    scheduling: SchedulingMutation | None = None
-    securityDefaults: SecurityDefaultsMutation | None = None
-    costLabels: CostLabelsMutation | None = None
-
-
-def job_labels(obj: dict, settings: MutationSettings, namespace: dict) -> dict[str, str]:
+def job_labels(obj: dict, settings: Mutations, namespace: dict) -> dict[str, str]:
     """Labels to add to the job itself: Kueue queue and priority, cost attribution."""
     existing = (obj.get("metadata") or {}).get("labels") or {}
     ns_name = (namespace.get("metadata") or {}).get("name", "")
@@ -46,7 +36,7 @@ def job_labels(obj: dict, settings: MutationSettings, namespace: dict) -> dict[s
     return {k: v for k, v in wanted.items() if k not in existing}
 
 
-def pod_metadata(settings: MutationSettings, cost_labels: dict[str, str]) -> dict:
+def pod_metadata(settings: Mutations, cost_labels: dict[str, str]) -> dict:
     metadata: dict = {}
     if settings.istio and settings.istio.disableSidecar:
         # Istio reads the label (current) and the annotation (older releases); set both.
@@ -82,7 +72,7 @@ def security_defaults(pod_spec: dict) -> dict:
     return patch
 
 
-def plan(obj: dict, job: EffectiveJob, settings: MutationSettings, namespace: dict) -> tuple[list[dict], dict]:
+def plan(obj: dict, job: EffectiveJob, settings: Mutations, namespace: dict) -> tuple[list[dict], dict]:
     """JSONPatch operations for ``obj`` (empty when there is nothing to change) and the object
     they produce, so the caller need not apply them to a copy again."""
     labels = job_labels(obj, settings, namespace)

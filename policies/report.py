@@ -1,8 +1,10 @@
-"""Human-readable renderings of decisions and explanations, shared by the CLI and the demo."""
+"""Renderings of decisions and explanations, shared by the CLI and the demo."""
 from __future__ import annotations
 
-from .engine import Decision
+from .decision import Decision, Verdict
 from .resources import format_amount
+
+HEADLINES = {Verdict.ALLOW: "ALLOWED", Verdict.WARN: "ALLOWED with warnings", Verdict.DENY: "DENIED"}
 
 
 def job_summary(decision: Decision) -> str:
@@ -19,7 +21,7 @@ def job_summary(decision: Decision) -> str:
 
 def decision_text(obj: dict, decision: Decision) -> str:
     meta = obj.get("metadata") or {}
-    head = {"allow": "ALLOWED", "warn": "ALLOWED with warnings", "deny": "DENIED"}[decision.decision]
+    head = HEADLINES[decision.decision]
     bundles = ", ".join(f"{b['name']} {b['version']}" for b in decision.bundles) or "none matched"
     lines = [f"{head}  {obj.get('kind')} {meta.get('namespace', '')}/{meta.get('name', '')}  (bundles: {bundles})"]
     for message in decision.messages:
@@ -49,3 +51,8 @@ def explain_text(decision: Decision) -> str:
     out.append("")
     out.append(job_summary(decision))
     return "\n".join(line.rstrip() for line in out)
+
+
+def explain_json(decision: Decision) -> dict:
+    """``policy explain -o json``: every rule's result and the ``job`` variable the CEL rules saw."""
+    return {"results": [r.as_dict() for r in decision.results], "job": decision.job.as_cel() if decision.job else None}

@@ -7,7 +7,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from policies.engine import AdmissionInput, Decision
+from policies.decision import Decision
+from policies.engine import AdmissionInput
 
 API_VERSION = "admission.k8s.io/v1"
 # The kinds we decide, as (group, version, plural) by kind: TrainJob, and the legacy v2beta1 MPIJob.

@@ -24,10 +24,17 @@ CLUSTER_SOURCE_PREFIX = "cluster:"  # sources fed from PolicyBundle objects, not
 
 @dataclass
 class SourceState:
+    """One source as last compiled: its good bundles (kept through a broken change) and, when
+    the latest version did not compile, why."""
+
     bundles: tuple[Bundle, ...] = ()
     fingerprint: tuple = ()
     error: str = ""
     problems: tuple[Problem, ...] = ()  # of the latest version, when it did not compile
+
+    @property
+    def compiled(self) -> bool:
+        return not self.problems and not self.error
 
 
 @dataclass
@@ -58,33 +65,36 @@ class BundleRegistry:
             return ()
         return (st.st_mtime_ns, st.st_size, st.st_ino)
 
-    def update_source(self, source: str, text: str, fingerprint: tuple = ()) -> bool:
-        """Compile ``text`` as the new content of ``source``; on error keep the last good one."""
+    def update_source(self, source: str, text: str, fingerprint: tuple = ()) -> SourceState:
+        """Compile ``text`` as the new content of ``source``; on error keep the last good one.
+        Returns the source's state: what it now enforces and, if the text did not compile, why."""
         try:
             documents = parse_documents(text, source)
         except BundleError as exc:
             return self._reject(source, exc, fingerprint)
         return self.update_documents(source, documents, fingerprint)
 
-    def update_documents(self, source: str, documents: list[Any], fingerprint: tuple = ()) -> bool:
-        """Compile parsed documents (e.g. a PolicyBundle object from the API) as ``source``."""
+    def update_documents(self, source: str, documents: list[Any], fingerprint: tuple = ()) -> SourceState:
+        """Compile parsed documents (e.g. a PolicyBundle object from the API) as ``source``;
+        returns the source's state as :meth:`update_source` does."""
         try:
             bundles = tuple(compile_document(doc, source) for doc in documents)
         except BundleError as exc:
             return self._reject(source, exc, fingerprint)
+        state = SourceState(bundles, fingerprint)
         with self._lock:
-            self.sources[source] = SourceState(bundles, fingerprint)
+            self.sources[source] = state
             self.reloads += 1
             self._publish()
-        return True
+        return state
 
-    def _reject(self, source: str, exc: BundleError, fingerprint: tuple) -> bool:
+    def _reject(self, source: str, exc: BundleError, fingerprint: tuple) -> SourceState:
         with self._lock:
-            state = self.sources.setdefault(source, SourceState())
-            state.fingerprint, state.error, state.problems = fingerprint, str(exc), tuple(exc.problems)
+            last_good = self.sources.get(source, SourceState()).bundles
+            state = self.sources[source] = SourceState(last_good, fingerprint, str(exc), tuple(exc.problems))
             self.failures += 1
         log.error("bundle rejected, keeping the last good version: %s", exc)
-        return False
+        return state
 
     def remove_source(self, source: str) -> None:
         with self._lock:

@@ -18,17 +18,14 @@ from policies import report
 from policies.bundle import BUILTIN_PREFIX, BundleError, builtin_names, load_bundles
 from policies.cases import CaseError, load_cases, run_case
 from policies.engine import AdmissionInput, evaluate
+from policies.lint import lint
 from policies.state import ClusterState, StateError, load_objects
 
-EXIT_OK, EXIT_DENIED, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_UNREACHABLE = 0, 1, 2, 3, 6
+from .cli_errors import EXIT_DENIED, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_OK, EXIT_UNREACHABLE, CliError
+from .commands import register_server_commands
+
 DEFAULT_BUNDLE = BUILTIN_PREFIX + "default"
 T = TypeVar("T")
-
-
-class CliError(Exception):
-    def __init__(self, message: str, code: int = EXIT_INVALID):
-        super().__init__(message)
-        self.code = code
 
 
 def _bundles(specs: list[str] | None) -> list:
@@ -49,7 +46,7 @@ def _review_bundles(args: argparse.Namespace) -> list:
         return _bundles(args.bundle)
     if args.bundle:
         _bundles(args.bundle)  # the files' problems, with their exit codes, before any API call
-    from webhook.clusterbundles import read_bundles
+    from .clusterbundles import read_bundles  # the Kubernetes client: only with --kubeconfig (start-up time)
 
     found = _from_cluster(args.kubeconfig, lambda: read_bundles(args.kubeconfig, args.bundle or [],
                                                                 label_selector=args.bundle_selector))
@@ -74,7 +71,7 @@ def _objects(path: str) -> list[dict]:
 
 def _from_cluster(kubeconfig: str, read: Callable[[], T]) -> T:
     """A read from the cluster, its failures as exit codes: 3 no kubeconfig, 2 unreadable, 6 unreachable."""
-    from webhook.kubestate import ClusterUnreachable, KubeconfigError
+    from .kube.client import ClusterUnreachable, KubeconfigError  # only with --kubeconfig (start-up time)
 
     if not Path(kubeconfig).is_file():
         raise CliError(f"kubeconfig {kubeconfig} not found", EXIT_NOT_FOUND)
@@ -96,7 +93,7 @@ def _states(args: argparse.Namespace) -> Callable[[str], ClusterState]:
         key = namespace if kubeconfig else None
         if key not in cache:
             if kubeconfig:
-                from webhook.kubestate import read_state
+                from .kube.state import read_state  # only with --kubeconfig (start-up time)
 
                 cache[key] = _from_cluster(kubeconfig, lambda: read_state(kubeconfig, namespace))
             else:
@@ -148,10 +145,8 @@ def cmd_policy_lint(args: argparse.Namespace) -> int:
         for bundle in bundles:
             print(f"OK    {bundle.source}: bundle {bundle.name} {bundle.version} ({bundle.spec.mode}, "
                   f"{len(bundle.rules)} rules, {bundle.digest[:19]})")
-            for compiled in bundle.rules:
-                if not (compiled.rule.message or compiled.rule.messageExpression):
-                    print(f"WARN  {bundle.source}: bundle {bundle.name}: rule {compiled.rule.name}: no message; "
-                          "submitters will only see the expression")
+            for warning in lint(bundle):
+                print(f"WARN  {warning}")
     return EXIT_INVALID if problems else EXIT_OK
 
 
@@ -180,8 +175,7 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
         request = _request(obj, args)
         decision = evaluate(request, bundles, state(request.namespace))
         if args.output == "json":
-            print(json.dumps({"results": [r.as_dict() for r in decision.results],
-                              "job": decision.job.as_cel() if decision.job else None}, indent=2))
+            print(json.dumps(report.explain_json(decision), indent=2))
         else:
             print(report.explain_text(decision))
     return EXIT_OK
@@ -256,9 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_review_inputs(explain)
     explain.set_defaults(func=cmd_policy_explain)
 
-    from webhook.commands import register_server_commands  # serve, demo, decisions, certs
-
-    register_server_commands(commands)
+    register_server_commands(commands)  # serve, demo, decisions, certs
     return parser
 
 

@@ -20,12 +20,11 @@ from datetime import datetime, timezone
 from policies.bundle import Bundle, BundleError, compile_document
 
 from .bundles import CLUSTER_SOURCE_PREFIX, BundleRegistry
-from .kubestate import ApiError, ClusterUnreachable, KubeApi, Resource, api_client, call_json, list_all
+from .kube.client import ApiError, ClusterUnreachable, KubeApi, api_client, call_json, list_all
+from .kube.resources import POLICY_BUNDLES
 
 log = logging.getLogger("trainjob_admission.clusterbundles")
 
-GROUP, VERSION = "policy.trainjob-admission.io", "v1alpha1"
-POLICY_BUNDLES = Resource("PolicyBundle", f"{GROUP}/{VERSION}", "policybundles")
 MAX_ERRORS = 20  # in status; the count is always complete
 PATCH_ATTEMPTS = 3
 
@@ -106,7 +105,7 @@ def read_bundles(kubeconfig: str, specs: list[str], *, label_selector: str | Non
 
 
 class ClusterBundles:
-    """A watch sink (see kubestate.Watcher): compiles each new generation into ``registry`` and
+    """A watch sink (see kube.watch.Watcher): compiles each new generation into ``registry`` and
     patches ``/status``."""
 
     def __init__(self, api: KubeApi, registry: BundleRegistry):
@@ -148,14 +147,14 @@ class ClusterBundles:
         if known is not None and known.uid != uid:
             self._forget(name)  # deleted and created again while we were not watching
         source = source_name(name)
-        if self.registry.update_documents(source, [bundle_document(obj)]):
-            bundle = self.registry.sources[source].bundles[0]
+        compiled = self.registry.update_documents(source, [bundle_document(obj)])
+        if compiled.compiled:
+            bundle = compiled.bundles[0]
             self.enforced[name] = Enforced(generation, bundle.version, bundle.digest)
             self.seen[name] = Seen(uid, generation, True, ())
             log.info("PolicyBundle %s generation %d enforced (version %s, %s)", name, generation, bundle.version, bundle.digest)
         else:
-            errors = tuple(str(p) for p in self.registry.sources[source].problems)
-            self.seen[name] = Seen(uid, generation, False, errors)
+            self.seen[name] = Seen(uid, generation, False, tuple(str(p) for p in compiled.problems))
 
     # --- status ---------------------------------------------------------------------------------
     def desired_status(self, obj: dict) -> dict:

@@ -1,115 +1,40 @@
-"""Server-side commands: serve, demo, decisions query/verify, certs issue."""
+"""Server-side commands: serve, demo, decisions query/verify, certs issue.
+
+The heavy modules (aiohttp, the Kubernetes client, cryptography) are imported inside the
+command that uses them, so that ``review`` and ``--help`` do not pay for them.
+"""
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 from pathlib import Path
 
-import yaml
-
-from .reviewer import ReviewerConfig
+from .cli_errors import EXIT_INVALID, EXIT_NOT_FOUND, CliError
+from .decisionlog import log_files, parse_time, query, render, verify, verify_stream
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from policies.state import ClusterState, StateError, load_objects
+    from . import settings, startup  # the server's whole stack: only serve needs it (start-up time)
+    from .kube.client import KubeconfigError
 
-    from .cli import EXIT_INVALID, EXIT_NOT_FOUND, CliError
-    from .server import ServerConfig, WebhookServer
-
-    settings: dict = {}
-    if args.config:
-        try:
-            settings = yaml.safe_load(Path(args.config).read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise CliError(f"cannot read --config {args.config}: {exc}", EXIT_INVALID) from None
-        if not isinstance(settings, dict):
-            raise CliError(f"--config {args.config} must be a YAML mapping (host, port, certDir, ...), "
-                           f"got {type(settings).__name__}", EXIT_INVALID)
-    cert_value = args.cert_dir or settings.get("certDir")
-    log_value = args.decision_log or settings.get("decisionLog")
-    cert_dir = Path(cert_value) if cert_value else None
-    kubeconfig = args.kubeconfig or settings.get("kubeconfig")
-    with_cluster = bool(kubeconfig or args.in_cluster)
-    # With a cluster, the bundles are its PolicyBundle objects; --bundle files may be added.
-    default_bundles = [] if with_cluster else ["builtin:default"]
-    try:
-        port = args.port if args.port is not None else int(settings.get("port", 8443))
-        timeout_seconds = float(settings.get("timeoutSeconds", 5.0))
-        fsync_interval = (args.log_fsync_interval if args.log_fsync_interval is not None
-                          else float(settings.get("logFsyncInterval", ServerConfig.decision_log_fsync_interval)))
-    except (TypeError, ValueError) as exc:
-        raise CliError(f"--config {args.config}: port, timeoutSeconds and logFsyncInterval must be numbers ({exc})",
-                       EXIT_INVALID) from None
-    if not 0 <= fsync_interval <= 3600:
-        raise CliError(f"the decision log's fsync interval must be 0-3600 seconds, got {fsync_interval:g}", EXIT_INVALID)
-    config = ServerConfig(
-        host=args.host or settings.get("host", "0.0.0.0"),
-        port=port,
-        cert_file=cert_dir / "tls.crt" if cert_dir else None,
-        key_file=cert_dir / "tls.key" if cert_dir else None,
-        bundle_specs=args.bundle or settings.get("bundles") or default_bundles,
-        decision_log=Path(log_value) if log_value else None,
-        decision_log_fsync_interval=fsync_interval,
-        reviewer=ReviewerConfig(failure_mode=args.failure_mode or settings.get("failureMode", "deny"),
-                                timeout_seconds=timeout_seconds),
-    )
-    if cert_dir is None and not args.insecure_http:
-        raise CliError("--cert-dir is required (the API server only calls webhooks over TLS); "
-                       "create one with `trainjob-admission certs issue`", EXIT_INVALID)
-    objects: list[dict] = []
-    try:
-        for path in args.cluster_state or []:
-            objects += load_objects(path)
-    except StateError as exc:
-        raise CliError(str(exc), EXIT_INVALID) from None
+    options = settings.from_args(args)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-    if with_cluster and args.cluster_state:
-        raise CliError("--cluster-state is for running without a cluster; with --kubeconfig/--in-cluster the "
-                       "state comes from the API", EXIT_INVALID)
-    if kubeconfig and not Path(kubeconfig).is_file():
-        raise CliError(f"kubeconfig {kubeconfig} not found", EXIT_NOT_FOUND)
-    selector = args.bundle_selector or settings.get("bundleSelector")
-    namespaces = args.reconcile_namespace or settings.get("reconcileNamespaces") or []
-    namespaces = [namespaces] if isinstance(namespaces, str) else list(namespaces)
-    if namespaces and not with_cluster:
-        raise CliError("--reconcile-namespace limits what the service creates and deletes in a cluster; "
-                       "use it with --kubeconfig or --in-cluster", EXIT_INVALID)
-
-    async def run() -> None:
-        if with_cluster:
-            from .kubestate import KubeconfigError, run_with_cluster
-
-            try:
-                await run_with_cluster(config, kubeconfig, bundle_selector=selector, namespaces=namespaces)
-            except KubeconfigError as exc:
-                raise CliError(str(exc), EXIT_INVALID) from None
-            return
-        server = WebhookServer(config, ClusterState.from_objects(objects))
-        await server.start()
-        stop = asyncio.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        await stop.wait()
-        await server.stop()
-
-    asyncio.run(run())
+    try:
+        asyncio.run(startup.serve(options.server, objects=options.objects, cluster=options.cluster))
+    except KubeconfigError as exc:
+        raise CliError(str(exc), EXIT_INVALID) from None
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import main
+    from .demo import main  # the server's whole stack (start-up time)
 
     return main(Path(args.workdir) if args.workdir else None)
 
 
 def cmd_decisions_query(args: argparse.Namespace) -> int:
-    from .cli import EXIT_INVALID, EXIT_NOT_FOUND, CliError
-    from .decisionlog import log_files, parse_time, query, render
-
     files = log_files(args.log)
     if not files:
         raise CliError(f"no decision log at {args.log}", EXIT_NOT_FOUND)
@@ -125,9 +50,6 @@ def cmd_decisions_query(args: argparse.Namespace) -> int:
 
 
 def cmd_decisions_verify(args: argparse.Namespace) -> int:
-    from .cli import CliError, EXIT_NOT_FOUND
-    from .decisionlog import log_files, verify, verify_stream
-
     if args.log == "-":
         report = verify_stream(sys.stdin.buffer.read())
     else:
@@ -140,7 +62,7 @@ def cmd_decisions_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_certs_issue(args: argparse.Namespace) -> int:
-    from certs.issue import issue
+    from certs.issue import issue  # cryptography (start-up time)
 
     ips = {"ip_addresses": args.ip} if args.ip else {}  # default: 127.0.0.1, for a webhook on the host
     issued = issue(args.service, args.namespace, Path(args.out), extra_dns=args.dns or [], days=args.days, **ips)

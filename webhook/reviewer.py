@@ -10,20 +10,23 @@ import logging
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Awaitable, Callable
 
-from policies.engine import Decision, evaluate
+from policies.decision import Decision, Result
+from policies.engine import evaluate
 from policies.state import ClusterState
 
 from . import admission
 from .bundles import BundleRegistry
 from .decisionlog import DecisionLog
 from .metrics import Metrics
+from .record import DecisionRecord
 
 log = logging.getLogger("trainjob_admission.reviewer")
 
-Injector = Callable[[admission.ParsedReview, Decision], Awaitable[list[dict]]]
+# What /validate calls for an allowed job: one record per planned object (webhook/injector.py).
+InjectFn = Callable[[admission.ParsedReview, Decision], Awaitable[list[dict]]]
 
 
 @dataclass
@@ -34,7 +37,7 @@ class ReviewerConfig:
 
 class Reviewer:
     def __init__(self, registry: BundleRegistry, state: ClusterState, decision_log: DecisionLog, metrics: Metrics,
-                 config: ReviewerConfig, injector: Injector | None = None):
+                 config: ReviewerConfig, injector: InjectFn | None = None):
         self.registry, self.state, self.log, self.metrics = registry, state, decision_log, metrics
         self.config, self.injector = config, injector
         # Evaluation has its own threads: API calls and SSH key generation (an RSA-4096 pair is
@@ -50,8 +53,7 @@ class Reviewer:
     async def refuse(self, endpoint: str, status: int, error: str) -> tuple[int, dict]:
         """A request refused before its body could be read (too large, too slow): still logged."""
         decision_id = str(uuid.uuid4())
-        await self._record(decision_id, endpoint, time.perf_counter(), decision="error", allowed=False,
-                           httpStatus=status, messages=[error])
+        await self._record(DecisionRecord.refused(decision_id, endpoint, status, error), time.perf_counter())
         return status, {"error": error, "decisionId": decision_id}
 
     async def review(self, body: bytes, endpoint: str) -> tuple[int, dict]:
@@ -61,15 +63,13 @@ class Reviewer:
         try:
             parsed = admission.parse(body)
         except admission.ReviewError as exc:
-            await self._record(decision_id, endpoint, started, decision="error", allowed=False, uid=exc.uid,
-                               messages=[str(exc)])
+            await self._record(DecisionRecord.malformed(decision_id, endpoint, exc.uid, str(exc)), started)
             if exc.uid:  # an AdmissionReview we can answer: refuse it in its own terms
                 return 200, admission.response(exc.uid, allowed=False, message=f"invalid AdmissionReview: {exc}",
                                                decision_id=decision_id, code=400)
             return 400, {"error": str(exc), "decisionId": decision_id}
         if parsed.passthrough:
-            await self._record(decision_id, endpoint, started, decision="allow", allowed=True, uid=parsed.uid,
-                               operation=parsed.request.operation)
+            await self._record(DecisionRecord.passthrough(decision_id, endpoint, parsed), started)
             return 200, admission.response(parsed.uid, allowed=True, decision_id=decision_id)
         mutate = endpoint == "mutate"
         try:
@@ -88,10 +88,8 @@ class Reviewer:
             failed = [i for i in injected if i["status"] == "failed"]
             if failed:
                 return await self._injection_failure(parsed, decision_id, endpoint, started, decision, injected, failed)
-            kept = [f"{i['kind']} {i['namespace']}/{i['name']} {i['reason']}" for i in injected if i["status"] == "kept"]
-            if kept:
-                decision.warnings.extend(kept)
-                decision.decision = "warn"
+            decision = decision.with_warnings(
+                [f"{i['kind']} {i['namespace']}/{i['name']} {i['reason']}" for i in injected if i["status"] == "kept"])
         await self._record_decision(decision_id, endpoint, started, parsed, decision, injected)
         if mutate:
             # The mutating call only patches; refusals and warnings come from /validate, once.
@@ -115,9 +113,8 @@ class Reviewer:
                    else f"failure mode is {'allow' if allow else 'deny'}")
         message = (f"trainjob-admission could not evaluate this job: evaluation {reason}; {outcome}. "
                    f"Retry, and tell your admin the decision id {decision_id}")
-        await self._record(decision_id, endpoint, started, decision="error", allowed=allow, uid=parsed.uid,
-                           operation=parsed.request.operation, kind=parsed.kind, messages=[message],
-                           error=detail, **_who(parsed))
+        await self._record(DecisionRecord.failed(decision_id, endpoint, parsed, allowed=allow, message=message,
+                                                 error=detail), started)
         return 200, admission.response(parsed.uid, allowed=allow, message=message, decision_id=decision_id,
                                        warnings=[message] if allow else None)
 
@@ -148,49 +145,23 @@ class Reviewer:
                        f"webhook needs create, get and delete on secrets and networkpolicies in this namespace and "
                        f"a reachable API server")
         log.warning("injection failed for %s: %s", parsed.uid, what)
-        await self._record(decision_id, endpoint, started, decision="error", allowed=allow, uid=parsed.uid,
-                           operation=parsed.request.operation, kind=parsed.kind, dryRun=parsed.request.dry_run,
-                           bundles=decision.bundles, rules=[r.as_dict() for r in decision.results],
-                           messages=[message], warnings=decision.warnings, injections=injected,
-                           job=decision.job.totals if decision.job else None, **_who(parsed))
+        await self._record(DecisionRecord.injection_failed(decision_id, endpoint, parsed, decision, allowed=allow,
+                                                           message=message, injected=injected), started)
         return 200, admission.response(parsed.uid, allowed=allow, message=message, decision_id=decision_id,
                                        warnings=decision.warnings + [message] if allow else decision.warnings or None)
 
     async def _record_decision(self, decision_id: str, endpoint: str, started: float, parsed: admission.ParsedReview,
                                decision: Decision, injected: list[dict]) -> None:
         for result in decision.results:
-            if result.result != "pass":
+            if result.result is not Result.PASS:
                 self.metrics.rule_results.labels(result.bundle, result.rule, result.effect).inc()
-        await self._record(
-            decision_id, endpoint, started,
-            decision=decision.decision, allowed=decision.allowed, uid=parsed.uid,
-            operation=parsed.request.operation, kind=parsed.kind, dryRun=parsed.request.dry_run,
-            bundles=decision.bundles,
-            rules=[r.as_dict() for r in decision.results],
-            messages=[m["message"] for m in decision.messages],
-            warnings=decision.warnings,
-            patch=[{"op": op["op"], "path": op["path"]} for op in decision.patch] if endpoint == "mutate" else [],
-            injections=injected or ([{**i, "status": "planned"} for i in decision.injections] if endpoint == "validate" else []),
-            job=decision.job.totals if decision.job else None,
-            **_who(parsed),
-        )
+        await self._record(DecisionRecord.decided(decision_id, endpoint, parsed, decision, injected), started)
 
-    async def _record(self, decision_id: str, endpoint: str, started: float, **fields) -> None:
+    async def _record(self, record: DecisionRecord, started: float) -> None:
         latency = time.perf_counter() - started
-        record = {  # the log adds the time as it chains the record
-            "id": decision_id,
-            "endpoint": endpoint,
-            **fields,
-            "latencyMs": round(latency * 1000, 3),
-        }
+        fields = replace(record, latencyMs=round(latency * 1000, 3)).as_log_fields()  # the log adds the time
         # In the file and on stdout before the response leaves (fsynced too in strict mode): a
         # crashed or killed server loses no answered decision.
-        await asyncio.get_running_loop().run_in_executor(self._log_writers, self.log.append, record)
-        self.metrics.requests.labels(endpoint, fields.get("decision", "error"), fields.get("kind", "")).inc()
-        self.metrics.latency.labels(endpoint).observe(latency)
-
-
-def _who(parsed: admission.ParsedReview) -> dict:
-    meta = parsed.request.object.get("metadata") or {}
-    return {"user": parsed.request.username, "groups": parsed.request.groups,
-            "namespace": meta.get("namespace", ""), "name": meta.get("name", "") or meta.get("generateName", "")}
+        await asyncio.get_running_loop().run_in_executor(self._log_writers, self.log.append, fields)
+        self.metrics.requests.labels(record.endpoint, record.decision, fields.get("kind", "")).inc()
+        self.metrics.latency.labels(record.endpoint).observe(latency)

@@ -22,7 +22,7 @@ from policies.state import ClusterState
 from .bundles import BundleRegistry
 from .decisionlog import DecisionLog
 from .metrics import CONTENT_TYPE, Metrics
-from .reviewer import Injector, Reviewer, ReviewerConfig
+from .reviewer import InjectFn, Reviewer, ReviewerConfig
 
 log = logging.getLogger("trainjob_admission.server")
 MAX_BODY_BYTES = 3 * 1024 * 1024  # etcd's object limit is 1.5 MiB; an AdmissionReview carries two objects
@@ -47,7 +47,7 @@ class ServerConfig:
 
 
 class WebhookServer:
-    def __init__(self, config: ServerConfig, state: ClusterState, *, injector: Injector | None = None,
+    def __init__(self, config: ServerConfig, state: ClusterState, *, injector: InjectFn | None = None,
                  decision_log: DecisionLog | None = None, state_ready: asyncio.Event | None = None):
         self.config = config
         self.metrics = Metrics()

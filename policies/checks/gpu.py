@@ -3,11 +3,12 @@ no GPUs on a launcher that only coordinates (unless the launcher also runs as a 
 from __future__ import annotations
 
 from ..bundle import GpuCheck
-from ..effective_job import EffectiveJob
-from . import Finding, per_worker_field, plural, workers_field
+from .base import CheckContext, Finding
+from .fields import per_worker_field, plural, workers_field
 
 
-def check(job: EffectiveJob, settings: GpuCheck) -> list[Finding]:
+def check(context: CheckContext, settings: GpuCheck) -> list[Finding]:
+    job = context.job
     findings: list[Finding] = []
     allowed = set(settings.allowedResources)
     launcher_is_node = bool(job.mpi.get("runLauncherAsNode"))

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Callable, Iterator
 
 from ..bundle import PodSecurityCheck
-from ..effective_job import EffectiveJob, PodSet, all_containers
-from . import Finding
+from ..effective_job import PodSet, all_containers
+from .base import CheckContext, Finding
 
 LEVELS = ("privileged", "baseline", "restricted")
 NAMESPACE_LEVEL_LABEL = "pod-security.kubernetes.io/enforce"
@@ -181,7 +181,9 @@ def uid_range(namespace: dict) -> tuple[int, int] | None:
     return None
 
 
-def check(job: EffectiveJob, settings: PodSecurityCheck, namespace: dict) -> tuple[str, list[Finding]]:
+def check(context: CheckContext, settings: PodSecurityCheck) -> list[Finding]:
+    """Each pod set at the namespace's level (see effective_level), plus the SCC if asked."""
+    namespace = context.namespace
     level = effective_level(settings, namespace)
     rules: list[tuple[str, Callable[[dict, dict], Iterator[Violation]]]] = []
     if level == "baseline":
@@ -192,9 +194,9 @@ def check(job: EffectiveJob, settings: PodSecurityCheck, namespace: dict) -> tup
         span = uid_range(namespace)
         rules.append(("OpenShift SCC restricted-v2", lambda s, m: scc_restricted_v2(s, m, span, level)))
     findings: list[Finding] = []
-    for ps in job.pod_sets:
+    for ps in context.job.pod_sets:
         findings.extend(_pod_findings(ps, rules))
-    return level, findings
+    return findings
 
 
 def _pod_findings(ps: PodSet, rules: list[tuple[str, Callable]]) -> list[Finding]:

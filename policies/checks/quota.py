@@ -3,9 +3,11 @@ namespace, before any pod exists, so a job that could only ever start half its w
 refused with the numbers instead of hanging in Pending."""
 from __future__ import annotations
 
+from ..bundle import QuotaCheck
 from ..effective_job import EffectiveJob
 from ..resources import QuantityError, format_amount, numbers
-from . import Finding, container_field, plural, resource_path, workers_field
+from .base import CheckContext, Finding
+from .fields import container_field, plural, resource_path, workers_field
 
 COMPUTE = ("cpu", "memory", "ephemeral-storage")
 
@@ -53,10 +55,12 @@ def _missing_values(job: EffectiveJob, kind: str, resource: str) -> dict[str, st
     return missing
 
 
-def check(job: EffectiveJob, quotas: list[dict], old_job: EffectiveJob | None = None) -> list[Finding]:
+def check(context: CheckContext, settings: QuotaCheck) -> list[Finding]:
+    """Every quota of the namespace; on UPDATE (``context.old_job``) only the job's growth."""
+    job, old_job = context.job, context.old_job
     findings: list[Finding] = []
     old_totals = old_job.totals if old_job else None
-    for quota in quotas:
+    for quota in context.quotas:
         meta, spec, status = quota.get("metadata") or {}, quota.get("spec") or {}, quota.get("status") or {}
         if spec.get("scopes") or spec.get("scopeSelector"):
             continue  # scoped quotas select pods by priority/terminating state that a job spec does not fix yet

@@ -3,9 +3,10 @@ required labels."""
 from __future__ import annotations
 
 from ..bundle import ShapeCheck
-from ..effective_job import EffectiveJob, containers_of
+from ..effective_job import containers_of
 from ..resources import format_amount, to_number
-from . import Finding, container_field, per_worker_field, workers_field
+from .base import CheckContext, Finding
+from .fields import container_field, per_worker_field, workers_field
 
 
 def image_registry(image: str) -> str:
@@ -28,7 +29,8 @@ def registry_allowed(image: str, allowed: list[str]) -> bool:
     return False
 
 
-def check(job: EffectiveJob, settings: ShapeCheck) -> list[Finding]:
+def check(context: CheckContext, settings: ShapeCheck) -> list[Finding]:
+    job = context.job
     findings: list[Finding] = []
     if settings.maxWorkers is not None and job.num_nodes > settings.maxWorkers:
         field = workers_field(job)

@@ -23,7 +23,6 @@ test using control_plane is skipped with the reason printed.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -34,11 +33,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("trainjob_cluster", REPO / "hack" / "cluster" / "cluster.py")
-cluster = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("trainjob_cluster", cluster)
-_spec.loader.exec_module(cluster)
+from tests.support.service import REPO, cluster  # hack/cluster/cluster.py, loaded once
 
 
 @dataclass(frozen=True)

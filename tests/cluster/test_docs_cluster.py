@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from webhook_service import cluster, start_service
+from tests.support.service import cluster, start_service
 
 pytestmark = pytest.mark.cluster
 

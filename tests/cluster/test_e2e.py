@@ -23,9 +23,11 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from tests.support.objects import GPU, example_job, trainjob
+from tests.support.serve import CLI, Serve
+from tests.support.service import (REPO, cluster, delete_bindings, register, service_kubeconfig, start_service,
+                                   unregister)
 from webhook import keys
-from webhook_service import (CLI, REPO, WebhookService, cluster, delete_bindings, register, service_kubeconfig,
-                             start_service, unregister)
 
 pytestmark = [pytest.mark.cluster,  # the Kubeflow SDK 0.4.0 still uses pydantic's class-based config
               pytest.mark.filterwarnings("ignore:Support for class-based `config` is deprecated")]
@@ -36,7 +38,6 @@ ISTIO = "sidecar.istio.io/inject"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "trainjob-admission")
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
-GPU = "nvidia.com/gpu"
 QUOTA_GPUS = 32
 RUNTIMES = ("examples/runtimes/mpi-openmpi.yaml", "examples/runtimes/mpi-privileged.yaml")
 BULK_KEY_TYPE = yaml.safe_load((REPO / "policies/bundles/default.yaml").read_text())["spec"]["injections"]["sshKey"]["type"]
@@ -47,7 +48,7 @@ class E2E:
     """What the module fixture set up."""
     ns: str  # quota of QUOTA_GPUS GPUs; alice has `edit` here
     bulk_ns: str  # no quota: the concurrent submissions
-    svc: WebhookService
+    svc: Serve
     hook: str  # name of the webhook configurations
     admin: Path
     alice: Path
@@ -78,24 +79,9 @@ def wait(what, pred, timeout=60.0, interval=0.25):
     raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}; last: {last!r}")
 
 
-def trainjob(name: str, ns: str, *, nodes: int = 4, gpus: int = 1, runtime: str = "mpi-openmpi",
-             suspend: bool = False) -> dict:
-    """A TrainJob on our MPI runtime: `nodes` nodes with `gpus` GPUs each."""
-    res = {"requests": {"cpu": "1", "memory": "2Gi"}}
-    if gpus:
-        res["limits"] = {GPU: str(gpus)}
-    spec = {"runtimeRef": {"name": runtime},
-            "trainer": {"numNodes": nodes, "image": "quay.io/acme-ml/horovod-resnet:0.28",
-                        "command": ["mpirun", "python", "/opt/train.py"], "resourcesPerNode": res}}
-    if suspend:
-        spec["suspend"] = True
-    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
-            "metadata": {"name": name, "namespace": ns}, "spec": spec}
-
-
 def mpijob(name: str, ns: str, *, privileged: bool = False) -> dict:
     """The legacy MPIJob of examples/jobs/legacy-mpijob.yaml, optionally with a privileged launcher."""
-    obj = yaml.safe_load((REPO / "examples/jobs/legacy-mpijob.yaml").read_text())
+    obj = example_job("legacy-mpijob.yaml")
     obj["metadata"] = {"name": name, "namespace": ns}
     if privileged:
         launcher = obj["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import threading
 import time
@@ -16,10 +17,12 @@ import pytest
 import yaml
 
 from policies.state import ClusterState
+from tests.support import objects
 from webhook.decisionlog import DecisionLog
 from webhook.injector import Injector
 from webhook.keys import fingerprint, generate
-from webhook import kubestate
+from webhook.kube import watch as kube_watch
+from webhook.kube.client import api_client
 from webhook.reconciler import Reconciler
 from webhook.server import ServerConfig, WebhookServer
 
@@ -31,27 +34,16 @@ RUNTIME_FILE = REPO / "examples" / "runtimes" / "mpi-openmpi.yaml"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "trainjob-admission")
 
 
-def trainjob(name: str, ns: str, num_nodes: int = 4, gpus: int = 1, privileged: bool = False) -> dict:
-    spec: dict = {
-        "runtimeRef": {"name": "mpi-openmpi"},
-        "trainer": {"numNodes": num_nodes, "image": "quay.io/acme-ml/horovod-resnet:0.28",
-                    "command": ["mpirun", "python", "/opt/train.py"],
-                    "resourcesPerNode": {"requests": {"cpu": "1", "memory": "1Gi"},
-                                         "limits": {"nvidia.com/gpu": str(gpus)}}},
-    }
-    if privileged:
-        spec["runtimePatches"] = [{"manager": "trainjob-admission.test/privileged", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
-            {"name": "node", "template": {"spec": {"template": {"spec": {"containers": [
-                {"name": "node", "securityContext": {"privileged": True}}]}}}}}]}}}}]
-    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
-            "metadata": {"name": name, "namespace": ns}, "spec": spec}
+# A TrainJob on mpi-openmpi: 4 nodes, each requesting 1 CPU and 1Gi, limited to 1 GPU; privileged:
+# the node container asks for privileged through a runtimePatch.
+trainjob = functools.partial(objects.trainjob, memory="1Gi", manager="trainjob-admission.test/privileged")
 
 
 class Harness:
     """The webhook server (+ optional reconciler) on its own event loop in a thread."""
 
     def __init__(self, tmp_path: Path, cert: Path, key: Path, api, reconciler: Reconciler | None = None):
-        runtime = yaml.safe_load(RUNTIME_FILE.read_text())
+        runtime = objects.runtime()  # examples/runtimes/mpi-openmpi.yaml
         self.log_path = tmp_path / "decisions.jsonl"
         # The default bundle, asking for RSA-4096 keys: unlike Trainer's own P-521, so a mounted key is provably ours.
         bundle = yaml.safe_load(DEFAULT_BUNDLE.read_text())
@@ -102,7 +94,7 @@ def mpi_runtime(control_plane):
 
 @pytest.fixture
 def api(control_plane):
-    return kubestate.api_client(str(control_plane.admin_kubeconfig))
+    return api_client(str(control_plane.admin_kubeconfig))
 
 
 @pytest.fixture
@@ -149,7 +141,7 @@ def test_injected_objects_are_used_by_trainer_owned_by_the_job_and_collected(
     ns = namespace
     # A large sweep interval: the ownerReference must come from the TrainJob watch, which
     # expires every second here and must resume each time.
-    monkeypatch.setattr(kubestate, "WATCH_SECONDS", 1)
+    monkeypatch.setattr(kube_watch, "WATCH_SECONDS", 1)
     reconciler = Reconciler(api, grace_seconds=3600, interval=3600, namespace=ns)
     handled: list[tuple[tuple, dict]] = []  # what the watch handed to reconcile_job, and the outcome
     reconcile_job = reconciler.reconcile_job

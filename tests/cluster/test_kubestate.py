@@ -8,19 +8,13 @@ selects on it, so parallel runs never see each other's bundles.
 """
 from __future__ import annotations
 
+import functools
 import json
-import os
-import shutil
-import signal
 import socket
-import ssl
 import struct
 import subprocess
-import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,15 +24,20 @@ import yaml
 
 from policies.engine import AdmissionInput, evaluate
 from policies.state import ClusterState
+from tests.support.metrics import reloads
+from tests.support.net import free_port
+from tests.support.objects import example_job, runtime
+from tests.support.serve import CLI, Serve
+from tests.support.service import cert_dir, start_service
 from webhook.bundles import BundleRegistry
 from webhook.demo import admission_review
-from webhook.kubestate import ClusterSync, Watcher, api_client
-from webhook_service import free_port, start_service
+from webhook.kube.client import api_client
+from webhook.kube.watch import Watcher
+from webhook.startup import ClusterSync
 
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
-CLI = Path(sys.executable).parent / "trainjob-admission"
 LABEL = "tests.trainjob-admission.io/run"
 FAST = 10.0  # seconds: what "within seconds" means for a watch on loopback
 
@@ -147,19 +146,8 @@ class Synced:
         return next(w for w in self.sync.watchers if w.resource.plural == plural)
 
 
-def runtime(namespace: str, name: str = "mpi-rt") -> dict:
-    """The example OpenMPI runtime as a TrainingRuntime in ``namespace`` (cleaned up with it)."""
-    obj = yaml.safe_load((REPO / "examples" / "runtimes" / "mpi-openmpi.yaml").read_text())
-    obj["kind"] = "TrainingRuntime"
-    obj["metadata"] = {"name": name, "namespace": namespace}
-    return obj
-
-
-def job(namespace: str, runtime_name: str = "mpi-rt") -> dict:
-    obj = yaml.safe_load((REPO / "examples" / "jobs" / "allowed.yaml").read_text())  # 4 nodes x 1 GPU
-    obj["metadata"]["namespace"] = namespace
-    obj["spec"]["runtimeRef"] = {"name": runtime_name, "kind": "TrainingRuntime", "apiGroup": "trainer.kubeflow.org"}
-    return obj
+# examples/jobs/allowed.yaml (4 nodes x 1 GPU) in a namespace, on its TrainingRuntime "mpi-rt" there
+job = functools.partial(example_job, "allowed.yaml", runtime="mpi-rt", runtime_kind="TrainingRuntime")
 
 
 def bundle(name: str, run: str, namespace: str, max_gpus: int, expression: str = "job.totals.gpus <= params.maxGpus") -> dict:
@@ -169,13 +157,6 @@ def bundle(name: str, run: str, namespace: str, max_gpus: int, expression: str =
                      "params": {"maxGpus": max_gpus},
                      "validations": [{"name": "gpu-cap", "expression": expression,
                                       "messageExpression": "'at most ' + string(params.maxGpus) + ' GPUs'"}]}}
-
-
-def reloads(metrics: str) -> dict[str, float]:
-    """trainjob_admission_bundle_reloads_total by result, from a /metrics page."""
-    prefix = 'trainjob_admission_bundle_reloads_total{result="'
-    return {line[len(prefix):].split('"')[0]: float(line.rsplit(" ", 1)[1])
-            for line in metrics.splitlines() if line.startswith(prefix)}
 
 
 def decide(synced: Synced, obj: dict):
@@ -241,7 +222,7 @@ def test_state_follows_creates_changes_and_deletes(start_sync, kubectl, namespac
 
     quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "compute", "namespace": namespace},
              "spec": {"hard": {"requests.cpu": "8"}}}
-    apply(kubectl, quota, runtime(namespace))
+    apply(kubectl, quota, runtime("mpi-rt", namespace))
     took = [wait_until("quota and runtime cached",
                        lambda: state.namespace_quotas(namespace) and state.runtime(namespace, {"kind": "TrainingRuntime", "name": "mpi-rt"}))]
 
@@ -252,10 +233,7 @@ def test_state_follows_creates_changes_and_deletes(start_sync, kubectl, namespac
     took.append(wait_until("namespace label cached",
                            lambda: state.namespace(namespace)["metadata"].get("labels", {}).get("environment") == "production"))
 
-    cluster_rt = runtime(namespace, f"ctr-{run_id}")
-    cluster_rt["kind"] = "ClusterTrainingRuntime"
-    cluster_rt["metadata"] = {"name": f"ctr-{run_id}", "labels": {LABEL: run_id}}
-    apply(kubectl, cluster_rt)
+    apply(kubectl, runtime(f"ctr-{run_id}", labels={LABEL: run_id}))  # a ClusterTrainingRuntime
     took.append(wait_until("cluster runtime cached", lambda: f"ctr-{run_id}" in state.cluster_runtimes))
 
     kubectl("delete", "resourcequota", "compute", "-n", namespace)
@@ -302,7 +280,7 @@ def test_expired_resource_version_relists_and_drops_what_was_deleted(start_sync,
     kind is listed again and its cache replaced, so objects deleted meanwhile disappear."""
     via = kubeconfig_via(admin_kubeconfig, tmp_path / "relay.kubeconfig", f"https://127.0.0.1:{relay.port}")
     synced = start_sync(via)
-    apply(kubectl, runtime(namespace, "rt-a"), runtime(namespace, "rt-b"), bundle(f"pb-a-{run_id}", run_id, namespace, 8))
+    apply(kubectl, runtime("rt-a", namespace), runtime("rt-b", namespace), bundle(f"pb-a-{run_id}", run_id, namespace, 8))
     ref = lambda name: {"kind": "TrainingRuntime", "name": name}  # noqa: E731
     wait_until("runtimes and bundle cached", lambda: synced.state.runtime(namespace, ref("rt-a"))
                and synced.state.runtime(namespace, ref("rt-b")) and synced.registry.active)
@@ -335,7 +313,7 @@ def condition(st: dict, kind: str) -> dict:
 
 def test_policybundle_apply_edit_break_fix_delete(start_sync, kubectl, get_json, namespace, run_id):
     synced = start_sync()
-    apply(kubectl, runtime(namespace))
+    apply(kubectl, runtime("mpi-rt", namespace))
     wait_until("runtime cached", lambda: synced.state.runtime(namespace, {"kind": "TrainingRuntime", "name": "mpi-rt"}))
     name = f"gpu-cap-{run_id}"
     assert decide(synced, job(namespace)).allowed, "no bundle yet"
@@ -418,7 +396,7 @@ def test_bundle_selector_hides_other_servers_bundles(start_sync, kubectl, namesp
 
 # --- the commands -------------------------------------------------------------------------------
 def test_review_kubeconfig_decides_from_the_live_cluster(kubectl, namespace, admin_kubeconfig, tmp_path):
-    apply(kubectl, runtime(namespace))
+    apply(kubectl, runtime("mpi-rt", namespace))
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(job(namespace)))
     argv = [str(CLI), "review", "-f", str(job_file), "--kubeconfig", str(admin_kubeconfig), "--bundle", "builtin:default",
@@ -440,7 +418,7 @@ def test_review_and_explain_kubeconfig_decide_with_the_clusters_policybundles(ku
                                                                               admin_kubeconfig, tmp_path):
     """Without --bundle, `review --kubeconfig` decides with the PolicyBundles (selected as serve
     selects them); a --bundle file of the same name wins, as in serve; none at all is exit 3."""
-    apply(kubectl, runtime(namespace))
+    apply(kubectl, runtime("mpi-rt", namespace))
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(job(namespace)))
     selector = f"{LABEL}={run_id}"
@@ -489,37 +467,16 @@ def test_serve_kubeconfig_ready_only_after_sync_and_bundle(kubectl, namespace, r
     bundle is active, 200 once the cluster bundle is compiled; the bundle decides /validate; SIGTERM
     ends it cleanly."""
     crt, key, ca_pem = serving_cert()
-    cert_dir = tmp_path / "tls"
-    cert_dir.mkdir()
-    shutil.copyfile(crt, cert_dir / "tls.crt")
-    shutil.copyfile(key, cert_dir / "tls.key")
     via = kubeconfig_via(admin_kubeconfig, tmp_path / "relay.kubeconfig", f"https://127.0.0.1:{relay.port}")
-    port = free_port()
     relay.cut()  # the API server is unreachable when the service starts
-    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-    proc = subprocess.Popen([str(CLI), "serve", "--kubeconfig", str(via), "--cert-dir", str(cert_dir), "--host", "127.0.0.1",
-                             "--port", str(port), "--bundle-selector", f"{LABEL}={run_id}",
-                             "--decision-log", str(tmp_path / "decisions.jsonl")],
-                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "serve.stderr", "wb"), env=env)
-    context = ssl.create_default_context(cadata=ca_pem.decode())
-
-    def call(path: str, body: dict | None = None) -> tuple[int, str]:
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(f"https://127.0.0.1:{port}{path}", data=data, headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, context=context, timeout=5) as reply:
-                return reply.status, reply.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
-        except OSError as exc:
-            return 0, str(exc)
-
+    svc = Serve(tmp_path, cert_dir(crt, key, tmp_path / "tls"), ca_pem, "--kubeconfig", str(via),
+                "--bundle-selector", f"{LABEL}={run_id}", ready="/healthz", timeout=30)  # listening; not ready yet
+    call = svc.call
     try:
-        wait_until("serve listening", lambda: call("/healthz")[0] == 200, timeout=30)
         code, text = call("/readyz")
         assert code == 503 and "not synced" in text and "no policy bundle" in text, text
 
-        apply(kubectl, runtime(namespace), bundle(f"serve-{run_id}", run_id, namespace, max_gpus=2))
+        apply(kubectl, runtime("mpi-rt", namespace), bundle(f"serve-{run_id}", run_id, namespace, max_gpus=2))
         relay.restore()
         took = wait_until("ready once synced with a compiled bundle", lambda: call("/readyz")[0] == 200, timeout=40)
         print(f"\n/readyz 200 {took:.1f} s after the API server became reachable")
@@ -537,13 +494,8 @@ def test_serve_kubeconfig_ready_only_after_sync_and_bundle(kubectl, namespace, r
         apply(kubectl, bundle(f"serve-{run_id}", run_id, namespace, max_gpus=3))
         wait_until("the fix counted", lambda: reloads(call("/metrics")[1]) == {"success": 2.0, "failure": 1.0}, timeout=FAST)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            rc = proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = "killed"
-    assert rc == 0, f"serve exit {rc}: {(tmp_path / 'serve.stderr').read_text()[-3000:]}"
+        rc = svc.stop(timeout=20)  # SIGTERM
+    assert rc == 0, f"serve exit {rc}: {svc.output()[-3000:]}"
 
 
 def test_serve_reconcile_namespace_leaves_other_namespaces_alone(kubectl, namespace, crd, tmp_path, admin_kubeconfig,

@@ -225,7 +225,7 @@ def test_base_rbac_is_least_privilege(base):
 
 def test_service_rbac_covers_every_call_the_code_makes(base):
     """A watch or call added to the code without its permission fails here, not in production."""
-    from webhook import admission, clusterbundles, kubestate
+    from webhook.kube import resources
 
     rules = service_rules(base)
 
@@ -233,15 +233,15 @@ def test_service_rbac_covers_every_call_the_code_makes(base):
         return api_version.rpartition("/")[0]
 
     missing = []
-    for res in (*kubestate.STATE_RESOURCES, clusterbundles.POLICY_BUNDLES):
+    for res in (*resources.STATE_RESOURCES, resources.POLICY_BUNDLES):
         missing += [(res.plural, v) for v in ("list", "watch") if not granted(rules, group(res.api_version), res.plural, v)]
-    missing += [("policybundles/status", "patch")] * (not granted(rules, clusterbundles.GROUP, "policybundles/status", "patch"))
-    for grp, _, plural in admission.JOB_RESOURCES.values():  # injector reads the job; reconciler watches TrainJobs
-        missing += [(plural, v) for v in ("get", "list", "watch") if not granted(rules, grp, plural, v)]
-    for kind in ("Secret", "NetworkPolicy"):
-        grp = "" if kind == "Secret" else "networking.k8s.io"
-        plural = kind.lower() + "s" if kind == "Secret" else "networkpolicies"
-        missing += [(plural, v) for v in ("get", "list", "create", "patch", "delete") if not granted(rules, grp, plural, v)]
+    bundle_group = group(resources.POLICY_BUNDLES.api_version)
+    missing += [("policybundles/status", "patch")] * (not granted(rules, bundle_group, "policybundles/status", "patch"))
+    for job in resources.JOBS.values():  # injector reads the job; reconciler watches TrainJobs
+        missing += [(job.plural, v) for v in ("get", "list", "watch") if not granted(rules, group(job.api_version), job.plural, v)]
+    for res in resources.INJECTED.values():
+        missing += [(res.plural, v) for v in ("get", "list", "create", "patch", "delete")
+                    if not granted(rules, group(res.api_version), res.plural, v)]
     assert not missing, f"manifests/base/rbac.yaml lacks {missing}"
 
 

@@ -3,9 +3,12 @@ KWOK, ResourceQuota, garbage collector and RBAC, before any product webhook is i
 from __future__ import annotations
 
 import copy
+import functools
 import json
 
 import pytest
+
+from tests.support import objects
 
 pytestmark = pytest.mark.cluster
 
@@ -13,28 +16,11 @@ MPI_RUNTIME = "deepspeed-distributed"  # the MPI ClusterTrainingRuntime shipped 
 K8S_VERSION = "v1.36.3"
 
 
-def trainjob(name, ns, runtime=MPI_RUNTIME, kind="ClusterTrainingRuntime", num_nodes=2,
-             pod_labels=None, pod_annotations=None, gpus=1):
-    spec = {
-        "runtimeRef": {"name": runtime, "kind": kind, "apiGroup": "trainer.kubeflow.org"},
-        "trainer": {"numNodes": num_nodes,
-                    "resourcesPerNode": {"requests": {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": str(gpus)},
-                                         "limits": {"nvidia.com/gpu": str(gpus)}}},
-    }
-    if pod_labels or pod_annotations:
-        meta = {}
-        if pod_labels:
-            meta["labels"] = pod_labels
-        if pod_annotations:
-            meta["annotations"] = pod_annotations
-        spec["runtimePatches"] = [{
-            "manager": "trainjob-admission.test/smoke",
-            "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
-                {"name": rj, "template": {"spec": {"template": {"metadata": meta}}}}
-                for rj in ("node", "launcher")]}}},
-        }]
-    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
-            "metadata": {"name": name, "namespace": ns}, "spec": spec}
+# A TrainJob on the MPI runtime: 2 nodes, each requesting 1 CPU, 1Gi and 1 GPU; pod labels and
+# annotations (for KWOK) through a runtimePatch on the launcher and node pods.
+trainjob = functools.partial(objects.trainjob, runtime=MPI_RUNTIME, runtime_kind="ClusterTrainingRuntime", nodes=2,
+                             memory="1Gi", gpu_requests=True, image=None, command=None,
+                             manager="trainjob-admission.test/smoke")
 
 
 def condition(obj, ctype):
@@ -168,7 +154,7 @@ def test_oom_labelled_pod_fails_trainjob(namespace, kubectl, get_json, wait_for)
         "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainingRuntime",
         "metadata": {"name": "mpi-no-retry", "namespace": ns, "labels": rt["metadata"].get("labels", {})},
         "spec": spec}))
-    tj = trainjob("oom", ns, runtime="mpi-no-retry", kind="TrainingRuntime",
+    tj = trainjob("oom", ns, runtime="mpi-no-retry", runtime_kind="TrainingRuntime",
                   pod_labels={"kwok.x-k8s.io/oom": "true"})
     kubectl("apply", "-f", "-", input=json.dumps(tj))
 
@@ -230,8 +216,7 @@ def test_host_webhook_registration_is_called_by_the_apiserver(namespace, kubectl
         name = f"tja-smoke-{namespace}"
         register_webhook(name, f"https://127.0.0.1:{srv.server_address[1]}", ca_pem,
                          namespace_selector={"matchLabels": {"kubernetes.io/metadata.name": namespace}})
-        denied = trainjob("denied", namespace)
-        denied["metadata"]["labels"] = {"tja-test/deny": "yes"}
+        denied = trainjob("denied", namespace, labels={"tja-test/deny": "yes"})
         p = kubectl("apply", "-f", "-", input=json.dumps(denied), check=False)
         assert p.returncode != 0 and "denied by the test webhook" in p.stderr, p.stderr
         kubectl("apply", "-f", "-", input=json.dumps(trainjob("allowed", namespace)))

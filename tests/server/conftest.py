@@ -14,12 +14,9 @@ from typing import Any
 
 import pytest
 import trustme
-import yaml
 
 from webhook.demo import admission_review, sample_state
 from webhook.server import ServerConfig, WebhookServer
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @dataclass
@@ -70,10 +67,6 @@ class Running:
 
     def records(self) -> list[dict]:
         return [json.loads(line) for line in self.log_path.read_text().splitlines() if line.strip()]
-
-
-def job(name: str) -> dict:
-    return yaml.safe_load((EXAMPLES / "jobs" / name).read_text())
 
 
 def decode_patch(response: dict) -> list[dict]:

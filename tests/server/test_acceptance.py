@@ -34,7 +34,9 @@ from webhook import server as server_module
 from webhook.decisionlog import verify
 from webhook.demo import admission_review
 
-from .conftest import Running, job, start_server, stop_server
+from tests.support.objects import example_job
+
+from .conftest import Running, start_server, stop_server
 
 pytestmark = pytest.mark.server
 
@@ -43,7 +45,7 @@ CASES = 10_000
 CLIENTS = 6  # client processes
 SAMPLES = ["allowed.yaml", "over-quota.yaml", "too-many-gpus.yaml", "too-many-workers.yaml", "privileged.yaml",
            "legacy-mpijob.yaml"]
-JOBS = {name: job(name) for name in SAMPLES}
+JOBS = {name: example_job(name) for name in SAMPLES}
 UNICODE = ["é", "ß", "中文", "🚀", "\u202eevil", "\u200b", "\x00", "\ud800", "\udfff", "𝔘𝔫𝔦", "\\", '"', "\n"]
 
 
@@ -366,7 +368,7 @@ def test_certificate_renewal_under_load_fails_no_request(tmp_path: Path):
         outcomes: list[tuple[str, int | str]] = []
         outcomes_lock = threading.Lock()
         context = ssl.create_default_context(cafile=str(issued.ca_cert))
-        body = json.dumps(admission_review(job("allowed.yaml"))).encode()
+        body = json.dumps(admission_review(example_job("allowed.yaml"))).encode()
 
         def load(keep_alive: bool) -> None:
             conn = None

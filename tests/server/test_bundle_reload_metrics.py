@@ -6,17 +6,13 @@ import threading
 
 import yaml
 
+from tests.support.metrics import reloads
+
 from .conftest import start_server, stop_server
 
 POLICY_BUNDLE = {"apiVersion": "policy.trainjob-admission.io/v1alpha1", "kind": "PolicyBundle",
                  "metadata": {"name": "cluster-cap"},
                  "spec": {"version": "1.0.0", "validations": [{"name": "cap", "expression": "job.totals.gpus <= 64"}]}}
-
-
-def reloads(metrics: str) -> dict[str, float]:
-    prefix = 'trainjob_admission_bundle_reloads_total{result="'
-    return {line[len(prefix):].split('"')[0]: float(line.rsplit(" ", 1)[1])
-            for line in metrics.splitlines() if line.startswith(prefix)}
 
 
 def from_watch_thread(fn, *args) -> None:

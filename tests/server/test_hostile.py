@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from webhook.demo import admission_review
 
-from .conftest import job
+from tests.support.objects import example_job
 
 pytestmark = pytest.mark.server
 
@@ -40,7 +40,7 @@ def _mangle(base: dict, data: st.DataObject) -> dict:
 @given(data=st.data())
 def test_random_objects_never_crash_the_server(shared_server, data):
     before = len(shared_server.records())
-    review = admission_review(job("allowed.yaml"))
+    review = admission_review(example_job("allowed.yaml"))
     review["request"]["object"] = _mangle(review["request"]["object"], data)
     status, body = shared_server.post(data.draw(st.sampled_from(["/validate", "/mutate"])), review)
     assert status in (200, 400), body
@@ -62,7 +62,7 @@ def test_random_bodies_get_clean_errors(shared_server, payload):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(gpus=st.integers(9, 10_000), extra=json_values)
 def test_deny_worthy_jobs_stay_denied_whatever_else_is_sent(shared_server, gpus, extra):
-    obj = job("too-many-gpus.yaml")
+    obj = example_job("too-many-gpus.yaml")
     obj["spec"]["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] = gpus
     obj["metadata"]["annotations"] = {"noise": json.dumps(extra)[:1000]}
     assert shared_server.review(obj)["allowed"] is False

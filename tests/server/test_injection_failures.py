@@ -15,11 +15,13 @@ import pytest
 from webhook.decisionlog import DecisionLog
 from webhook.demo import sample_state
 from webhook.injector import Injector
-from webhook.kubestate import KubeApi
+from webhook.kube.client import KubeApi
 from webhook.reconciler import Reconciler
 from webhook.server import ServerConfig, WebhookServer
 
-from .conftest import Running, job, serving_cert
+from tests.support.objects import example_job
+
+from .conftest import Running, serving_cert
 
 pytestmark = pytest.mark.server
 SECRET = "team-a/resnet-allreduce-mpi-ssh-auth"
@@ -100,7 +102,7 @@ def record_of(running: Running, response: dict) -> dict:
 
 def test_unreachable_api_denies_with_what_failed_and_the_fix(start):
     running = start(closed_port())
-    response = running.review(job("allowed.yaml"))
+    response = running.review(example_job("allowed.yaml"))
     assert response["allowed"] is False and response["status"]["code"] == 403
     message = response["status"]["message"]
     assert (f"could not create Secret {SECRET} and NetworkPolicy team-a/resnet-allreduce-mpi-isolation "
@@ -118,7 +120,7 @@ def test_unreachable_api_denies_with_what_failed_and_the_fix(start):
 
 def test_failure_mode_allow_admits_with_a_warning(start):
     running = start(closed_port(), failure_mode="allow")
-    response = running.review(job("allowed.yaml"))
+    response = running.review(example_job("allowed.yaml"))
     assert response["allowed"] is True
     assert (f"trainjob-admission failure mode allow: admitted without Secret {SECRET} and NetworkPolicy "
             "team-a/resnet-allreduce-mpi-isolation (cannot connect to the Kubernetes API)") in response["warnings"]
@@ -128,7 +130,7 @@ def test_failure_mode_allow_admits_with_a_warning(start):
 def test_silent_api_times_out_within_the_bound(start, silent_api):
     running = start(silent_api, timeout=0.5)
     started = time.monotonic()
-    response = running.review(job("allowed.yaml"))
+    response = running.review(example_job("allowed.yaml"))
     elapsed = time.monotonic() - started
     assert response["allowed"] is False
     assert "did not answer within 0.5 s" in response["status"]["message"]
@@ -137,10 +139,10 @@ def test_silent_api_times_out_within_the_bound(start, silent_api):
 
 def test_dry_run_and_denied_requests_never_reach_the_api(start):
     running = start(closed_port())
-    dry = running.review(job("allowed.yaml"), dryRun=True)
+    dry = running.review(example_job("allowed.yaml"), dryRun=True)
     assert dry["allowed"] is True
     assert {i["status"] for i in record_of(running, dry)["injections"]} == {"planned"}
-    denied = running.review(job("privileged.yaml"))
+    denied = running.review(example_job("privileged.yaml"))
     assert denied["allowed"] is False and "could not create" not in denied["status"]["message"]
     assert record_of(running, denied)["injections"] == []
 

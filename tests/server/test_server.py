@@ -11,13 +11,15 @@ import pytest
 from webhook import server as server_module
 from webhook.decisionlog import verify
 
-from .conftest import decode_patch, job, start_server, stop_server
+from tests.support.objects import example_job
+
+from .conftest import decode_patch, start_server, stop_server
 
 pytestmark = pytest.mark.server
 
 
 def test_allowed_job_is_mutated_then_validated(webhook_server):
-    mutated = webhook_server.review(job("allowed.yaml"), "mutate")
+    mutated = webhook_server.review(example_job("allowed.yaml"), "mutate")
     assert mutated["allowed"] is True
     patch = decode_patch(mutated)
     runtime_patch = next(op for op in patch if op["path"] == "/spec/runtimePatches")["value"][0]
@@ -27,7 +29,7 @@ def test_allowed_job_is_mutated_then_validated(webhook_server):
         assert meta["annotations"]["sidecar.istio.io/inject"] == "false"
     assert {"op": "add", "path": "/metadata/labels", "value": {"kueue.x-k8s.io/queue-name": "default"}} in patch
 
-    validated = webhook_server.review(job("allowed.yaml"), "validate")
+    validated = webhook_server.review(example_job("allowed.yaml"), "validate")
     assert validated["allowed"] is True
     decision_id = validated["auditAnnotations"]["decision-id"]
     record = next(r for r in webhook_server.records() if r["id"] == decision_id)
@@ -36,7 +38,7 @@ def test_allowed_job_is_mutated_then_validated(webhook_server):
 
 
 def test_over_quota_denied_with_numbers_and_fix(webhook_server):
-    response = webhook_server.review(job("over-quota.yaml"))
+    response = webhook_server.review(example_job("over-quota.yaml"))
     assert response["allowed"] is False
     assert response["status"]["code"] == 403
     message = response["status"]["message"]
@@ -45,19 +47,19 @@ def test_over_quota_denied_with_numbers_and_fix(webhook_server):
 
 
 def test_privileged_runtime_denied(webhook_server):
-    response = webhook_server.review(job("privileged.yaml"))
+    response = webhook_server.review(example_job("privileged.yaml"))
     assert response["allowed"] is False
     assert "securityContext.privileged" in response["status"]["message"]
 
 
 def test_legacy_mpijob_gets_deprecation_warning(webhook_server):
-    response = webhook_server.review(job("legacy-mpijob.yaml"))
+    response = webhook_server.review(example_job("legacy-mpijob.yaml"))
     assert response["allowed"] is True
     assert any("deprecated" in w for w in response["warnings"])
 
 
 def test_dry_run_plans_no_injection(webhook_server):
-    response = webhook_server.review(job("allowed.yaml"), dryRun=True)
+    response = webhook_server.review(example_job("allowed.yaml"), dryRun=True)
     record = next(r for r in webhook_server.records() if r["id"] == response["auditAnnotations"]["decision-id"])
     assert record["dryRun"] is True
     assert all(i.get("status") == "planned" for i in record["injections"])
@@ -84,7 +86,7 @@ def test_wrong_api_version_with_uid_is_refused_in_its_own_terms(webhook_server):
 
 
 def test_deeply_nested_object_is_refused(webhook_server):
-    obj = job("allowed.yaml")
+    obj = example_job("allowed.yaml")
     nested: dict = {}
     cursor = nested
     for _ in range(500):
@@ -115,7 +117,7 @@ def test_tls_1_1_client_is_refused(webhook_server):
 def test_health_ready_and_metrics(webhook_server):
     assert webhook_server.get("/healthz") == (200, "ok")
     assert webhook_server.get("/readyz") == (200, "ok")
-    webhook_server.review(job("over-quota.yaml"))
+    webhook_server.review(example_job("over-quota.yaml"))
     status, text = webhook_server.get("/metrics")
     assert status == 200
     assert 'trainjob_admission_requests_total{decision="deny",endpoint="validate",kind="TrainJob"} 1.0' in text
@@ -166,19 +168,19 @@ def test_bundle_reload_keeps_last_good_version(tmp_path):
     bundle.write_text(BUNDLE.format(version="1", cap=100, expression="job.totals.gpus <= params.maxJobGpus"))
     running, thread = start_server(tmp_path, bundle_specs=[str(bundle)])
     try:
-        assert running.review(job("allowed.yaml"))["allowed"] is True
+        assert running.review(example_job("allowed.yaml"))["allowed"] is True
         bundle.write_text(BUNDLE.format(version="2", cap=2, expression="job.totals.gpus <= "))  # broken
         deadline = time.monotonic() + 5
         while not running.server.registry.errors and time.monotonic() < deadline:
             time.sleep(0.1)
         assert [b.version for b in running.server.registry.active] == ["1"]
-        assert running.review(job("allowed.yaml"))["allowed"] is True
+        assert running.review(example_job("allowed.yaml"))["allowed"] is True
         assert "syntax error" in next(iter(running.server.registry.errors.values()))
         bundle.write_text(BUNDLE.format(version="3", cap=2, expression="job.totals.gpus <= params.maxJobGpus"))
         deadline = time.monotonic() + 5
         while [b.version for b in running.server.registry.active] != ["3"] and time.monotonic() < deadline:
             time.sleep(0.1)
-        response = running.review(job("allowed.yaml"))
+        response = running.review(example_job("allowed.yaml"))
         assert response["allowed"] is False and "too many GPUs" in response["status"]["message"]
         _, metrics = running.get("/metrics")
         assert 'trainjob_admission_bundle_reloads_total{result="failure"}' in metrics
@@ -188,8 +190,8 @@ def test_bundle_reload_keeps_last_good_version(tmp_path):
 
 def test_log_verifies_after_traffic(webhook_server):
     for name in ("allowed.yaml", "over-quota.yaml", "legacy-mpijob.yaml"):
-        webhook_server.review(job(name), "mutate")
-        webhook_server.review(job(name), "validate")
+        webhook_server.review(example_job(name), "mutate")
+        webhook_server.review(example_job(name), "validate")
     report = verify([webhook_server.log_path])
     assert report.ok, str(report)
     assert len(webhook_server.records()) == 6
@@ -199,12 +201,12 @@ def test_log_verifies_after_traffic(webhook_server):
 def test_unparseable_quota_in_state_does_not_crash(webhook_server):
     webhook_server.server.state.upsert({"kind": "ResourceQuota", "metadata": {"name": "junk", "namespace": "team-a"},
                                         "status": {"hard": {"pods": "lots"}}})
-    assert webhook_server.review(job("allowed.yaml"))["allowed"] is True
+    assert webhook_server.review(example_job("allowed.yaml"))["allowed"] is True
     assert json.loads(json.dumps(webhook_server.records()[-1]))["decision"] == "allow"
 
 
 def test_ill_typed_job_is_denied_logged_and_reported_in_one_line(webhook_server, caplog):
-    bad = job("allowed.yaml")
+    bad = example_job("allowed.yaml")
     bad["spec"]["trainer"]["numNodes"] = "four"  # the API server's schema check runs after /mutate
     with caplog.at_level("INFO", logger="trainjob_admission"):
         response = webhook_server.review(bad)

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from policies.bundle import API_VERSION, KIND, Bundle, compile_document, default_bundles, load_bundles
-from policies.engine import AdmissionInput, Decision, evaluate
+from policies.decision import Decision
+from policies.engine import AdmissionInput, evaluate
 from policies.state import ClusterState, load_objects
 
 ROOT = Path(__file__).resolve().parents[2]

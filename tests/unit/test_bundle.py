@@ -167,3 +167,14 @@ def test_unreadable_bundle_file_is_rejected_once_per_change(tmp_path):
     for _ in range(3):
         registry.poll()
     assert registry.failures == 1 and "cannot read" in registry.errors[str(broken)]
+
+
+def test_merged_settings_take_each_field_from_the_first_section_that_sets_it():
+    from policies.bundle import IstioMutation, Mutations, SchedulingMutation, merged
+
+    first = Mutations(istio=IstioMutation(disableSidecar=False))
+    second = Mutations(istio=IstioMutation(), scheduling=SchedulingMutation(defaultQueue="q"))
+    settings = merged(Mutations, [first, second])
+    assert settings.istio is first.istio and settings.scheduling is second.scheduling
+    assert settings.securityDefaults is None and settings.costLabels is None
+    assert merged(Mutations, [second]) is second

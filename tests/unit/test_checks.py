@@ -5,8 +5,10 @@ import copy
 
 import pytest
 
-from policies.bundle import GpuCheck, PodSecurityCheck, ShapeCheck
+from policies.bundle import Checks, GpuCheck, PodSecurityCheck, QuotaCheck, ShapeCheck
 from policies.checks import gpu, podsecurity, quota, shape
+from policies.checks.base import CheckContext
+from policies.checks.registry import CHECKS
 from policies.effective_job import build as effective
 
 
@@ -16,6 +18,10 @@ def job_of(build, runtime=None, name="job", namespace="team-a", labels=None, **t
                                     labels=labels, **trainer), build.state(runtime))
 
 
+def quota_check(job, quotas, old_job=None):
+    return quota.check(CheckContext(job, quotas=quotas, old_job=old_job), QuotaCheck())
+
+
 def per_node(cpu="2", memory="8Gi", gpus=0):
     resources: dict = {"requests": {"cpu": cpu, "memory": memory}}
     if gpus:
@@ -23,11 +29,31 @@ def per_node(cpu="2", memory="8Gi", gpus=0):
     return resources
 
 
+# --- the registry -----------------------------------------------------------------------------
+
+def test_every_check_setting_has_one_registered_check():
+    """A settings section on bundle.Checks without its registry line (or the reverse) fails here."""
+    assert sorted(c.setting for c in CHECKS) == sorted(Checks.model_fields)
+    assert [c.rule for c in CHECKS] == ["quota", "gpu-limits", "job-shape", "pod-security"]  # in logs and docs
+
+
+@pytest.mark.parametrize("checks, builds", [({"quota": {}}, 2), ({"gpu": {}, "shape": {}}, 1), ({"quota": {"enabled": False}}, 1)])
+def test_the_old_job_is_built_only_for_a_check_that_needs_it(build, make_bundle, review, monkeypatch, checks, builds):
+    from policies import engine
+
+    state = build.state(build.runtime())
+    calls = []
+    monkeypatch.setattr(engine.effective_job, "build", lambda obj, st: calls.append(obj) or effective(obj, st))
+    review(build.trainjob(numNodes=2), [make_bundle({"checks": checks})], state, operation="UPDATE",
+           old=build.trainjob(numNodes=1))
+    assert len(calls) == builds
+
+
 # --- quota ------------------------------------------------------------------------------------
 
 def test_quota_example_over_quota_gives_numbers_and_fix(example_job, example_state):
     job = effective(example_job("over-quota"), example_state)
-    (finding,) = quota.check(job, example_state.namespace_quotas("team-a"))
+    (finding,) = quota_check(job, example_state.namespace_quotas("team-a"))
     assert "job needs 32 nvidia.com/gpu (7 workers x 4 + 1 launcher x 4)" in finding.message
     assert 'quota "compute" in team-a allows 32 and 24 are in use' in finding.message
     assert finding.remediation == "reduce spec.trainer.numNodes to 2 or ask your admin to raise the quota"
@@ -35,8 +61,8 @@ def test_quota_example_over_quota_gives_numbers_and_fix(example_job, example_sta
 
 def test_quota_used_is_subtracted(build):
     job = job_of(build, numNodes=4, resourcesPerNode=per_node(gpus=2))  # 4 nodes x 2 = 8 GPUs
-    assert quota.check(job, [build.quota({"requests.nvidia.com/gpu": "8"}, {"requests.nvidia.com/gpu": "0"})]) == []
-    (finding,) = quota.check(job, [build.quota({"requests.nvidia.com/gpu": "8"}, {"requests.nvidia.com/gpu": "1"})])
+    assert quota_check(job, [build.quota({"requests.nvidia.com/gpu": "8"}, {"requests.nvidia.com/gpu": "0"})]) == []
+    (finding,) = quota_check(job, [build.quota({"requests.nvidia.com/gpu": "8"}, {"requests.nvidia.com/gpu": "1"})])
     assert "job needs 8 nvidia.com/gpu" in finding.message and "1 are in use" in finding.message
     assert "reduce spec.trainer.numNodes to 3" in finding.remediation  # 7 free = launcher 2 + 2 workers x 2
 
@@ -44,7 +70,7 @@ def test_quota_used_is_subtracted(build):
 def test_quota_launcher_not_a_node_fix_counts_workers_only(build):
     job = job_of(build, build.runtime(launcher_as_node=False, ancestor="node"), numNodes=6,
                  resourcesPerNode=per_node(gpus=4))
-    (finding,) = quota.check(job, [build.quota({"requests.nvidia.com/gpu": "32"}, {"requests.nvidia.com/gpu": "20"})])
+    (finding,) = quota_check(job, [build.quota({"requests.nvidia.com/gpu": "32"}, {"requests.nvidia.com/gpu": "20"})])
     assert "job needs 24 nvidia.com/gpu (6 workers x 4)" in finding.message
     assert "reduce spec.trainer.numNodes to 3" in finding.remediation
 
@@ -64,24 +90,24 @@ def test_quota_keys(build, key, hard, words):
         resources["limits"]["cpu"] = "2"
         resources["requests"]["cpu"] = "1"
     job = job_of(build, numNodes=4, resourcesPerNode=resources)
-    findings = [f for f in quota.check(job, [build.quota({key: hard})]) if f.severity != "warn"]
+    findings = [f for f in quota_check(job, [build.quota({key: hard})]) if f.severity != "warn"]
     assert len(findings) == 1 and words in findings[0].message, findings
     assert f"allows {hard}" in findings[0].message
 
 
 def test_quota_ignores_resources_a_job_does_not_consume(build):
     job = job_of(build, numNodes=4)
-    assert quota.check(job, [build.quota({"count/secrets": "1", "services": "0", "requests.storage": "1"},
+    assert quota_check(job, [build.quota({"count/secrets": "1", "services": "0", "requests.storage": "1"},
                                          {"count/secrets": "5"})]) == []
 
 
 def test_scoped_quotas_are_skipped(build):
     job = job_of(build, numNodes=4, resourcesPerNode=per_node(gpus=4))
     tight = {"requests.nvidia.com/gpu": "1"}
-    assert quota.check(job, [build.quota(tight, scopes=["NotBestEffort"])]) == []
-    assert quota.check(job, [build.quota(tight, scopeSelector={"matchExpressions": [
+    assert quota_check(job, [build.quota(tight, scopes=["NotBestEffort"])]) == []
+    assert quota_check(job, [build.quota(tight, scopeSelector={"matchExpressions": [
         {"scopeName": "PriorityClass", "operator": "In", "values": ["high"]}]})]) == []
-    assert len(quota.check(job, [build.quota(tight)])) == 1
+    assert len(quota_check(job, [build.quota(tight)])) == 1
 
 
 def test_quota_update_counts_only_growth(build):
@@ -89,15 +115,15 @@ def test_quota_update_counts_only_growth(build):
     old = job_of(build, runtime, numNodes=4, resourcesPerNode=per_node(gpus=4))   # 16 GPUs, already in `used`
     grown = job_of(build, runtime, numNodes=6, resourcesPerNode=per_node(gpus=4))  # 24 GPUs
     q = build.quota({"requests.nvidia.com/gpu": "32"}, {"requests.nvidia.com/gpu": "20"})
-    assert quota.check(grown, [q], old) == []  # needs 8 more, 12 free
-    (finding,) = quota.check(grown, [q])  # as a CREATE it would need all 24
+    assert quota_check(grown, [q], old) == []  # needs 8 more, 12 free
+    (finding,) = quota_check(grown, [q])  # as a CREATE it would need all 24
     assert "job needs 24" in finding.message
     q_tight = build.quota({"requests.nvidia.com/gpu": "32"}, {"requests.nvidia.com/gpu": "28"})
-    (finding,) = quota.check(grown, [q_tight], old)
+    (finding,) = quota_check(grown, [q_tight], old)
     assert "job needs 8 nvidia.com/gpu" in finding.message and "28 are in use" in finding.message
     same = job_of(build, runtime, numNodes=4, resourcesPerNode=per_node(gpus=4))
     full = build.quota({"requests.nvidia.com/gpu": "32"}, {"requests.nvidia.com/gpu": "32"})
-    assert quota.check(same, [full], old) == []  # no growth, no demand
+    assert quota_check(same, [full], old) == []  # no growth, no demand
 
 
 def test_quota_missing_request_is_a_warning(build):
@@ -105,14 +131,14 @@ def test_quota_missing_request_is_a_warning(build):
     for spec in (runtime["spec"]["template"]["spec"]["replicatedJobs"]):
         del spec["template"]["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["memory"]
     job = job_of(build, runtime, numNodes=2)
-    findings = quota.check(job, [build.quota({"requests.memory": "100Gi"})])
+    findings = quota_check(job, [build.quota({"requests.memory": "100Gi"})])
     (finding,) = findings
     assert finding.severity == "warn"
     assert 'quota "compute" in team-a tracks requests.memory' in finding.message
     assert "node container 'node'" in finding.message and "launcher container 'node'" in finding.message
     assert "resourcesPerNode.requests.memory" in finding.remediation
     # Once the job sets it, no warning.
-    assert quota.check(job_of(build, runtime, numNodes=2, resourcesPerNode={"requests": {"memory": "1Gi"}}),
+    assert quota_check(job_of(build, runtime, numNodes=2, resourcesPerNode={"requests": {"memory": "1Gi"}}),
                        [build.quota({"requests.memory": "100Gi"})]) == []
 
 
@@ -129,7 +155,7 @@ def test_quota_missing_request_warns_through_the_engine(build, make_bundle, revi
 def test_quota_per_worker_fix_when_no_worker_count_fits(build):
     job = job_of(build, build.runtime(launcher_as_node=False, ancestor="node"), numNodes=2,
                  resourcesPerNode=per_node(cpu="8"))
-    (finding,) = quota.check(job, [build.quota({"requests.cpu": "12"}, {"requests.cpu": "0"})])
+    (finding,) = quota_check(job, [build.quota({"requests.cpu": "12"}, {"requests.cpu": "0"})])
     # 17 cpu needed: launcher 1 fixed, 11 left, not enough for one more 8-cpu worker beyond the first
     assert "job needs 17 cpu requests" in finding.message
     assert "reduce spec.trainer.numNodes to 1" in finding.remediation
@@ -139,17 +165,17 @@ def test_quota_per_worker_fix_when_no_worker_count_fits(build):
 
 def test_gpu_per_worker(example_job, example_state):
     job = effective(example_job("too-many-gpus"), example_state)
-    findings = gpu.check(job, GpuCheck(maxPerWorker=8))
+    findings = gpu.check(CheckContext(job), GpuCheck(maxPerWorker=8))
     (finding,) = findings
     assert "requests 9 nvidia.com/gpu; the limit is 8 per worker" in finding.message
     assert 'spec.trainer.resourcesPerNode.limits["nvidia.com/gpu"] to 8 or less' in finding.remediation
-    assert gpu.check(job, GpuCheck(maxPerWorker=9)) == []
+    assert gpu.check(CheckContext(job), GpuCheck(maxPerWorker=9)) == []
 
 
 def test_gpu_per_worker_names_workers_when_launcher_is_not_a_node(build):
     job = job_of(build, build.runtime(launcher_as_node=False, ancestor="node"), numNodes=4,
                  resourcesPerNode=per_node(gpus=6))
-    (finding,) = gpu.check(job, GpuCheck(maxPerWorker=4))
+    (finding,) = gpu.check(CheckContext(job), GpuCheck(maxPerWorker=4))
     assert finding.message.startswith("each worker requests 6 nvidia.com/gpu; the limit is 4")
     assert "the same 24 GPUs fit in 6 workers x 4" in finding.remediation
 
@@ -157,20 +183,20 @@ def test_gpu_per_worker_names_workers_when_launcher_is_not_a_node(build):
 def test_gpu_per_job(build):
     job = job_of(build, build.runtime(launcher_as_node=False, ancestor="node"), numNodes=5,
                  resourcesPerNode=per_node(gpus=4))
-    (finding,) = gpu.check(job, GpuCheck(maxPerJob=16))
+    (finding,) = gpu.check(CheckContext(job), GpuCheck(maxPerJob=16))
     assert finding.message == "job requests 20 GPUs (5 workers x 4); the limit is 16 per job"
     assert finding.remediation.startswith("reduce workers to 4 (spec.trainer.numNodes)")
-    assert gpu.check(job, GpuCheck(maxPerJob=20)) == []
+    assert gpu.check(CheckContext(job), GpuCheck(maxPerJob=20)) == []
 
 
 def test_gpu_allowed_resource_names(build):
     node = build.pod_spec()
     node["containers"][0]["resources"]["limits"] = {"amd.com/gpu": 1}
     job = job_of(build, build.runtime(node=node, launcher=build.pod_spec()), numNodes=2)
-    (finding,) = gpu.check(job, GpuCheck(allowedResources=["nvidia.com/gpu"]))
+    (finding,) = gpu.check(CheckContext(job), GpuCheck(allowedResources=["nvidia.com/gpu"]))
     assert "node pods request 1 amd.com/gpu" in finding.message and "nvidia.com/gpu" in finding.remediation
-    assert gpu.check(job, GpuCheck(allowedResources=["nvidia.com/gpu", "amd.com/gpu"])) == []
-    assert gpu.check(job, GpuCheck(allowedResources=[])) == []  # empty: any accelerator
+    assert gpu.check(CheckContext(job), GpuCheck(allowedResources=["nvidia.com/gpu", "amd.com/gpu"])) == []
+    assert gpu.check(CheckContext(job), GpuCheck(allowedResources=[])) == []  # empty: any accelerator
 
 
 @pytest.mark.parametrize("launcher_as_node, allow, denied", [(False, False, True), (False, True, False),
@@ -179,7 +205,7 @@ def test_gpu_on_launcher(build, launcher_as_node, allow, denied):
     runtime = build.runtime(launcher_as_node=launcher_as_node, ancestor="node",
                             node=build.pod_spec(gpus=1), launcher=build.pod_spec(gpus=2))
     job = job_of(build, runtime, numNodes=2)
-    findings = gpu.check(job, GpuCheck(allowOnLauncher=allow))
+    findings = gpu.check(CheckContext(job), GpuCheck(allowOnLauncher=allow))
     assert bool(findings) is denied
     if denied:
         assert "the launcher pod requests 2 nvidia.com/gpu" in findings[0].message
@@ -189,28 +215,28 @@ def test_gpu_on_launcher(build, launcher_as_node, allow, denied):
 
 def test_shape_max_workers(example_job, example_state):
     job = effective(example_job("too-many-workers"), example_state)
-    (finding,) = shape.check(job, ShapeCheck(maxWorkers=64))
+    (finding,) = shape.check(CheckContext(job), ShapeCheck(maxWorkers=64))
     assert finding.message == "job has 65 workers; the limit is 64"
     assert "set spec.trainer.numNodes to 64 or less" in finding.remediation
-    assert shape.check(job, ShapeCheck(maxWorkers=65)) == []
+    assert shape.check(CheckContext(job), ShapeCheck(maxWorkers=65)) == []
 
 
 def test_shape_min_cpu_and_memory(build):
     job = job_of(build, numNodes=2, resourcesPerNode={"requests": {"cpu": "500m", "memory": "512Mi"}})
-    findings = shape.check(job, ShapeCheck(minWorkerCpu="1", minWorkerMemory="1Gi"))
+    findings = shape.check(CheckContext(job), ShapeCheck(minWorkerCpu="1", minWorkerMemory="1Gi"))
     assert [f.message for f in findings] == [
         "each worker requests 500m cpu; the minimum per worker is 1",
         "each worker requests 512Mi memory; the minimum per worker is 1Gi",
     ]
     assert findings[0].remediation == "set spec.trainer.resourcesPerNode.requests.cpu to at least 1"
-    assert shape.check(job, ShapeCheck(minWorkerCpu="500m", minWorkerMemory="512Mi")) == []
+    assert shape.check(CheckContext(job), ShapeCheck(minWorkerCpu="500m", minWorkerMemory="512Mi")) == []
 
 
 def test_shape_allowed_runtimes(build):
     job = job_of(build, numNodes=2)
-    (finding,) = shape.check(job, ShapeCheck(allowedRuntimes=["mpi-openmpi"]))
+    (finding,) = shape.check(CheckContext(job), ShapeCheck(allowedRuntimes=["mpi-openmpi"]))
     assert finding.message == "runtime 'rt' is not allowed here" and "mpi-openmpi" in finding.remediation
-    assert shape.check(job, ShapeCheck(allowedRuntimes=["rt"])) == []
+    assert shape.check(CheckContext(job), ShapeCheck(allowedRuntimes=["rt"])) == []
 
 
 @pytest.mark.parametrize("image, allowed, ok", [
@@ -232,17 +258,17 @@ def test_registry_allowed(image, allowed, ok):
 
 def test_shape_registries_flags_each_image(build):
     job = job_of(build, numNodes=2, image="docker.io/me/train:1")
-    (finding,) = shape.check(job, ShapeCheck(allowedRegistries=["quay.io/acme-ml"]))
+    (finding,) = shape.check(CheckContext(job), ShapeCheck(allowedRegistries=["quay.io/acme-ml"]))
     assert "launcher image 'docker.io/me/train:1' comes from docker.io" in finding.message
-    (finding,) = shape.check(job_of(build, numNodes=2, image="train:1"), ShapeCheck(allowedRegistries=["quay.io"]))
+    (finding,) = shape.check(CheckContext(job_of(build, numNodes=2, image="train:1")), ShapeCheck(allowedRegistries=["quay.io"]))
     assert "comes from docker.io" in finding.message
 
 
 def test_shape_required_labels(build):
     job = job_of(build, numNodes=2, labels={"team": "a"})
-    (finding,) = shape.check(job, ShapeCheck(requiredLabels=["team", "cost-center"]))
+    (finding,) = shape.check(CheckContext(job), ShapeCheck(requiredLabels=["team", "cost-center"]))
     assert finding.message == "job is missing required label cost-center"
-    assert shape.check(job_of(build, numNodes=2, labels={"team": "a", "cost-center": "x"}),
+    assert shape.check(CheckContext(job_of(build, numNodes=2, labels={"team": "a", "cost-center": "x"})),
                        ShapeCheck(requiredLabels=["team", "cost-center"])) == []
 
 
@@ -254,7 +280,8 @@ PSS_ONLY = {"openshiftSCC": False, "honorNamespaceLabel": False}
 def _psa(build, node=None, launcher=None, namespace=None, **settings):
     runtime = build.runtime(node=node or build.pod_spec(), launcher=launcher or build.pod_spec())
     job = job_of(build, runtime, numNodes=2)
-    level, findings = podsecurity.check(job, PodSecurityCheck(**settings), namespace or build.namespace())
+    settings, namespace = PodSecurityCheck(**settings), namespace or build.namespace()
+    level, findings = podsecurity.effective_level(settings, namespace), podsecurity.check(CheckContext(job, namespace), settings)
     return level, " ".join(f.message for f in findings), findings
 
 
@@ -397,7 +424,7 @@ def test_registry_fix_names_the_field_that_sets_each_image(build):
     node = build.pod_spec(image="docker.io/acme/sshd:1")
     node["containers"].append({"name": "metrics", "image": "docker.io/acme/exporter:2"})
     job = job_of(build, build.runtime(node=node), numNodes=2, image="docker.io/me/train:1")
-    fixes = {f.message.split(" comes from")[0]: f.remediation for f in shape.check(job, ShapeCheck(allowedRegistries=["quay.io"]))}
+    fixes = {f.message.split(" comes from")[0]: f.remediation for f in shape.check(CheckContext(job), ShapeCheck(allowedRegistries=["quay.io"]))}
     assert fixes == {
         "launcher image 'docker.io/me/train:1'": "use an image from quay.io in spec.trainer.image",
         "node image 'docker.io/acme/sshd:1'": "use an image from quay.io in image of containers[name=node] in "
@@ -412,7 +439,7 @@ def test_registry_fix_names_the_field_that_sets_each_image(build):
 def test_registry_fix_for_a_legacy_mpijob_names_its_replica_spec(example_job, example_state):
     obj = example_job("legacy-mpijob")
     obj["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["image"] = "horovod/horovod:0.28.1"
-    findings = shape.check(effective(obj, example_state), ShapeCheck(allowedRegistries=["quay.io"]))
+    findings = shape.check(CheckContext(effective(obj, example_state)), ShapeCheck(allowedRegistries=["quay.io"]))
     (finding,) = findings
     name = obj["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["name"]
     assert finding.remediation == (f"use an image from quay.io in spec.mpiReplicaSpecs.Launcher.template.spec."
@@ -425,7 +452,7 @@ def test_quota_missing_value_fix_names_each_containers_field(build):
     launcher = build.pod_spec()
     launcher["containers"].append({"name": "log-shipper", "image": "quay.io/acme/fluent:1"})
     job = job_of(build, build.runtime(launcher=launcher), numNodes=2, resourcesPerNode={"requests": {"cpu": "2"}})
-    (finding,) = quota.check(job, [build.quota({"requests.memory": "100Gi"})])
+    (finding,) = quota_check(job, [build.quota({"requests.memory": "100Gi"})])
     assert "launcher container 'log-shipper' sets no memory request" in finding.message
     assert finding.remediation == ("set resources.requests.memory of containers[name=log-shipper] in "
                                    "replicatedJobs[launcher] through spec.runtimePatches (now set by "

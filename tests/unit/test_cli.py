@@ -310,10 +310,13 @@ def test_decisions_verify_reads_kubectl_logs_from_stdin(submissions):
 
 
 @pytest.mark.parametrize("content, words", [
-    ("- a\n- b\n", "must be a YAML mapping"),
-    ("port: eighty\n", "port, timeoutSeconds and logFsyncInterval must be numbers"),
-    ("logFsyncInterval: soon\n", "port, timeoutSeconds and logFsyncInterval must be numbers"),
-    ("logFsyncInterval: -1\n", "fsync interval must be 0-3600 seconds, got -1"),
+    ("- a\n- b\n", "must be a YAML mapping of host, port, certDir"),
+    ("port: eighty\n", "port: Input should be a valid integer, unable to parse string as an integer, got 'eighty'"),
+    ("logFsyncInterval: soon\n", "logFsyncInterval: Input should be a valid number"),
+    ("logFsyncInterval: -1\n", "logFsyncInterval: Input should be greater than or equal to 0, got -1"),
+    ("failureMode: open\n", "failureMode: Input should be 'deny' or 'allow', got 'open'"),
+    ("prot: 8443\ntimeoutSecond: 3\n", "unknown key 'prot' (known: host, port, certDir"),
+    ("timeoutSecond: 3\n", "unknown key 'timeoutSecond'"),
 ])
 def test_serve_rejects_a_malformed_config_with_exit_2(tmp_path: Path, content: str, words: str) -> None:
     config = tmp_path / "serve.yaml"

@@ -1,6 +1,8 @@
 """policies.engine.evaluate end to end: the example jobs, CEL rules, audit mode, matching, cases."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from policies import report
@@ -76,6 +78,16 @@ def test_many_violations_are_summarised(build, make_bundle, review):
     assert len(decision.messages) > 5
     assert decision.status_message.startswith(f"{len(decision.messages)} policy violations: (1) [test/")
     assert f"and {len(decision.messages) - 5} more" in decision.status_message
+
+
+def test_extra_warnings_make_a_new_decision(example_job, example_state, default, review):
+    decision = review(example_job("allowed"), default, example_state)
+    warned = decision.with_warnings(["Secret team-a/x kept"])
+    assert (decision.decision, warned.decision) == ("allow", "warn") and warned.allowed
+    assert decision.warnings == [] and warned.warnings == ["Secret team-a/x kept"]
+    assert decision.with_warnings([]) is decision
+    denied = review(example_job("over-quota"), default, example_state)
+    assert denied.with_warnings(["w"]).decision == "deny"
 
 
 # --- CEL rules --------------------------------------------------------------------------------
@@ -260,6 +272,16 @@ def test_explain_lists_every_rule(example_job, example_state, default, review):
         row = next(line for line in lines if line.split()[1:2] == [rule])
         assert row.split()[2] == ("fail" if rule == "quota" else "pass")
     assert "8 pods (7 node + 1 launcher)" in lines[-1]
+
+
+def test_explain_json_has_every_result_and_the_job_variable(example_job, example_state, default, review):
+    decision = review(example_job("over-quota"), default, example_state)
+    body = json.loads(json.dumps(report.explain_json(decision)))
+    assert body["results"][0] == {"bundle": "default", "rule": "quota", "result": "fail", "effect": "deny",
+                                  "messages": decision.results[0].messages}
+    assert body["job"] == json.loads(json.dumps(decision.job.as_cel()))
+    from policies.state import ClusterState
+    assert report.explain_json(review(example_job("privileged"), default, ClusterState()))["job"] is None  # no runtime
 
 
 def test_case_with_wrong_expectation_fails(build, default):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from webhook.kubestate import only_in
+from webhook.injector import only_in
 
 PLANS = [{"kind": "Secret", "name": "job-mpi-ssh-auth", "keyType": "ecdsa-p521"},
          {"kind": "NetworkPolicy", "name": "job-mpi-isolation", "template": "default"}]

@@ -13,7 +13,8 @@ from policies.state import ClusterState
 from webhook.bundles import BundleRegistry
 from webhook.cli import main
 from webhook.clusterbundles import ClusterBundles, _with_transition_times
-from webhook.kubestate import NAMESPACES, RESOURCE_QUOTAS, TRAINING_RUNTIMES, StateSink
+from webhook.kube.resources import NAMESPACES, RESOURCE_QUOTAS, TRAINING_RUNTIMES
+from webhook.kube.state import StateSink
 
 GOOD = yaml.safe_load((Path(__file__).parent / "fixtures" / "bundles" / "good.yaml").read_text())
 

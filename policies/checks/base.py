@@ -1,0 +1,30 @@
+"""What every built-in check takes and returns, so the engine runs them all the same way."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..effective_job import EffectiveJob
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What is wrong, with the numbers, and the fix."""
+
+    message: str
+    remediation: str = ""
+    severity: str | None = None  # None: the rule's own severity; "warn" for advice that cannot be certain
+
+
+@dataclass
+class CheckContext:
+    """What a check may read besides its settings: the effective job of the (mutated) object
+    and the cluster objects around it."""
+
+    job: EffectiveJob
+    namespace: dict = field(default_factory=dict)  # the Namespace object
+    quotas: list[dict] = field(default_factory=list)  # the namespace's ResourceQuotas
+    old_job: EffectiveJob | None = None  # on UPDATE, for checks registered with needs_old_job
+
+
+Check = Callable[[CheckContext, Any], list[Finding]]  # (context, the check's settings model) -> findings

@@ -1,0 +1,133 @@
+"""What an evaluation returns: each rule's result and the decision derived from them.
+
+The values are ``StrEnum`` members, so they compare equal to, hash like and serialise as the
+plain strings the decision log, ``review -o json`` and the docs have always used.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from .bundle import Injections
+from .effective_job import EffectiveJob
+
+MAX_STATUS_MESSAGES = 5
+
+
+class Result(StrEnum):
+    """How a rule came out, Kyverno-report style."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    ERROR = "error"  # the rule could not be evaluated
+
+
+FAILED = frozenset({Result.FAIL, Result.ERROR})
+
+
+class Effect(StrEnum):
+    """What a rule's result does to the submission."""
+
+    ALLOW = "allow"
+    DENY = "deny"
+    WARN = "warn"
+
+
+class Verdict(StrEnum):
+    """The decision on a submission, as logged and as ``review`` prints it."""
+
+    ALLOW = "allow"
+    WARN = "warn"  # admitted with warnings
+    DENY = "deny"
+    ERROR = "error"  # could not be evaluated: the reviewer's failure mode decided (never the engine's)
+
+
+@dataclass
+class RuleResult:
+    """One rule of one bundle: its result and its effect here. Not frozen: a request makes
+    several, and a frozen dataclass costs five times as much to build."""
+
+    bundle: str
+    rule: str
+    result: Result
+    effect: Effect
+    messages: list[str] = field(default_factory=list)
+    remediations: list[str] = field(default_factory=list)
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.bundle}/{self.rule}"
+
+    def as_dict(self) -> dict:
+        return {"bundle": self.bundle, "rule": self.rule, "result": self.result, "effect": self.effect,
+                "messages": self.messages}
+
+
+def allows(results: Iterable[RuleResult]) -> bool:
+    """A submission is admitted unless some result denies it."""
+    return not any(r.effect is Effect.DENY for r in results)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The engine's final word. ``allowed`` and ``decision`` are derived from the results and
+    warnings, so no caller can set one out of step with the other."""
+
+    results: list[RuleResult]
+    warnings: list[str]
+    patch: list[dict]
+    injections: list[dict]
+    bundles: list[dict]
+    job: EffectiveJob | None
+    mutated: dict
+    injection_settings: Injections | None = None  # what the injector renders the plans with
+
+    @property
+    def allowed(self) -> bool:
+        return allows(self.results)
+
+    @property
+    def decision(self) -> Verdict:
+        if not self.allowed:
+            return Verdict.DENY
+        return Verdict.WARN if self.warnings else Verdict.ALLOW
+
+    def with_warnings(self, extra: list[str]) -> Decision:
+        """The same decision with more warnings for the submitter (e.g. objects the injector kept)."""
+        return replace(self, warnings=self.warnings + extra) if extra else self
+
+    @property
+    def messages(self) -> list[dict]:
+        """Denials, one per finding, for the submitter."""
+        out = []
+        for r in self.results:
+            if r.effect is Effect.DENY:
+                for message, remediation in zip(r.messages, r.remediations):
+                    out.append({"rule": r.qualified, "message": message, "remediation": remediation})
+        return out
+
+    @property
+    def status_message(self) -> str:
+        """What kubectl prints after 'denied the request:'."""
+        messages = self.messages
+        lines = [f"{m['message']}: {m['remediation']}" if m["remediation"] else m["message"] for m in messages]
+        if not lines:
+            return ""
+        if len(lines) == 1:
+            return f"[{messages[0]['rule']}] {lines[0]}"
+        shown = [f"({i}) [{m['rule']}] {line}" for i, (m, line) in enumerate(zip(messages, lines), 1)]
+        extra = len(lines) - MAX_STATUS_MESSAGES
+        tail = f" ... and {extra} more (trainjob-admission review -f JOB.yaml lists all)" if extra > 0 else ""
+        return f"{len(lines)} policy violations: " + " ".join(shown[:MAX_STATUS_MESSAGES]) + tail
+
+    def as_json(self) -> dict:
+        return {
+            "allowed": self.allowed,
+            "decision": self.decision,
+            "messages": self.messages,
+            "warnings": self.warnings,
+            "patch": self.patch,
+            "injections": self.injections,
+            "job": self.job.totals if self.job else None,
+        }

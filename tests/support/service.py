@@ -1,0 +1,111 @@
+"""The product as a user runs it on the test control plane: `trainjob-admission serve --kubeconfig`
+on the host, registered with the API server as its admission webhook.
+
+Black box on purpose: the service is a subprocess (``serve.Serve``), it reads runtimes, namespaces,
+quotas and PolicyBundles from the API itself, and the tests see it only through the API server
+(kubectl, the Kubeflow SDK), its decision log and its HTTP endpoints.
+
+    svc = start_service(workdir, kubeconfig, (crt, key, ca_pem), namespaces=["ns1"], args=("--bundle-selector", "x=y"))
+    register(svc, "e2e-abc", namespaces=["ns1"])   # Mutating + Validating configurations
+    ...
+    unregister("e2e-abc"); svc.stop()
+
+``cluster`` is hack/cluster/cluster.py, loaded once as the module ``trainjob_cluster`` (the cluster
+tier's conftest uses the same one).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from .serve import Serve
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _cluster_module():
+    if "trainjob_cluster" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("trainjob_cluster", REPO / "hack" / "cluster" / "cluster.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["trainjob_cluster"] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules["trainjob_cluster"]
+
+
+cluster = _cluster_module()
+# Rules for both kinds the service reviews (cluster.TRAINJOB_RULES: TrainJob + v2beta1 MPIJob).
+RULES = cluster.TRAINJOB_RULES
+
+
+def cert_dir(crt: Path, key: Path, directory: Path) -> Path:
+    """Copy a serving pair into ``directory`` as tls.crt and tls.key, the layout `serve --cert-dir` reads."""
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(crt, directory / "tls.crt")
+    shutil.copyfile(key, directory / "tls.key")
+    os.chmod(directory / "tls.key", 0o600)
+    return directory
+
+
+def start_service(workdir: Path, kubeconfig: Path, cert: tuple[Path, Path, bytes], *, namespaces: list[str],
+                  args: tuple[str, ...] = (), ready_timeout: float = 60.0) -> Serve:
+    """Start `trainjob-admission serve --kubeconfig` on a free loopback port; return once /readyz says 200.
+
+    cert is (cert_path, key_path, ca_pem) as the conftest `serving_cert` fixture returns it;
+    namespaces are the test's own: the service injects, adopts and deletes objects only there
+    (`--reconcile-namespace`), never in another test's namespace on the shared cluster;
+    args are extra serve flags (bundle, bundle selector, failure mode, ...).
+    """
+    assert namespaces, "a service on the shared cluster must be limited to the test's namespaces"
+    return Serve(workdir, cert_dir(cert[0], cert[1], workdir / "tls"), cert[2], "--kubeconfig", str(kubeconfig),
+                 *(flag for ns in namespaces for flag in ("--reconcile-namespace", ns)), *args,
+                 timeout=ready_timeout, keep_stdout=True)
+
+
+def register(svc: Serve, name: str, namespaces: list[str], *, timeout_seconds: int = 10,
+             failure_policy: str = "Fail") -> list:
+    """Register the service for TrainJobs and MPIJobs (CREATE, UPDATE) in `namespaces` only."""
+    selector = {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In",
+                                      "values": sorted(namespaces)}]}
+    return cluster.register_webhook(name, svc.url, svc.ca_pem, rules=RULES, side_effects="NoneOnDryRun",
+                                    failure_policy=failure_policy, timeout_seconds=timeout_seconds,
+                                    namespace_selector=selector)
+
+
+def unregister(name: str) -> None:
+    cluster.unregister_webhook(name)
+
+
+SERVICE_ROLES = ("trainjob-admission-reader", "trainjob-admission-injector")  # manifests/base/rbac.yaml
+
+
+def service_kubeconfig(workdir: Path, user: str) -> tuple[Path, list[str]]:
+    """A kubeconfig for `user` holding only the service's ClusterRoles from manifests/base/rbac.yaml.
+
+    Returns (kubeconfig, names of the ClusterRoleBindings made for it; delete them afterwards).
+    The roles are applied from the manifests, so the test proves those permissions are enough.
+    """
+    import yaml
+
+    docs = yaml.safe_load_all((REPO / "manifests" / "base" / "rbac.yaml").read_text())
+    roles = [d for d in docs if d and d["kind"] == "ClusterRole" and d["metadata"]["name"] in SERVICE_ROLES]
+    assert {r["metadata"]["name"] for r in roles} == set(SERVICE_ROLES), "service ClusterRoles not in rbac.yaml"
+    bindings = [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                 "metadata": {"name": f"{user}:{role}", "labels": {"app.kubernetes.io/managed-by": "trainjob-admission-tests"}},
+                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                 "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}
+                for role in SERVICE_ROLES]
+    cluster.apply_objects(roles, server_side=True)
+    cluster.apply_objects(bindings)
+    pki = cluster.PKI(cluster.RUN / "pki")
+    crt, key = pki.issue(workdir / f"{user}.crt", workdir / f"{user}.key", user, client=True)
+    kubeconfig = cluster.write_kubeconfig(workdir / f"{user}.kubeconfig", cluster.status()["apiserver"],
+                                          pki.ca_crt.read_bytes(), crt, key, user)
+    return kubeconfig, [b["metadata"]["name"] for b in bindings]
+
+
+def delete_bindings(names: list[str]) -> None:
+    if names:
+        cluster.kubectl("delete", "clusterrolebinding", *names, "--ignore-not-found", check=False)

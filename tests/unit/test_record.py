@@ -1,0 +1,102 @@
+"""webhook.record.DecisionRecord: which keys each kind of record has, and that they are written
+as the plain JSON the decision log has always held."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from webhook import admission
+from webhook.decisionlog import canonical
+from webhook.record import DecisionRecord
+
+EVALUATED = {"id", "endpoint", "decision", "allowed", "uid", "operation", "kind", "namespace", "name", "user", "groups"}
+DECIDED = EVALUATED | {"dryRun", "bundles", "rules", "messages", "warnings", "patch", "injections", "job"}
+
+
+def parsed_review(obj: dict, operation: str = "CREATE", dry_run: bool = False) -> admission.ParsedReview:
+    group, version = obj["apiVersion"].split("/")
+    body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "req-1", "kind": {"group": group, "version": version, "kind": obj["kind"]}, "operation": operation,
+        "object": obj, "userInfo": {"username": "alice", "groups": ["team-a"]}, "dryRun": dry_run}}
+    return admission.parse(json.dumps(body).encode())
+
+
+@pytest.fixture
+def over_quota(example_job, example_state, default):
+    from policies.engine import evaluate
+
+    parsed = parsed_review(example_job("over-quota"))
+    return parsed, evaluate(parsed.request, default, example_state)
+
+
+@pytest.fixture
+def allowed(example_job, example_state, default):
+    from policies.engine import evaluate
+
+    parsed = parsed_review(example_job("allowed"))
+    return parsed, evaluate(parsed.request, default, example_state)
+
+
+def test_refused_and_malformed_have_no_submission():
+    assert DecisionRecord.refused("d", "validate", 413, "too large").as_log_fields() == {
+        "id": "d", "endpoint": "validate", "decision": "error", "allowed": False, "messages": ["too large"],
+        "httpStatus": 413}
+    assert DecisionRecord.malformed("d", "mutate", "", "not JSON").as_log_fields() == {
+        "id": "d", "endpoint": "mutate", "decision": "error", "allowed": False, "uid": "", "messages": ["not JSON"]}
+
+
+def test_passthrough_has_uid_and_operation_only():
+    parsed = admission.parse(json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                                         "request": {"uid": "u", "operation": "DELETE"}}).encode())
+    assert DecisionRecord.passthrough("d", "validate", parsed).as_log_fields() == {
+        "id": "d", "endpoint": "validate", "decision": "allow", "allowed": True, "uid": "u", "operation": "DELETE"}
+
+
+def test_failed_names_the_submission_and_the_error(allowed):
+    parsed, _ = allowed
+    fields = DecisionRecord.failed("d", "validate", parsed, allowed=False, message="could not", error="E: x").as_log_fields()
+    assert set(fields) == EVALUATED | {"messages", "error"}
+    assert (fields["user"], fields["groups"], fields["namespace"], fields["name"]) == (
+        "alice", ["team-a"], "team-a", parsed.request.object["metadata"]["name"])
+    assert fields["decision"] == "error" and fields["error"] == "E: x" and fields["messages"] == ["could not"]
+
+
+def test_decided_on_each_endpoint(allowed):
+    parsed, decision = allowed
+    mutate = DecisionRecord.decided("d", "mutate", parsed, decision, []).as_log_fields()
+    validate = DecisionRecord.decided("d", "validate", parsed, decision, []).as_log_fields()
+    assert set(mutate) == set(validate) == DECIDED
+    assert mutate["patch"] == [{"op": op["op"], "path": op["path"]} for op in decision.patch] and mutate["patch"]
+    assert mutate["injections"] == [] and validate["patch"] == []
+    assert validate["injections"] == [{**i, "status": "planned"} for i in decision.injections] and validate["injections"]
+    created = [{"kind": "Secret", "name": "s", "namespace": "team-a", "status": "created"}]
+    assert DecisionRecord.decided("d", "validate", parsed, decision, created).as_log_fields()["injections"] == created
+
+
+def test_decided_denial_is_written_as_plain_json(over_quota):
+    parsed, decision = over_quota
+    line = json.loads(canonical(DecisionRecord.decided("d", "validate", parsed, decision, []).as_log_fields()))
+    assert line["decision"] == "deny" and line["allowed"] is False
+    assert {"bundle": "default", "rule": "quota", "result": "fail", "effect": "deny",
+            "messages": decision.results[0].messages} in line["rules"]
+    assert line["messages"] == [m["message"] for m in decision.messages]
+
+
+def test_job_is_null_not_absent_when_it_could_not_be_built(example_job, default):
+    from policies.engine import evaluate
+    from policies.state import ClusterState
+
+    parsed = parsed_review(example_job("allowed"))
+    decision = evaluate(parsed.request, default, ClusterState())  # no runtime: no effective job
+    fields = DecisionRecord.decided("d", "validate", parsed, decision, []).as_log_fields()
+    assert "job" in fields and fields["job"] is None
+
+
+def test_injection_failed_has_a_decisions_keys_but_the_patch(allowed):
+    parsed, decision = allowed
+    failed = [{"kind": "Secret", "name": "s", "namespace": "team-a", "status": "failed", "reason": "timeout"}]
+    fields = DecisionRecord.injection_failed("d", "validate", parsed, decision, allowed=True, message="admitted without",
+                                             injected=failed).as_log_fields()
+    assert set(fields) == DECIDED - {"patch"}
+    assert fields["decision"] == "error" and fields["allowed"] is True and fields["injections"] == failed

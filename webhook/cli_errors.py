@@ -1,0 +1,12 @@
+"""The CLI's exit codes and the one error type its commands raise to end with one."""
+from __future__ import annotations
+
+EXIT_OK, EXIT_DENIED, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_UNREACHABLE = 0, 1, 2, 3, 6
+
+
+class CliError(Exception):
+    """A message for the user and the exit code it ends the command with (default: invalid input)."""
+
+    def __init__(self, message: str, code: int = EXIT_INVALID):
+        super().__init__(message)
+        self.code = code

@@ -1,0 +1,95 @@
+"""One record per line: the canonical JSON that is hashed and written, the redaction that runs
+before it, and reading lines back. Shared by the writer, verify and query, so all three agree
+on what a record is."""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+GENESIS = "sha256:" + "0" * 64
+REDACTED = "[redacted]"
+
+# Keys compared lower-case with '-' and '_' removed: Secret payloads and credentials by name.
+_SECRET_KEYS = frozenset({"sshprivatekey", "privatekey", "data", "stringdata", "token", "password"})
+_SECRET_SUFFIXES = ("privatekey", "password", "token", "secret")
+_PEM_PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)", re.S)
+
+
+def canonical(value: Any) -> str:
+    """The one serialisation that is hashed and written, so a reader can recompute digests."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def digest_of(record: dict) -> str:
+    """sha256 of the record's canonical JSON without its own `digest` key."""
+    body = {k: v for k, v in record.items() if k != "digest"}
+    return "sha256:" + hashlib.sha256(canonical(body).encode("utf-8")).hexdigest()
+
+
+def format_time(moment: datetime) -> str:
+    """RFC3339 UTC with milliseconds, e.g. 2025-01-31T12:00:00.123Z."""
+    return moment.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def redact(value: Any) -> Any:
+    """A copy with secret-named keys and PEM private keys masked, and lone surrogates escaped.
+
+    Runs before hashing, so a secret never reaches disk, stdout or a digest even when a caller
+    puts a whole Secret (or a key pair) into a record by mistake. JSON may carry lone UTF-16
+    surrogates ("\\ud800") that UTF-8 cannot encode; they are kept as the text \\ud800, so a
+    hostile name is still recorded rather than failing the append.
+    """
+    if isinstance(value, dict):
+        return {_text(k) if isinstance(k, str) else k: REDACTED if _is_secret_key(str(k)) else redact(v)
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact(v) for v in value]
+    if isinstance(value, str):
+        return _text(_PEM_PRIVATE_KEY.sub(REDACTED, value) if "PRIVATE KEY-----" in value else value)
+    return value
+
+
+def _text(text: str) -> str:
+    """``text`` with anything UTF-8 cannot hold (lone surrogates) as backslash escapes."""
+    return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _is_secret_key(key: str) -> bool:
+    norm = key.lower().replace("-", "").replace("_", "")
+    return norm in _SECRET_KEYS or norm.endswith(_SECRET_SUFFIXES)
+
+
+
+def parse_record(raw: bytes) -> dict | str:
+    """The record on one line, or why it is not one."""
+    if not raw:
+        return "empty line"
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        return f"not JSON ({type(e).__name__})"
+    if not isinstance(value, dict):
+        return "not a JSON object"
+    seq = value.get("seq")
+    if type(seq) is not int or not isinstance(value.get("prev"), str) or not isinstance(value.get("digest"), str):
+        return "missing or wrong-typed seq/prev/digest"
+    return value
+
+
+def read_lines(paths: Iterable[str | Path]) -> Iterator[tuple[Path, int, bytes]]:
+    for path in map(Path, paths):
+        yield from split_lines(path, path.read_bytes())
+
+
+def split_lines(name: Path, data: bytes) -> Iterator[tuple[Path, int, bytes]]:
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()  # the terminator of the last line
+    for number, raw in enumerate(lines, start=1):
+        yield name, number, raw
+

@@ -1,0 +1,154 @@
+"""One way to call the Kubernetes API: the official client's configuration, auth and TLS,
+with raw REST calls on :class:`~webhook.kube.resources.Resource` paths and dict bodies, and one
+set of errors: :class:`ClusterUnreachable` (no answer), :class:`ApiError` (an HTTP error
+status), :class:`Expired` (410 Gone: list again) and :class:`KubeconfigError`."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import urllib3
+import yaml
+from kubernetes import client, config
+
+from .resources import Resource
+
+CONNECT_TIMEOUT = 5.0
+REQUEST_TIMEOUT = (CONNECT_TIMEOUT, 30.0)  # (connect, read) for every plain request
+LIST_PAGE = 500
+
+
+class ClusterUnreachable(Exception):
+    """The API server could not be reached or did not answer in time; the message names the
+    server and the fix, ``timed_out`` tells a silent server from a refused connection."""
+
+    def __init__(self, message: str, *, timed_out: bool = False):
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+class KubeconfigError(ValueError):
+    """A kubeconfig that is missing or cannot be read."""
+
+
+class ApiError(Exception):
+    """The API server answered with an error status; ``message`` is its own text."""
+
+    def __init__(self, status: int, message: str, what: str = ""):
+        super().__init__(f"{what}: HTTP {status}: {message}" if what else f"HTTP {status}: {message}")
+        self.status, self.message = status, message
+
+
+class Expired(Exception):
+    """410 Gone: the resourceVersion we hold is too old; list again."""
+
+
+class KubeApi(client.ApiClient):
+    """The API client, remembering where its configuration came from (for messages)."""
+
+    kubeconfig: str | None = None
+
+    def describe(self) -> str:
+        return f"{self.configuration.host} ({f'kubeconfig {self.kubeconfig}' if self.kubeconfig else 'in-cluster service account'})"
+
+
+def api_client(kubeconfig: str | None) -> KubeApi:
+    """A client for ``kubeconfig``, or for the pod's service account when it is None."""
+    cfg = client.Configuration()
+    try:
+        if kubeconfig is None:
+            config.load_incluster_config(client_configuration=cfg)
+        else:
+            if not Path(kubeconfig).is_file():
+                raise KubeconfigError(f"kubeconfig {kubeconfig} not found")
+            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg, persist_config=False)
+    except (config.ConfigException, yaml.YAMLError, OSError) as exc:
+        where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account (not running in a pod?)"
+        raise KubeconfigError(f"cannot load {where}: {exc}") from None
+    api = KubeApi(cfg)
+    api.kubeconfig = kubeconfig
+    return api
+
+
+def request(api: KubeApi, method: str, path: str, *, query: dict[str, str] | None = None,
+            body: Any = None, content_type: str | None = None, timeout: tuple[float, float] = REQUEST_TIMEOUT):
+    """One HTTP call through the client (auth, TLS, token refresh); the body is left unread.
+    Connection failures and timeouts become :class:`ClusterUnreachable`."""
+    headers = {"Accept": "application/json"}
+    if body is not None:
+        headers["Content-Type"] = content_type or "application/json"
+    params = api.param_serialize(method, path, query_params=list((query or {}).items()), header_params=headers,
+                                 body=body, auth_settings=["BearerToken"])
+    try:
+        return api.call_api(*params, _request_timeout=timeout)
+    except (urllib3.exceptions.HTTPError, OSError, client.ApiException) as exc:
+        cause = getattr(exc, "reason", None) if isinstance(exc, urllib3.exceptions.MaxRetryError) else exc
+        # NewConnectionError first: urllib3 2 makes it a subclass of its TimeoutError.
+        timed_out = (not isinstance(cause, urllib3.exceptions.NewConnectionError)
+                     and isinstance(cause, (TimeoutError, urllib3.exceptions.TimeoutError)))
+        reason = str(getattr(exc, "reason", None) or exc)
+        if reason.startswith("<"):  # "<HTTPSConnection object at 0x..>: Failed to establish ..."
+            reason = reason.split(">: ", 1)[-1]
+        check = f"kubectl --kubeconfig {api.kubeconfig} cluster-info" if api.kubeconfig else "kubectl cluster-info"
+        raise ClusterUnreachable(f"cannot reach the Kubernetes API server at {api.describe()}: {reason}. "
+                                 f"Check that the cluster is up and that the kubeconfig's current context points "
+                                 f"at it (`{check}`)", timed_out=timed_out) from None
+
+
+def call_json(api: KubeApi, method: str, path: str, **kw) -> dict:
+    """A request whose JSON answer we want; non-2xx raises :class:`ApiError` (or :class:`Expired`)."""
+    response = request(api, method, path, **kw)
+    data = response.read()
+    try:
+        payload = json.loads(data) if data else {}
+    except ValueError:
+        payload = {"message": data[:200].decode(errors="replace")}
+    if not 200 <= response.status < 300:
+        raise api_failure(response.status, payload, f"{method} {path}", response.reason)
+    return payload
+
+
+def api_failure(status: int, payload: dict, what: str, reason: str = "") -> Exception:
+    """What a failed call or watch raises: :class:`Expired` for 410 Gone (list again), else :class:`ApiError`."""
+    if status == 410:
+        return Expired(payload.get("message") or "resource version too old")
+    return ApiError(status, str(payload.get("message") or reason), what)
+
+
+def list_all(api: KubeApi, resource: Resource, *, namespace: str | None = None, label_selector: str | None = None,
+             timeout: tuple[float, float] = REQUEST_TIMEOUT) -> tuple[list[dict], str]:
+    """Every object (paged), each with kind/apiVersion set, and the list's resourceVersion."""
+    items: list[dict] = []
+    query: dict[str, str] = {"limit": str(LIST_PAGE)}
+    if label_selector:
+        query["labelSelector"] = label_selector
+    while True:
+        page = call_json(api, "GET", resource.path(namespace), query=query, timeout=timeout)
+        items += [clean(resource, item) for item in page.get("items") or []]
+        meta = page.get("metadata") or {}
+        if not meta.get("continue"):
+            return items, meta.get("resourceVersion", "")
+        query["continue"] = meta["continue"]
+
+
+def clean(resource: Resource, obj: dict) -> dict:
+    """List items carry no kind; managedFields are large and never read."""
+    obj.setdefault("kind", resource.kind)
+    obj.setdefault("apiVersion", resource.api_version)
+    (obj.get("metadata") or {}).pop("managedFields", None)
+    return obj
+
+
+def summary(exc: BaseException, timeout: float) -> str:
+    """One short line for a submitter or a log: what went wrong with a call, without the
+    kubeconfig advice (the service's own API is not the submitter's to fix)."""
+    if isinstance(exc, ClusterUnreachable):
+        if exc.timed_out:
+            return f"the Kubernetes API did not answer within {timeout:g} s"
+        return "cannot connect to the Kubernetes API"
+    if isinstance(exc, (TimeoutError, urllib3.exceptions.TimeoutError)):  # asyncio's bound on the call
+        return f"the Kubernetes API did not answer within {timeout:g} s"
+    if isinstance(exc, ApiError):
+        return f"HTTP {exc.status}" + (f": {exc.message[:200]}" if exc.message else "")
+    return f"{type(exc).__name__}: {str(exc)[:200]}"

@@ -1,0 +1,38 @@
+"""The API resources the service reads and writes, as REST paths."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..admission import JOB_RESOURCES
+
+
+@dataclass(frozen=True)
+class Resource:
+    kind: str
+    api_version: str  # "v1" or "group/version"
+    plural: str
+
+    def path(self, namespace: str | None = None, name: str | None = None, subresource: str | None = None) -> str:
+        base = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        parts = [base] + (["namespaces", namespace] if namespace else []) + [self.plural]
+        parts += [name] if name else []
+        parts += [subresource] if subresource else []
+        return "/".join(parts)
+
+
+CLUSTER_TRAINING_RUNTIMES = Resource("ClusterTrainingRuntime", "trainer.kubeflow.org/v1alpha1", "clustertrainingruntimes")
+TRAINING_RUNTIMES = Resource("TrainingRuntime", "trainer.kubeflow.org/v1alpha1", "trainingruntimes")
+NAMESPACES = Resource("Namespace", "v1", "namespaces")
+RESOURCE_QUOTAS = Resource("ResourceQuota", "v1", "resourcequotas")
+# What evaluate reads. Nodes are not watched: no check uses them (ClusterState keeps the slot).
+STATE_RESOURCES = (CLUSTER_TRAINING_RUNTIMES, TRAINING_RUNTIMES, NAMESPACES, RESOURCE_QUOTAS)
+
+POLICY_BUNDLES = Resource("PolicyBundle", "policy.trainjob-admission.io/v1alpha1", "policybundles")
+
+# What the injector creates and the reconciler adopts, by kind.
+SECRETS = Resource("Secret", "v1", "secrets")
+NETWORK_POLICIES = Resource("NetworkPolicy", "networking.k8s.io/v1", "networkpolicies")
+INJECTED = {r.kind: r for r in (SECRETS, NETWORK_POLICIES)}
+
+# The jobs we decide, by kind.
+JOBS = {kind: Resource(kind, f"{group}/{version}", plural) for kind, (group, version, plural) in JOB_RESOURCES.items()}

@@ -1,0 +1,55 @@
+"""The cluster state the engine decides with, from the API: watched for the server, read once
+for ``review --kubeconfig``."""
+from __future__ import annotations
+
+from policies.state import ClusterState
+
+from .client import ApiError, ClusterUnreachable, KubeApi, api_client, call_json, clean, list_all
+from .resources import (CLUSTER_TRAINING_RUNTIMES, NAMESPACES, RESOURCE_QUOTAS, STATE_RESOURCES, TRAINING_RUNTIMES)
+from .watch import Watcher
+
+
+class StateSink:
+    """Feeds one kind of :class:`ClusterState`."""
+
+    def __init__(self, state: ClusterState, kind: str):
+        self.state, self.kind = state, kind
+
+    def replace(self, objects: list[dict]) -> None:
+        self.state.replace(self.kind, objects)
+
+    def apply(self, event: str, obj: dict) -> None:
+        if event == "DELETED":
+            self.state.delete(obj)
+        else:
+            self.state.upsert(obj)
+
+
+def state_watchers(api: KubeApi, state: ClusterState) -> list[Watcher]:
+    return [Watcher(api, resource, StateSink(state, resource.kind)) for resource in STATE_RESOURCES]
+
+
+def read_state(kubeconfig: str, namespace: str) -> ClusterState:
+    """The runtimes, the Namespace and its ResourceQuotas, read once (each call with a timeout)."""
+    api = api_client(kubeconfig)
+    try:
+        objects: list[dict] = []
+        for resource, ns in ((CLUSTER_TRAINING_RUNTIMES, None), (TRAINING_RUNTIMES, namespace), (RESOURCE_QUOTAS, namespace)):
+            try:
+                objects += list_all(api, resource, namespace=ns)[0]
+            except ApiError as exc:
+                if exc.status != 404:  # 404: the Trainer CRDs are not installed; no runtimes then
+                    raise
+        try:
+            objects.append(clean(NAMESPACES, call_json(api, "GET", NAMESPACES.path(name=namespace))))
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+    except ApiError as exc:
+        raise ClusterUnreachable(
+            f"the Kubernetes API server at {api.describe()} refused a read: {exc}. "
+            "Use a kubeconfig whose user may list runtimes and resourcequotas and get the namespace, "
+            "or export them with kubectl and pass --cluster-state") from None
+    finally:
+        api.close()
+    return ClusterState.from_objects(objects)

@@ -1,0 +1,120 @@
+"""``serve``: one start-up for both ways to run the server, and one signal handling.
+
+Without a cluster the state is a fixed set of objects and the bundles are files. With one
+(a kubeconfig or the pod's service account) the state and the PolicyBundles are watched, the
+injector creates Secrets and NetworkPolicies, and reconcilers adopt or remove them; /readyz
+waits for the first complete list of everything watched.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import signal
+from dataclasses import dataclass
+
+from policies.state import ClusterState
+
+from .bundles import BundleRegistry
+from .clusterbundles import ClusterBundles
+from .injector import Injector, only_in
+from .kube.client import KubeApi, api_client
+from .kube.resources import POLICY_BUNDLES
+from .kube.state import state_watchers
+from .kube.watch import Watcher
+from .reconciler import Reconciler
+from .server import ServerConfig, WebhookServer
+
+log = logging.getLogger("trainjob_admission.startup")
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    kubeconfig: str | None  # None: the pod's service account
+    bundle_selector: str | None = None
+    namespaces: tuple[str, ...] = ()  # injection and reconciliation only there (default: all)
+
+
+class ClusterSync:
+    """The watchers behind one server: cluster state, and PolicyBundles into ``registry``."""
+
+    def __init__(self, api: KubeApi, state: ClusterState, registry: BundleRegistry, *,
+                 bundle_selector: str | None = None):
+        self.watchers = state_watchers(api, state) + [
+            Watcher(api, POLICY_BUNDLES, ClusterBundles(api, registry), label_selector=bundle_selector)]
+
+    def start(self) -> None:
+        for watcher in self.watchers:
+            watcher.start()
+
+    def stop(self) -> None:
+        for watcher in self.watchers:
+            watcher.close()
+        for watcher in self.watchers:
+            watcher.stop()
+
+    @property
+    def synced(self) -> bool:
+        return all(w.synced.is_set() for w in self.watchers)
+
+    async def wait_synced(self, ready: asyncio.Event | None = None) -> None:
+        while not self.synced:
+            await asyncio.sleep(0.1)
+        gc.freeze()  # the first lists and the compiled PolicyBundles live long too (see WebhookServer.start)
+        if ready is not None:
+            ready.set()
+        log.info("cluster state synced: %s", ", ".join(f"{w.resource.plural}@{w.resource_version}" for w in self.watchers))
+
+
+async def serve(config: ServerConfig, *, objects: list[dict] | None = None, cluster: ClusterOptions | None = None) -> None:
+    """Serve until SIGINT or SIGTERM: with ``cluster`` backed by the API, else by ``objects``.
+    Raises :class:`~webhook.kube.client.KubeconfigError` before listening when the cluster's
+    configuration cannot be loaded."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with contextlib.AsyncExitStack() as cleanup:
+        if cluster is None:
+            server = WebhookServer(config, ClusterState.from_objects(objects or []))
+            cleanup.push_async_callback(server.stop)
+            await server.start()
+        else:
+            await _start_with_cluster(config, cluster, cleanup)
+        await stop.wait()
+        log.info("stopping")
+
+
+async def _start_with_cluster(config: ServerConfig, options: ClusterOptions,
+                              cleanup: contextlib.AsyncExitStack) -> None:
+    api = api_client(options.kubeconfig)
+    cleanup.callback(api.close)
+    state, ready = ClusterState(), asyncio.Event()
+    injector = Injector(api)
+    server = WebhookServer(config, state, injector=only_in(options.namespaces, injector) if options.namespaces
+                           else injector, state_ready=ready)
+    sync = ClusterSync(api, state, server.registry, bundle_selector=options.bundle_selector)
+    log.info("reading state and PolicyBundles%s from %s",
+             f" ({options.bundle_selector})" if options.bundle_selector else "", api.describe())
+    sync.start()
+    cleanup.push_async_callback(asyncio.to_thread, sync.stop)
+    cleanup.push_async_callback(server.stop)
+    await server.start()
+    reconcilers = [Reconciler(api, namespace=ns) for ns in sorted(set(options.namespaces))] or [Reconciler(api)]
+    tasks = [asyncio.create_task(sync.wait_synced(ready), name="state sync")] + [
+        asyncio.create_task(r.run(), name=f"reconciler ({r.namespace or 'all namespaces'})") for r in reconcilers]
+    for task in tasks:
+        task.add_done_callback(_report_crash)
+        cleanup.push_async_callback(_cancel, task)
+
+
+async def _cancel(task: asyncio.Task) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+
+
+def _report_crash(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("%s stopped: %r; the server keeps answering without it", task.get_name(), task.exception())
