@@ -155,6 +155,8 @@ class SshKeyInjection(Strict):
     enabled: bool = True
     type: Literal["rsa-4096", "ecdsa-p384", "ecdsa-p521", "ed25519"] = "ecdsa-p521"  # Trainer's own; RSA-4096 costs ~1 s of CPU per job
     fips: bool = False
+    # Use a `<job>-mpi-ssh-auth` Secret this service did not create for the job (default: deny the job).
+    adoptExisting: bool = False
 
     @model_validator(mode="after")
     def _fips(self) -> "SshKeyInjection":
@@ -172,6 +174,8 @@ class NetworkPolicyInjection(Strict):
     template: Literal["default", "restricted", "none"] = "default"
     sshPort: int = Field(default=2222, ge=1, le=65535)
     mpiPorts: PortRange = PortRange(start=30000, end=30100)
+    # Leave a `<job>-mpi-isolation` NetworkPolicy this service did not create for the job in place (default: deny).
+    adoptExisting: bool = False
 
 
 class Injections(Strict):
@@ -333,13 +337,73 @@ def _schema_problem(err: dict, document: Any, source: str, bundle: str | None) -
     return Problem(source, message, bundle, rule, path or None)
 
 
+# A 690-byte YAML "billion laughs" bundle once killed the server: aliases share one parsed node,
+# but everything after (the schema, the digest) walks it expanded. So each document is composed
+# (aliases still shared), measured, and only then built.
+MAX_SOURCE_CHARS = 8 * 1024 * 1024  # one file or PolicyBundle text, before parsing
+MAX_DOCUMENT_CHARS = 2 * 1024 * 1024  # one document (etcd stores at most 1.5 MiB per object)
+MAX_ALIAS_NODES = 10_000  # nodes that aliases may add to one document, all together
+
+
 def parse_documents(text: str, source: str) -> list[Any]:
+    """The YAML documents in ``text``; a YAML bomb, a recursive alias or an oversized document is
+    refused with its line before it is built."""
+    if len(text) > MAX_SOURCE_CHARS:
+        raise BundleError([Problem(source, f"{len(text)} characters, more than the {MAX_SOURCE_CHARS} a bundle "
+                                           "source may have")])
+    loader = yaml.SafeLoader(text)
+    documents = []
     try:
-        return [doc for doc in yaml.safe_load_all(text) if doc is not None]
+        while loader.check_node():
+            node = loader.get_node()
+            _check_document(node, source)
+            document = loader.construct_document(node)
+            if document is not None:
+                documents.append(document)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line, column = (mark.line + 1, mark.column + 1) if mark else (None, None)
         raise BundleError([Problem(source, f"not valid YAML: {getattr(exc, 'problem', exc)}", line=line, column=column)]) from None
+    except RecursionError:
+        raise BundleError([Problem(source, "not valid YAML: nested too deeply")]) from None
+    finally:
+        loader.dispose()
+    return documents
+
+
+def _check_document(root: yaml.Node, source: str) -> None:
+    """Size and alias expansion of one composed document, walked without recursion (post-order,
+    each shared node counted once per use but visited once)."""
+    line, column = root.start_mark.line + 1, root.start_mark.column + 1
+    written = root.end_mark.index - root.start_mark.index
+    if written > MAX_DOCUMENT_CHARS:
+        raise BundleError([Problem(source, f"document of {written} characters, more than {MAX_DOCUMENT_CHARS}",
+                                   line=line, column=column)])
+    sizes: dict[int, int] = {}  # id(node) -> nodes it stands for, expanded
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, finished = stack.pop()
+        children = [n for item in node.value for n in (item if isinstance(item, tuple) else (item,))] \
+            if isinstance(node, yaml.CollectionNode) else []
+        if finished:
+            on_path.discard(id(node))
+            sizes[id(node)] = 1 + sum(sizes[id(child)] for child in children)
+            continue
+        if id(node) in sizes:
+            continue
+        if id(node) in on_path:
+            raise BundleError([Problem(source, "not valid YAML for a bundle: an alias refers to a node that contains "
+                                               "it (a recursive structure)",
+                                       line=node.start_mark.line + 1, column=node.start_mark.column + 1)])
+        on_path.add(id(node))
+        stack.append((node, True))
+        stack.extend((child, False) for child in children)
+    added = sizes[id(root)] - len(sizes)
+    if added > MAX_ALIAS_NODES:
+        raise BundleError([Problem(source, f"YAML aliases expand this document by {added} nodes, more than "
+                                           f"{MAX_ALIAS_NODES} (a YAML bomb?); write the values out instead",
+                                   line=line, column=column)])
 
 
 def bundle_files(path: Path) -> list[Path]:

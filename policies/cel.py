@@ -7,15 +7,18 @@ regex) are provided as custom functions with the same names and semantics.
 """
 from __future__ import annotations
 
-import re
+import threading
+import time
 from dataclasses import dataclass, field
 from decimal import Decimal
-from functools import total_ordering
+from functools import lru_cache, total_ordering
 from typing import Any, Callable, Optional, Union
 
 import celpy
 import celpy.celtypes as ct
 import lark
+import re2
+from celpy.evaluation import Evaluator
 
 from .resources import QuantityError, to_decimal
 
@@ -41,6 +44,101 @@ class CelCompileError(ValueError):
 
 class CelEvalError(RuntimeError):
     """An expression that failed for this request (missing field, wrong type, ...)."""
+
+
+# Limits on what one expression may be and do. cel-python evaluates about a node per 2-5 us,
+# so the step budget is under a second of CPU; see docs/architecture.md "Bounded work".
+MAX_DEPTH = 250  # parse-tree levels (a parenthesis is ~10): evaluation recurses once per level
+STEP_BUDGET = 100_000  # per expression; the request as a whole is bounded by its deadline
+ITERATION_STEPS = 10  # a macro iteration also copies the activation
+CHARS_PER_STEP = 64  # building a string of n characters costs n/64 steps (a list: one per item)
+MAX_RESULT_CHARS = 1 << 20  # the longest string a helper function builds
+_CHECK_EVERY = 64  # steps between looks at the clock and the cancel flag
+
+
+class BudgetExceeded(CelEvalError):
+    """An expression used up its steps. Deterministic (steps, not time), so the same job gets the
+    same answer from ``review`` and from the server."""
+
+
+class Abandoned(Exception):
+    """Nobody waits for this evaluation any more (its answer was given on timeout, or the server
+    is stopping): stop at once. Not a CelEvalError, so it ends the whole evaluation, not one rule."""
+
+
+class Budget:
+    """The CEL work of one request: ``steps`` node visits per expression (iterations and built
+    values weigh more) and, on the server, a ``deadline`` (time.monotonic()) and a ``cancelled``
+    flag for the whole request, checked every few steps so an abandoned evaluation frees its
+    thread within milliseconds."""
+
+    __slots__ = ("limit", "left", "deadline", "cancelled", "_ticks")
+
+    def __init__(self, steps: int = STEP_BUDGET, deadline: float | None = None,
+                 cancelled: threading.Event | None = None):
+        self.limit, self.left, self.deadline, self.cancelled = steps, steps, deadline, cancelled
+        self._ticks = _CHECK_EVERY
+
+    def start_expression(self) -> None:
+        self.left = self.limit
+        self.check()
+
+    def spend(self, steps: int) -> None:
+        self.left -= steps
+        self._ticks -= 1
+        if self.left < 0 or self._ticks <= 0:
+            self.settle()
+
+    def settle(self) -> None:
+        """After steps were taken off ``left`` and ``_ticks``: raise if the steps ran out, and look at
+        the clock and the flag every _CHECK_EVERY calls (split from spend, which runs per node)."""
+        if self.left < 0:
+            raise BudgetExceeded(f"the evaluation budget of {self.limit} steps per expression is used up (it "
+                                 "iterates over too much or builds too large values)")
+        if self._ticks <= 0:
+            self._ticks = _CHECK_EVERY
+            self.check()
+
+    def check(self) -> None:
+        """Raise :class:`Abandoned` if the deadline passed or the evaluation was cancelled."""
+        if self.cancelled is not None and self.cancelled.is_set():
+            raise Abandoned("evaluation cancelled (the server is stopping or gave up on this request)")
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise Abandoned("evaluation past its deadline (the request was already answered)")
+
+
+_LOOKUPS = frozenset({"member_dot", "member_index", "ident", "primary", "member"})  # return values that exist already
+
+
+class _BudgetedEvaluator(Evaluator):
+    """cel-python's interpreter, charging every node visit (and every value it builds) to a
+    :class:`Budget`. Macros evaluate through :meth:`sub_evaluator`, so their iterations are
+    charged too; lark calls ``_visit_tree`` for every node, so no node escapes."""
+
+    def __init__(self, ast: lark.Tree, activation: Any, budget: Budget):
+        super().__init__(ast, activation)
+        self.budget = budget
+
+    def sub_evaluator(self, ast: lark.Tree) -> "_BudgetedEvaluator":
+        return _BudgetedEvaluator(ast, self.activation, self.budget)
+
+    def evaluate(self, context: Any = None) -> Any:
+        self.budget.spend(ITERATION_STEPS)  # a macro iteration (or the expression itself)
+        return super().evaluate(context)
+
+    def _visit_tree(self, tree: lark.Tree) -> Any:
+        budget = self.budget  # spend(1), inlined: this runs for every node
+        budget.left -= 1
+        budget._ticks -= 1
+        if budget.left < 0 or budget._ticks <= 0:
+            budget.settle()
+        value = Evaluator._visit_tree(self, tree)
+        if len(tree.children) > 1 and tree.data not in _LOOKUPS:
+            if isinstance(value, (str, bytes)):
+                budget.spend(len(value) // CHARS_PER_STEP)
+            elif isinstance(value, (list, dict)):
+                budget.spend(len(value))
+        return value
 
 
 @total_ordering
@@ -125,24 +223,45 @@ def _list_extreme(pick: Callable) -> Callable:
     return extreme
 
 
-def _regex(fn: Callable[[re.Pattern, str], Any]) -> Callable:
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # a bad pattern is the rule's error, not a line on stderr
+
+
+@lru_cache(maxsize=512)
+def _re2(pattern: str) -> Any:
+    """RE2 (linear time, as in Kubernetes CEL and cel-python's own matches()): Python's re
+    backtracks, and one crafted value held the interpreter for seconds."""
+    try:
+        return re2.compile(pattern, _RE2_OPTIONS)
+    except re2.error as exc:
+        raise CelEvalError(f"invalid regex {pattern!r} (RE2 syntax): {exc}") from None
+
+
+def _regex(fn: Callable[[Any, str], Any]) -> Callable:
     def apply(text: Any, pattern: Any) -> Any:
-        try:
-            compiled = re.compile(str(pattern))
-        except re.error as exc:
-            raise CelEvalError(f"invalid regex {pattern!r}: {exc}") from exc
-        return fn(compiled, str(text))
+        return fn(_re2(str(pattern)), str(text))
 
     return apply
 
 
-def _find(compiled: re.Pattern, text: str) -> ct.StringType:
+def _find(compiled: Any, text: str) -> ct.StringType:
     match = compiled.search(text)
     return ct.StringType(match.group(0) if match else "")
 
 
-def _find_all(compiled: re.Pattern, text: str) -> ct.ListType:
+def _find_all(compiled: Any, text: str) -> ct.ListType:
     return ct.ListType([ct.StringType(m.group(0)) for m in compiled.finditer(text)])
+
+
+def _replace(text: Any, old: Any, new: Any) -> ct.StringType:
+    """str.replace, refused before it builds a string longer than MAX_RESULT_CHARS (one call
+    could otherwise square the length of its input)."""
+    text, old, new = str(text), str(old), str(new)
+    count = len(text) + 1 if not old else text.count(old)
+    length = len(text) + count * (len(new) - len(old))
+    if length > MAX_RESULT_CHARS:
+        raise CelEvalError(f"replace() would build a string of {length} characters, more than {MAX_RESULT_CHARS}")
+    return ct.StringType(text.replace(old, new))
 
 
 FUNCTIONS: dict[str, Callable] = {
@@ -168,7 +287,7 @@ FUNCTIONS: dict[str, Callable] = {
     "lowerAscii": lambda s: ct.StringType(str(s).lower()),
     "upperAscii": lambda s: ct.StringType(str(s).upper()),
     "trim": lambda s: ct.StringType(str(s).strip()),
-    "replace": lambda s, old, new: ct.StringType(str(s).replace(str(old), str(new))),
+    "replace": _replace,
     "split": lambda s, sep: ct.ListType([ct.StringType(p) for p in str(s).split(str(sep))]),
     "join": lambda values, sep=ct.StringType(""): ct.StringType(str(sep).join(str(v) for v in values)),
     # regex library
@@ -193,9 +312,13 @@ class CompiledExpression:
     variables: frozenset[str]  # the top-level variables it reads, so callers convert only those
     reads: dict[str, Fields] = field(default_factory=dict)  # per variable, the fields it reads (see prune)
 
-    def evaluate(self, activation: dict[str, Any]) -> Any:
+    def evaluate(self, activation: dict[str, Any], budget: Budget | None = None) -> Any:
+        """The expression's value; every step is charged to ``budget`` (a fresh one if None)."""
+        budget = budget or Budget()
+        budget.start_expression()
+        evaluator = _BudgetedEvaluator(self.program.ast, self.program.new_activation(), budget)
         try:
-            return self.program.evaluate({name: activation[name] for name in self.variables})
+            return evaluator.evaluate({name: activation[name] for name in self.variables})
         except celpy.CELEvalError as exc:
             raise CelEvalError(describe_eval_error(exc)) from None
         except CelEvalError:
@@ -226,9 +349,36 @@ def compile_expression(source: str) -> CompiledExpression:
         raise CelCompileError(f"syntax error:\n{pointer}", line, column) from None
     except (lark.exceptions.LarkError, RecursionError) as exc:
         raise CelCompileError(f"syntax error: {exc}") from None
+    _check_depth(tree)
     reads = _lint(tree)
     program = _ENVIRONMENT.program(tree, functions=FUNCTIONS)
     return CompiledExpression(source, program, frozenset(reads), {name: _freeze(t) for name, t in reads.items()})
+
+
+def _check_depth(tree: lark.Tree) -> None:
+    """Refuse trees deeper than MAX_DEPTH (walked without recursion): lint and evaluation recurse
+    once per level, and Python's recursion limit would otherwise end them with a RecursionError."""
+    stack = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            token = _first_token(node)  # where that level starts
+            raise CelCompileError(f"expression nested too deeply (more than {MAX_DEPTH} levels of the parse tree; "
+                                  "split it into several rules or use a macro over a list)",
+                                  getattr(token, "line", None), getattr(token, "column", None))
+        stack.extend((child, depth + 1) for child in node.children if isinstance(child, lark.Tree))
+
+
+def _first_token(node: lark.Tree) -> lark.Token | None:
+    """The first token under ``node`` that has a position (cel-python's literals have none)."""
+    stack: list[Any] = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, lark.Token) and item.line is not None:
+            return item
+        if isinstance(item, lark.Tree):
+            stack.extend(reversed(item.children))
+    return None
 
 
 def _lint(tree: lark.Tree) -> dict[str, _Tree]:

@@ -97,6 +97,14 @@ class Decision:
         """The same decision with more warnings for the submitter (e.g. objects the injector kept)."""
         return replace(self, warnings=self.warnings + extra) if extra else self
 
+    def with_denial(self, bundle: str, rule: str, messages: list[str], remediations: list[str]) -> Decision:
+        """The same decision plus a denying result found after evaluation (e.g. a planted object
+        the injector refused to use); the verdict follows from the results as always."""
+        if not messages:
+            return self
+        return replace(self, results=self.results + [RuleResult(bundle, rule, Result.FAIL, Effect.DENY, messages,
+                                                                 remediations)])
+
     @property
     def messages(self) -> list[dict]:
         """Denials, one per finding, for the submitter."""

@@ -21,6 +21,8 @@ NODE = "node"  # both the worker replicated job and the trainer container are na
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"  # jobset v0.12 api/jobset/v1alpha2
 # mpi-operator v2beta1 labels its pods with these (pkg/apis/kubeflow/v2beta1/constants.go).
 MPIJOB_NAME_LABEL = "training.kubeflow.org/job-name"
+INT32_MAX = 2**31 - 1  # the CRDs' counts are int32
+_JSON_TYPES = {str: "string", bool: "boolean", float: "number", list: "list", dict: "mapping"}
 
 
 class JobModelError(ValueError):
@@ -158,10 +160,11 @@ def pod_resources(pod_spec: dict) -> tuple[dict[str, int], dict[str, int]]:
     defaulting).
     """
 
-    def container_numbers(container: dict) -> tuple[dict[str, int], dict[str, int]]:
+    def container_numbers(container: dict, key: str) -> tuple[dict[str, int], dict[str, int]]:
         resources = container.get("resources") or {}
-        limits = numbers(resources.get("limits"))
-        requests = {**limits, **numbers(resources.get("requests"))}
+        field = f"spec.{key}[{container.get('name')}].resources"
+        limits = numbers(resources.get("limits"), f"{field}.limits")
+        requests = {**limits, **numbers(resources.get("requests"), f"{field}.requests")}
         return requests, limits
 
     def add(into: dict[str, int], amounts: dict[str, int]) -> None:
@@ -171,7 +174,7 @@ def pod_resources(pod_spec: dict) -> tuple[dict[str, int], dict[str, int]]:
     requests: dict[str, int] = {}
     limits: dict[str, int] = {}
     for container in pod_spec.get("containers") or []:
-        container_requests, container_limits = container_numbers(container)
+        container_requests, container_limits = container_numbers(container, "containers")
         add(requests, container_requests)
         add(limits, container_limits)
     # Sidecars keep running while later init containers run, so each init container's use
@@ -181,7 +184,7 @@ def pod_resources(pod_spec: dict) -> tuple[dict[str, int], dict[str, int]]:
     init_peak_requests: dict[str, int] = {}
     init_peak_limits: dict[str, int] = {}
     for init in pod_spec.get("initContainers") or []:
-        init_requests, init_limits = container_numbers(init)
+        init_requests, init_limits = container_numbers(init, "initContainers")
         if init.get("restartPolicy") == "Always":
             add(requests, init_requests)
             add(limits, init_limits)
@@ -198,7 +201,7 @@ def pod_resources(pod_spec: dict) -> tuple[dict[str, int], dict[str, int]]:
     for total, peak in ((requests, init_peak_requests), (limits, init_peak_limits)):
         for name, amount in peak.items():
             total[name] = max(total.get(name, 0), amount)
-    for name, amount in numbers(pod_spec.get("overhead")).items():
+    for name, amount in numbers(pod_spec.get("overhead"), "spec.overhead").items():
         requests[name] = requests.get(name, 0) + amount
     return requests, limits
 
@@ -249,6 +252,11 @@ def from_trainjob(trainjob: dict, state: ClusterState) -> EffectiveJob:
     mpi_policy = ml_policy.get("mpi")
     trainer = spec.get("trainer") or {}
     run_launcher_as_node = bool(mpi_policy and mpi_policy.get("runLauncherAsNode"))
+    per_node = trainer.get("resourcesPerNode")
+    # Read before it merges into the runtime's pods, so that a bad quantity is reported at its field.
+    per_node_gpus = _gpus_in(per_node) if per_node else None
+    requested = (count_field(trainer["numNodes"], "spec.trainer.numNodes") if trainer.get("numNodes") is not None
+                 else None)
 
     # 1. runtimePatches merge into the JobSet spec in list order (core/trainingruntime.go, mergeRuntimePatches).
     #    Read only (merge copies what it changes); each pod below is cloned before it is changed.
@@ -284,8 +292,7 @@ def from_trainjob(trainjob: dict, state: ClusterState) -> EffectiveJob:
 
         # 4. numNodes: the MPI plugin sets the "node" job (minus one when the launcher is a node,
         #    plugins/mpi/mpi.go EnforceMLPolicy); other policies set the trainer ancestor (plugins/plainml).
-        if trainer.get("numNodes") is not None:
-            requested = int(trainer["numNodes"])
+        if requested is not None:
             if mpi_policy is not None and rjob_name == NODE:
                 count = max(requested - 1, 1) if run_launcher_as_node else requested
             elif mpi_policy is None and ancestor == ANCESTOR_TRAINER:
@@ -319,11 +326,10 @@ def from_trainjob(trainjob: dict, state: ClusterState) -> EffectiveJob:
         # 6. Slots: numProcPerNode from the TrainJob, else GPUs per node when the runtime says 1 (mpi.go).
         slots = int(mpi_policy.get("numProcPerNode") or 1)
         if trainer.get("numProcPerNode") is not None:
-            slots = int(trainer["numProcPerNode"])
+            slots = count_field(trainer["numProcPerNode"], "spec.trainer.numProcPerNode")
         elif slots == 1:
             node_set = next((ps for ps in pod_sets if ps.role == "worker"), None)
-            per_node = trainer.get("resourcesPerNode")
-            gpus = _gpus_in(per_node) if per_node else (node_set.gpu_count if node_set else 0)
+            gpus = per_node_gpus if per_node_gpus is not None else (node_set.gpu_count if node_set else 0)
             slots = gpus if gpus > 1 else 1
         mpi = {
             "implementation": mpi_policy.get("mpiImplementation") or "OpenMPI",
@@ -343,12 +349,25 @@ def from_trainjob(trainjob: dict, state: ClusterState) -> EffectiveJob:
     )
 
 
+def count_field(value: Any, field: str, minimum: int = 1) -> int:
+    """A count the submitter sets, as the API server's int32 holds it: "4", 4.5, true and numbers
+    below ``minimum`` are refused by name rather than coerced (``int("4")``, ``int(True)``; a
+    negative count would shrink the job's totals), since an offline review or a forged
+    AdmissionReview never passed the CRD's schema."""
+    if type(value) is not int:
+        what = _JSON_TYPES.get(type(value), type(value).__name__)
+        raise JobModelError(f"{field} must be an integer, got {value!r:.32} (a {what})")
+    if not minimum <= value <= INT32_MAX:
+        raise JobModelError(f"{field} must be an integer from {minimum} to {INT32_MAX}, got {value!r:.32}")
+    return value
+
+
 def _gpus_in(resources: dict) -> int:
     try:
-        requests = numbers(resources.get("requests"))
-        limits = numbers(resources.get("limits"))
+        requests = numbers(resources.get("requests"), "spec.trainer.resourcesPerNode.requests")
+        limits = numbers(resources.get("limits"), "spec.trainer.resourcesPerNode.limits")
     except QuantityError as exc:
-        raise JobModelError(f"spec.trainer.resourcesPerNode: {exc}") from exc
+        raise JobModelError(str(exc)) from exc
     found = sum(v for k, v in requests.items() if is_accelerator(k))
     return found or sum(v for k, v in limits.items() if is_accelerator(k))
 
@@ -368,7 +387,8 @@ def from_mpijob(mpijob: dict) -> EffectiveJob:
         pod.setdefault("metadata", {})
         pod.setdefault("spec", {})
         pod["metadata"]["labels"] = {**(pod["metadata"].get("labels") or {}), MPIJOB_NAME_LABEL: name}
-        count = int(replica.get("replicas") if replica.get("replicas") is not None else 1)
+        replicas = replica.get("replicas")
+        count = 1 if replicas is None else count_field(replicas, f"spec.mpiReplicaSpecs.{key}.replicas", minimum=0)
         source = f"MPIJob {name}, spec.mpiReplicaSpecs.{key}.template"
         pod_sets.append(_finish(PodSet(role, role, count, pod, source)))
     return EffectiveJob(
@@ -379,7 +399,8 @@ def from_mpijob(mpijob: dict) -> EffectiveJob:
         runtime={"name": "", "kind": "MPIJob"},
         mpi={
             "implementation": spec.get("mpiImplementation") or "OpenMPI",
-            "numProcPerNode": int(spec.get("slotsPerWorker") or 1),
+            "numProcPerNode": (1 if spec.get("slotsPerWorker") is None
+                               else count_field(spec["slotsPerWorker"], "spec.slotsPerWorker")),
             "runLauncherAsNode": bool(spec.get("runLauncherAsWorker")),
             "sshAuthMountPath": spec.get("sshAuthMountPath") or "/root/.ssh",
         },

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from . import effective_job, injections, mutations
+from . import effective_job, injections, limits, mutations, redaction
 from .bundle import Bundle, Injections, Mutations, merged
-from .cel import CelEvalError, CompiledExpression, Fields, prune, to_cel, to_python
+from .cel import Budget, CelEvalError, CompiledExpression, Fields, prune, to_cel, to_python
 from .checks.base import CheckContext, Finding
 from .checks.registry import CHECKS
 from .decision import Decision, Effect, Result, RuleResult, allows
@@ -96,13 +96,13 @@ class _Activation:
         return {name: self.value(name, expression.reads.get(name)) for name in expression.variables}
 
 
-def _run_cel(bundle: Bundle, activation: _Activation) -> list[RuleResult]:
+def _run_cel(bundle: Bundle, activation: _Activation, budget: Budget) -> list[RuleResult]:
     results = []
     scope = activation.with_params(bundle.spec.params)
     for compiled in bundle.rules:
         rule = compiled.rule
         try:
-            value = to_python(compiled.expression.evaluate(scope.for_expression(compiled.expression)))
+            value = to_python(compiled.expression.evaluate(scope.for_expression(compiled.expression), budget))
             if not isinstance(value, bool):
                 raise CelEvalError(f"expression must evaluate to true or false, got {value!r}")
         except CelEvalError as exc:
@@ -116,7 +116,8 @@ def _run_cel(bundle: Bundle, activation: _Activation) -> list[RuleResult]:
         message = rule.message or f"failed rule {rule.name}: {rule.expression}"
         if compiled.message_expression is not None:
             try:
-                rendered = to_python(compiled.message_expression.evaluate(scope.for_expression(compiled.message_expression)))
+                rendered = to_python(compiled.message_expression.evaluate(
+                    scope.for_expression(compiled.message_expression), budget))
                 if isinstance(rendered, str) and rendered.strip():
                     message = rendered
             except CelEvalError:
@@ -169,7 +170,35 @@ def _audited(results: list[RuleResult], audit: set[str]) -> list[RuleResult]:
     return [replace(r, effect=Effect.WARN) if r.bundle in audit and r.effect is Effect.DENY else r for r in results]
 
 
-def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState) -> Decision:
+def _redact(results: list[RuleResult], request: AdmissionInput) -> None:
+    """Messages and fixes without the submitter's env and annotation values (policies/redaction.py),
+    before they become warnings, the denial, the decision log or `review`'s report."""
+    if not any(r.messages for r in results):
+        return
+    values = redaction.echoable_values(request.object, request.old_object)
+    if values:
+        for r in results:
+            r.messages = [redaction.scrub(m, values) for m in r.messages]
+            r.remediations = [redaction.scrub(m, values) for m in r.remediations]
+
+
+def _oversized(request: AdmissionInput, active: list[Bundle]) -> list[RuleResult]:
+    """A denial per matching bundle when the submission is over the input limits (policies/limits.py)."""
+    problems = (limits.oversized(request.object) + limits.oversized(request.as_cel_request(), "request")
+                + (limits.oversized(request.old_object, "oldObject") if request.old_object is not None else []))
+    if not problems:
+        return []
+    messages = [f"{problem}: trainjob-admission does not evaluate jobs this large" for problem in problems]
+    return [RuleResult(bundle.name, "input-limits", Result.FAIL, Effect.DENY, messages,
+                       [limits.REMEDIATION] * len(messages)) for bundle in active]
+
+
+def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState,
+             budget: Budget | None = None, *, mutate: bool = True) -> Decision:
+    """``budget`` bounds the CEL work (a fresh :class:`~policies.cel.Budget` if None); the server
+    gives it a deadline and a cancel flag, so an evaluation nobody waits for stops. ``mutate=False``
+    judges the object as it is, without the bundles' mutations (policies/stored.py)."""
+    budget = budget or Budget()
     obj = request.object
     namespace = state.namespace(request.namespace)
     runtime_name = str(((obj.get("spec") or {}).get("runtimeRef") or {}).get("name", ""))
@@ -180,19 +209,23 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
     job: EffectiveJob | None = None
     patch: list[dict] = []
     mutated = obj
-    results: list[RuleResult] = []
-    try:
-        job = effective_job.build(obj, state)
-        if request.operation == "CREATE" and enforcing:
-            settings = merged(Mutations, [b.spec.mutations for b in enforcing])
-            patch, patched = mutations.plan(obj, job, settings, namespace)
-            if patch:
-                mutated = patched
-                job = effective_job.build(mutated, state)
-    except JobModelError as exc:
-        for bundle in active:
-            results.append(RuleResult(bundle.name, "job-model", Result.FAIL, Effect.DENY, [str(exc)], [""]))
-        job = None
+    budget.check()
+    results: list[RuleResult] = _oversized(request, active) if active else []
+    if not results:  # else too large to evaluate: denied as it is, unmutated
+        try:
+            job = effective_job.build(obj, state)
+            if mutate and request.operation == "CREATE" and enforcing:
+                settings = merged(Mutations, [b.spec.mutations for b in enforcing])
+                base = mutations.without_own_patch(obj)  # planned on the pods as the runtime and user made them
+                patch, patched = mutations.plan(obj, job if base is None else effective_job.build(base, state),
+                                                settings, namespace)
+                if patch:
+                    mutated = patched
+                    job = effective_job.build(mutated, state)
+        except JobModelError as exc:
+            for bundle in active:
+                results.append(RuleResult(bundle.name, "job-model", Result.FAIL, Effect.DENY, [str(exc)], [""]))
+            job = None
 
     if job is not None and active:
         current_job = job
@@ -204,13 +237,15 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
             "job": current_job.as_cel,
         })
         context = CheckContext(job, namespace, state.namespace_quotas(request.namespace),
-                               _old_job(request, state, active))
+                               _old_job(request, state, active), mutated, request.old_object)
         for bundle in active:
+            budget.check()
             results += _checks(bundle, context)
-            results += _run_cel(bundle, activation)
+            results += _run_cel(bundle, activation, budget)
 
     audit = {b.name for b in active if b.spec.mode == "audit"}
     results = _audited(results, audit)
+    _redact(results, request)
     for r in results:
         if r.effect is Effect.WARN:
             prefix = f"[{r.qualified}{' audit' if r.bundle in audit else ''}] "

@@ -8,6 +8,7 @@ from .effective_job import EffectiveJob
 
 SSH_SECRET_SUFFIX = "-mpi-ssh-auth"  # the name Trainer's MPI plugin looks for (plugins/mpi/mpi.go)
 NETWORK_POLICY_SUFFIX = "-mpi-isolation"
+NAME_SUFFIXES = {"Secret": SSH_SECRET_SUFFIX, "NetworkPolicy": NETWORK_POLICY_SUFFIX}  # <job><suffix>, by kind
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "trainjob-admission"
 JOB_ANNOTATION = "trainjob-admission.io/job"  # "<kind>/<name>", how the reconciler finds the owner

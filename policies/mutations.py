@@ -113,6 +113,18 @@ def plan(obj: dict, job: EffectiveJob, settings: Mutations, namespace: dict) -> 
     return _minimal_patch(obj, mutated), mutated
 
 
+def without_own_patch(obj: dict) -> dict | None:
+    """``obj`` without the runtimePatch we added earlier (None when it has none): the security
+    defaults are planned on the pods without it, so planning again on a mutated object (as
+    /validate does) keeps that patch instead of finding nothing missing and removing it."""
+    patches = (obj.get("spec") or {}).get("runtimePatches")
+    if not isinstance(patches, list) or not any(isinstance(p, dict) and p.get("manager") == MANAGER for p in patches):
+        return None
+    base = smp.clone(obj)
+    base["spec"]["runtimePatches"] = [p for p in patches if not (isinstance(p, dict) and p.get("manager") == MANAGER)]
+    return base
+
+
 def _merge_defaults(pod_spec: dict) -> dict:
     return smp.merge(pod_spec, security_defaults(pod_spec))
 

@@ -1,44 +1,124 @@
 """Kubernetes resource quantities as plain numbers: cpu in millicores, everything else in units.
 
-Parsing is delegated to the kubernetes client's ``parse_quantity`` so suffix rules match the API.
+The parser is ours, not the kubernetes client's ``parse_quantity``: that one accepts what
+Kubernetes refuses (``1K``, ``1_000``, `` 1``, ``NaN``, ``٣``) and values of any size, so one
+``cpu: "1e600000"`` became a 600000-digit int here and held the interpreter, and with it the whole
+webhook, for minutes. This one follows ParseQuantity in
+k8s.io/apimachinery@v0.36.3/pkg/api/resource/quantity.go (and the suffixer in suffix.go) and
+costs microseconds whatever the input.
 """
 from __future__ import annotations
 
 import functools
 import math
-from decimal import Decimal
+import re
+from decimal import MAX_EMAX, MIN_EMIN, ROUND_UP, Context, Decimal
 from typing import Mapping
-
-from kubernetes.utils.quantity import parse_quantity
 
 # Device-plugin resources that are accelerators without "gpu" in their name.
 NON_GPU_ACCELERATORS = ("habana.ai/", "aws.amazon.com/neuron")
 
+# maxAllowed (math.go): ParseQuantity caps binary-suffixed values at it, and Value()/MilliValue(),
+# which the scheduler and kubelet use, are int64; a larger decimal value is kept but overflows them.
+MAX_QUANTITY = (1 << 63) - 1
+# Kubernetes has no limit, but no real quantity comes near one, and reading a text costs its length.
+MAX_LENGTH = 1024
+
+# The grammar of quantity.go's Quantity comment, <signedNumber><suffix>: a number 1, 1.5, 1. or .5
+# in ASCII digits, then Ki..Ei, n u m "" k M G T P E, or e/E and a signed integer. ParseQuantity
+# alone also reads a missing number as 0 ("e5", "+", "Mi", in parseQuantityString), but the CRD
+# schema of every object we read a quantity from (TrainJob, runtimes, MPIJob; the pattern
+# ^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))...) refuses those. Possessive repeats: no backtracking.
+_QUANTITY = re.compile(r"([+-]?)(?=\.?[0-9])([0-9]*+)(?:\.([0-9]*+))?(?:[eE]([+-]?[0-9]++)|([KMGTPE]i|[numkMGTPE])?)")
+_DECIMAL_SI = {"n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_BINARY_SI = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+_NANO = Decimal("1e-9")
+_EXACT = Context(prec=MAX_LENGTH + 20, Emin=MIN_EMIN, Emax=MAX_EMAX)  # exact for every digit, times 2**60
+_FIX = "use a value like 64, 500m or 8Gi"
+
 
 class QuantityError(ValueError):
-    """A resource value that is not a Kubernetes quantity."""
+    """A resource value that is not a Kubernetes quantity, or one Kubernetes cannot hold."""
 
 
 def to_decimal(value: object) -> Decimal:
-    try:
-        if type(value) in (str, int):  # the same few strings ("2", "8Gi") in every request
-            return _parse_cached(value)
-        return parse_quantity(value)
-    except (ValueError, TypeError, ArithmeticError) as exc:
-        raise QuantityError(f"{value!r} is not a Kubernetes quantity (examples: 500m, 2, 1Gi)") from exc
+    """The value as Kubernetes holds it: exact, rounded up to 1n, at most MAX_QUANTITY in size.
+
+    Strings as written; ints as YAML gives them (``cpu: 2``: the TrainJob field is int-or-string);
+    floats (``cpu: 0.5``, which the API server takes as a JSON number) by their shortest decimal
+    text, the text it parses, so 0.1 is 100m and not 0.1000000000000000055511151231257827 cores.
+    Booleans and everything else are refused, as ParseQuantity refuses ``true``.
+    """
+    if isinstance(value, str):
+        return _parse_cached(value) if len(value) <= 32 else _parse(value)  # a bounded cache
+    if isinstance(value, float):
+        return _parse_cached(repr(value))
+    if isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > MAX_QUANTITY:
+            raise _too_large(f"an integer of {value.bit_length()} bits")
+        return Decimal(value)
+    raise _not_a_quantity(value)
 
 
-@functools.lru_cache(maxsize=4096, typed=True)
-def _parse_cached(value: str | int) -> Decimal:
-    return parse_quantity(value)
+@functools.lru_cache(maxsize=4096)
+def _parse_cached(text: str) -> Decimal:
+    """The same few strings ("2", "8Gi") come in every request."""
+    return _parse(text)
+
+
+def _parse(text: str) -> Decimal:
+    """ParseQuantity's value without its costs: the text is short, and its size is judged from the
+    digit count and the exponent before any arithmetic."""
+    if len(text) > MAX_LENGTH:
+        raise QuantityError(f"{_shown(text)} is longer than any quantity we read ({MAX_LENGTH} characters); {_FIX}")
+    match = _QUANTITY.fullmatch(text)
+    if match is None:
+        raise _not_a_quantity(text)
+    sign, whole, fraction, exponent, suffix = match.groups(default="")
+    scale = _DECIMAL_SI.get(suffix, 0)
+    if exponent:
+        scale = int(exponent)  # suffix.go: strconv.ParseInt(..., 10, 64), an error beyond int64 ...
+        if not -(1 << 63) <= scale < 1 << 63:
+            raise _not_a_quantity(text)
+    digits = (whole + fraction).lstrip("0")
+    if not digits:
+        return Decimal(0)  # zero whatever the exponent, as in ParseQuantity
+    if not -(1 << 31) <= scale < 1 << 31:
+        # ... then int32(parsed): 1e4294967296 would silently become 1.
+        raise QuantityError(f"{_shown(text)} has an exponent Kubernetes cannot hold (it wraps around past 32 bits); {_FIX}")
+    power10 = scale - len(fraction)
+    if len(digits) + power10 > 19:  # at least 10**19, before any binary suffix
+        raise _too_large(_shown(text))
+    value = _EXACT.multiply(Decimal(f"{sign}{digits}e{power10}"), 1 << _BINARY_SI.get(suffix, 0))
+    if value.as_tuple().exponent < -9:
+        # quantity.go: "This rounds non-zero values up to the minimum representable value".
+        value = value.quantize(_NANO, rounding=ROUND_UP, context=_EXACT)
+    if value.copy_abs() > MAX_QUANTITY:  # binary: capped at maxAllowed; decimal: kept, beyond int64
+        raise _too_large(_shown(text))
+    return value
+
+
+def _shown(value: object) -> str:
+    text = repr(value[:40] + "..." if isinstance(value, str) and len(value) > 40 else value)
+    return text if len(text) <= 60 else text[:60] + "..."
+
+
+def _not_a_quantity(value: object) -> QuantityError:
+    return QuantityError(f"{_shown(value)} is not a Kubernetes quantity (examples: 500m, 2, 1Gi)")
+
+
+def _too_large(shown: str) -> QuantityError:
+    return QuantityError(f"{shown} is larger than any resource Kubernetes can hold "
+                         f"(at most {MAX_QUANTITY}, just under 8Ei); {_FIX}")
 
 
 def to_number(resource: str, value: object) -> int:
-    """cpu -> millicores (rounded up, as the API does), other resources -> units (rounded up)."""
+    """cpu -> millicores, other resources -> units, rounded up as the API does (MilliValue, Value).
+    Cheap for any input: to_decimal's value is below 2**63 with at most 9 decimals."""
     quantity = to_decimal(value)
     if resource_base(resource) == "cpu":
-        quantity = quantity * 1000
-    return int(math.ceil(quantity))
+        quantity = quantity.scaleb(3, _EXACT)
+    return math.ceil(quantity)
 
 
 def resource_base(name: str) -> str:
@@ -69,5 +149,12 @@ def format_amount(resource: str, amount: int) -> str:
     return str(amount)
 
 
-def numbers(resources: Mapping[str, object] | None) -> dict[str, int]:
-    return {name: to_number(name, value) for name, value in (resources or {}).items()}
+def numbers(resources: Mapping[str, object] | None, field: str = "") -> dict[str, int]:
+    """to_number of each; an error names its field (``field``, the map's path, then the resource)."""
+    amounts = {}
+    for name, value in (resources or {}).items():
+        try:
+            amounts[name] = to_number(name, value)
+        except QuantityError as exc:
+            raise QuantityError(f"{field}{'.' if field else ''}{name}: {exc}") from exc
+    return amounts

@@ -10,10 +10,9 @@ from typing import Any
 from policies.decision import Decision
 from policies.engine import AdmissionInput
 
+from .kube.resources import JOB_RESOURCES
+
 API_VERSION = "admission.k8s.io/v1"
-# The kinds we decide, as (group, version, plural) by kind: TrainJob, and the legacy v2beta1 MPIJob.
-JOB_RESOURCES = {"TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),
-                 "MPIJob": ("kubeflow.org", "v2beta1", "mpijobs")}
 SUPPORTED = {(group, kind) for kind, (group, _, _) in JOB_RESOURCES.items()}
 MAX_DEPTH = 64  # Kubernetes objects are far shallower; deeper input is hostile
 MAX_WARNING_LENGTH = 256  # the API server truncates longer warnings
@@ -37,16 +36,20 @@ class ParsedReview:
 
 
 def depth_ok(value: Any, limit: int = MAX_DEPTH) -> bool:
-    """Iterative depth check, so a deeply nested payload cannot exhaust the recursion limit."""
-    stack = [(value, 1)]
+    """Iterative depth check, so a deeply nested payload cannot exhaust the recursion limit. It
+    holds one iterator per level, not every sibling: a list of a million items costs no memory."""
+    if not isinstance(value, (dict, list)):
+        return True
+    stack = [iter(value.values() if isinstance(value, dict) else value)]
     while stack:
-        current, depth = stack.pop()
-        if depth > limit:
-            return False
-        if isinstance(current, dict):
-            stack.extend((v, depth + 1) for v in current.values())
-        elif isinstance(current, list):
-            stack.extend((v, depth + 1) for v in current)
+        for item in stack[-1]:
+            if len(stack) >= limit:  # item is at depth len(stack) + 1
+                return False
+            if isinstance(item, (dict, list)):
+                stack.append(iter(item.values() if isinstance(item, dict) else item))
+                break
+        else:
+            stack.pop()
     return True
 
 
@@ -78,8 +81,7 @@ def parse(body: bytes) -> ParsedReview:
     obj = request.get("object")
     if not isinstance(obj, dict) or not isinstance(obj.get("spec", {}), dict):
         raise ReviewError("request.object is missing or not an object", uid)
-    obj.setdefault("apiVersion", f"{group}/{kind.get('version', '')}")
-    obj.setdefault("kind", kind_name)
+    _check_declared(request, obj, group, str(kind.get("version", "")), kind_name, uid)
     metadata = obj.setdefault("metadata", {})
     if not isinstance(metadata, dict):
         raise ReviewError("request.object.metadata is not an object", uid)
@@ -105,6 +107,25 @@ def parse(body: bytes) -> ParsedReview:
         kind_name,
         False,
     )
+
+
+def _check_declared(request: dict, obj: dict, group: str, version: str, kind: str, uid: str) -> None:
+    """The object must be what the review says it is: a Pod declared as a TrainJob would be
+    judged by the TrainJob model while the API server stores a Pod. ``request.resource`` is
+    checked when present (the API server always sends it). Missing apiVersion/kind are filled in."""
+    declared = f"{group}/{version}"
+    obj.setdefault("apiVersion", declared)
+    obj.setdefault("kind", kind)
+    found = f"{str(obj['apiVersion'])[:64]} {str(obj['kind'])[:64]}"
+    if found != f"{declared} {kind}":
+        raise ReviewError(f"request.object is {found} but request.kind is {declared} {kind}", uid)
+    resource = request.get("resource")
+    if resource is not None:
+        expected = {"group": group, "version": version, "resource": JOB_RESOURCES[kind][2]}
+        got = resource if isinstance(resource, dict) else {}
+        if any(str(got.get(key, "")) != value for key, value in expected.items()):
+            raise ReviewError(f"request.resource {str(resource)[:160]} is not {group}/{version} "
+                              f"{expected['resource']}, the resource of a {kind}", uid)
 
 
 def _truncate(text: str, limit: int) -> str:

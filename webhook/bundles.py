@@ -72,6 +72,8 @@ class BundleRegistry:
             documents = parse_documents(text, source)
         except BundleError as exc:
             return self._reject(source, exc, fingerprint)
+        except Exception as exc:  # noqa: BLE001 - see update_documents
+            return self._reject(source, _unexpected(source, exc), fingerprint)
         return self.update_documents(source, documents, fingerprint)
 
     def update_documents(self, source: str, documents: list[Any], fingerprint: tuple = ()) -> SourceState:
@@ -81,6 +83,8 @@ class BundleRegistry:
             bundles = tuple(compile_document(doc, source) for doc in documents)
         except BundleError as exc:
             return self._reject(source, exc, fingerprint)
+        except Exception as exc:  # noqa: BLE001 - a compiler bug must not stop the reload loop or the watch
+            return self._reject(source, _unexpected(source, exc), fingerprint)
         state = SourceState(bundles, fingerprint)
         with self._lock:
             self.sources[source] = state
@@ -101,9 +105,8 @@ class BundleRegistry:
             if self.sources.pop(source, None) is not None:
                 self._publish()
 
-    def poll(self) -> bool:
-        """Re-read sources whose files changed; returns True when the active set changed."""
-        before = self.active
+    def poll(self) -> None:
+        """Re-read the sources whose files changed (the rest cost one stat each)."""
         files = self._files()
         for source in list(self.sources):
             if source not in files and not source.startswith(CLUSTER_SOURCE_PREFIX):
@@ -123,7 +126,6 @@ class BundleRegistry:
                 continue
             for name, text in texts:
                 self.update_source(name, text, fingerprint)
-        return self.active != before
 
     def _publish(self) -> None:
         bundles = [b for state in self.sources.values() for b in state.bundles]
@@ -141,3 +143,10 @@ class BundleRegistry:
     def errors(self) -> dict[str, str]:
         with self._lock:
             return {source: state.error for source, state in self.sources.items() if state.error}
+
+
+def _unexpected(source: str, exc: Exception) -> BundleError:
+    """A failure the compiler does not report itself, as a rejection like any other (logged with
+    its traceback): the source keeps its last good version and the next change is tried again."""
+    log.error("compiling %s failed unexpectedly", source, exc_info=exc)
+    return BundleError([Problem(source, f"could not be compiled ({type(exc).__name__}: {str(exc)[:200]})")])

@@ -1,4 +1,4 @@
-"""``trainjob-admission``: the command line. Parsing and exit codes live here; the work is done
+"""``trainjob-admission``: the command line, and its offline commands (review, policy). The work is done
 by the policy engine, the server and the decision log, so every command decides the same way.
 
 Exit codes: 0 allowed/ok, 1 denied or test failures, 2 invalid input or bundle, 3 not found,

@@ -128,8 +128,12 @@ class ClusterBundles:
         if event == "DELETED":
             self._forget(name)
             return
-        self._compile(obj)
-        self._write_status(obj)
+        try:
+            self._compile(obj)
+            self._write_status(obj)
+        except Exception:  # noqa: BLE001 - raising would stop the watch, which would get this event again, forever
+            log.exception("PolicyBundle %s could not be processed; the last good bundles stay active and the watch "
+                          "goes on", name)
 
     # --- compile --------------------------------------------------------------------------------
     def _forget(self, name: str) -> None:

@@ -20,8 +20,10 @@ import yaml
 from certs.issue import issue
 from policies.state import ClusterState, load_objects
 
-from .admission import API_VERSION, JOB_RESOURCES
+from .admission import API_VERSION
 from .decisionlog import DecisionLog, verify
+from .decisionlog.checkpoint import KEY_FILE, PUBLIC_KEY_FILE, create_key_pair
+from .kube.resources import JOB_RESOURCES
 from .server import ServerConfig, WebhookServer
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -87,9 +89,13 @@ def show(name: str, obj: dict, mutated: dict, validated: dict) -> str:
 async def run_demo(workdir: Path) -> int:
     certs = issue("trainjob-admission", "trainjob-admission", workdir / "tls", ip_addresses=["127.0.0.1"])
     log_path = workdir / "decisions.jsonl"
+    keys = workdir / "keys"  # signs the log's checkpoint, as `serve --checkpoint-key` does
+    if not (keys / KEY_FILE).exists():
+        create_key_pair(keys)
+    checkpoint = workdir / "anchor" / "checkpoint.json"
     config = ServerConfig(host="127.0.0.1", port=0, cert_file=certs.cert, key_file=certs.key,
-                          decision_log=log_path)
-    server = WebhookServer(config, sample_state(), decision_log=DecisionLog(log_path, stdout=None))
+                          decision_log=log_path, checkpoint_key=keys / KEY_FILE, checkpoint_file=checkpoint)
+    server = WebhookServer(config, sample_state(), decision_log=DecisionLog(log_path, stdout=None, replica="demo"))
     port = await server.start()
     print(f"trainjob-admission demo: HTTPS server on 127.0.0.1:{port}, CA {certs.ca_cert}, default bundle\n")
     client_tls = ssl.create_default_context(cafile=str(certs.ca_cert))
@@ -108,6 +114,7 @@ async def run_demo(workdir: Path) -> int:
         await server.stop()
     report = verify([log_path])
     print(f"\ndecision log: {log_path}")
+    print(f"signed checkpoint: {checkpoint} (public key {keys / PUBLIC_KEY_FILE})")
     print(f"trainjob-admission decisions verify --log {log_path}: {report}")
     return 0 if report.ok else 1
 

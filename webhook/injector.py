@@ -5,6 +5,11 @@ annotation so the reconciler (webhook/reconciler.py) can tell this job from an e
 the same name. No ownerReference is set here: the job does not exist yet, and the garbage
 collector would delete a dependent whose owner it cannot find.
 
+An object of the planned name that this service did not create for this job (its provenance
+HMAC, webhook/provenance.py, does not verify) is a stranger: possibly planted by someone who
+wants the job to use their key or an allow-all policy. It is never used unless the bundle sets
+``adoptExisting``; otherwise the record says "refused" and the reviewer denies the job.
+
 Trainer's MPI plugin (v2.3.0 plugins/mpi/mpi.go, Build) creates `<job>-mpi-ssh-auth` only when
 its cached client cannot find it, then server-side applies with force. Our Secret is
 `immutable`, like Trainer's own, so in the rare case that Trainer's cache has not seen ours yet
@@ -24,6 +29,7 @@ from . import admission, keys
 from .kube.calls import Calls
 from .kube.client import ApiError, KubeApi, summary
 from .kube.resources import INJECTED
+from .provenance import Provenance
 from .reviewer import InjectFn
 
 log = logging.getLogger("trainjob_admission.injector")
@@ -33,11 +39,15 @@ KEY_TYPE_ANNOTATION = "trainjob-admission.io/ssh-key-type"
 
 class Injector(Calls):
     """``await injector(parsed, decision)`` -> one record per plan for the decision log:
-    ``{"kind", "name", "namespace", "status": "created"|"kept"|"failed", "reason"?,
-    "keyType"?, "fingerprint"?}``. Never raises for API trouble; never returns key material."""
+    ``{"kind", "name", "namespace", "status": "created"|"kept"|"refused"|"failed", "reason"?,
+    "fix"?, "keyType"?, "fingerprint"?}``: "kept" is an existing object adopted because the
+    bundle allows it, "refused" one it does not (with the submitter's ``fix``). Never raises for
+    API trouble; never returns key material."""
 
-    def __init__(self, api: KubeApi, *, timeout: float = 5.0, key_pool: keys.KeyPool | None = None):
+    def __init__(self, api: KubeApi, provenance: Provenance, *, timeout: float = 5.0,
+                 key_pool: keys.KeyPool | None = None):
         super().__init__(api, timeout)
+        self.provenance = provenance
         self.keys = key_pool or keys.KeyPool()
 
     async def __call__(self, parsed: admission.ParsedReview, decision: Decision) -> list[dict]:
@@ -58,12 +68,18 @@ class Injector(Calls):
             if not await self.create(resource, job.namespace, body):
                 existing = await self.get(resource, job.namespace, name)
                 if existing is not None:
+                    ours = self.provenance.verify(kind, existing) and _made_for(existing, job)
                     same_request = uid and _annotations(existing).get(injections.JOB_UID_ANNOTATION) == uid
-                    if same_request and _is_ours(existing, job):  # a retried call for this same submission
+                    if same_request and ours:  # a retried call for this same submission
                         return {**record, "status": "created", **_key_fields(existing)}
-                    reason = await self._keep_reason(kind, existing, job)
+                    reason, fix = await self._keep_reason(kind, existing, job, ours)
+                    if reason and _adopts(kind, decision):
+                        consequence = ("Trainer will use it" if kind == "Secret"
+                                       else "trainjob-admission added no NetworkPolicy for this job")
+                        return {**record, "status": "kept", "reason": f"{reason}; it was left as is and {consequence}",
+                                **_key_fields(existing)}
                     if reason:
-                        return {**record, "status": "kept", "reason": reason, **_key_fields(existing)}
+                        return {**record, "status": "refused", "reason": reason, "fix": fix, **_key_fields(existing)}
                     await self.delete(resource, existing)
                     record["replaced"] = "a leftover of an earlier submission that was never admitted"
                 if not await self.create(resource, job.namespace, body):
@@ -78,26 +94,26 @@ class Injector(Calls):
     async def _body(self, plan: dict, job: EffectiveJob, uid: str, decision: Decision) -> dict:
         if plan["kind"] == "Secret":
             pair = await asyncio.to_thread(self.keys.take, plan["keyType"])
-            return secret(job, plan["name"], uid, pair)
+            return self.provenance.stamp("Secret", secret(job, plan["name"], uid, pair))
         body = injections.network_policy(job, decision.injection_settings.networkPolicy)
         body["metadata"]["annotations"][injections.JOB_UID_ANNOTATION] = uid
-        return body
+        return self.provenance.stamp("NetworkPolicy", body)
 
-    async def _keep_reason(self, kind: str, existing: dict, job: EffectiveJob) -> str:
-        """Why an existing object must be left alone, or "" when it is our leftover to replace."""
-        consequence = ("Trainer will use it" if kind == "Secret"
-                       else "trainjob-admission added no NetworkPolicy for this job")
-        if not _is_ours(existing, job):
-            return f"already exists and is not managed by trainjob-admission; it was left as is and {consequence}"
+    async def _keep_reason(self, kind: str, existing: dict, job: EffectiveJob, ours: bool) -> tuple[str, str]:
+        """Why an existing object must not be replaced, and the submitter's fix; ("", "") when it
+        is our leftover to replace."""
+        if not ours:
+            return ("already exists and was not created by trainjob-admission for this job",
+                    f"delete {kind} {job.namespace}/{existing['metadata']['name']} or rename the job")
         owners = existing["metadata"].get("ownerReferences") or []
         if owners:
             owner = owners[0]
-            return (f"already exists and belongs to {owner.get('kind')} {owner.get('name')} (uid {owner.get('uid')}); "
-                    f"it was left as is and {consequence}")
+            return (f"already exists and belongs to {owner.get('kind')} {owner.get('name')} (uid {owner.get('uid')})",
+                    f"rename the job, or delete {owner.get('kind')} {owner.get('name')} first")
         if await self.get_job(job.kind, job.namespace, job.name) is not None:  # not yet adopted, but a stored job of this name mounts it
-            return (f"already exists for the {job.kind} {job.name} that is already in the cluster; "
-                    f"it was left as is and {consequence}")
-        return ""
+            return (f"already exists for the {job.kind} {job.name} that is already in the cluster",
+                    f"rename the job, or delete {job.kind} {job.name} first")
+        return "", ""
 
 
 def only_in(namespaces: list[str] | tuple[str, ...], injector: InjectFn) -> InjectFn:
@@ -135,10 +151,16 @@ def _annotations(obj: dict) -> dict:
     return obj["metadata"].get("annotations") or {}
 
 
-def _is_ours(obj: dict, job: EffectiveJob) -> bool:
-    """Managed by us and made for this job (same kind and name)."""
-    return ((obj["metadata"].get("labels") or {}).get(injections.MANAGED_BY_LABEL) == injections.MANAGED_BY
-            and _annotations(obj).get(injections.JOB_ANNOTATION) == f"{job.kind}/{job.name}")
+def _made_for(obj: dict, job: EffectiveJob) -> bool:
+    """Made for this job (same kind and name); whether by us, the provenance HMAC says."""
+    return _annotations(obj).get(injections.JOB_ANNOTATION) == f"{job.kind}/{job.name}"
+
+
+def _adopts(kind: str, decision: Decision) -> bool:
+    """The bundle's ``adoptExisting`` for this kind of object."""
+    settings = decision.injection_settings
+    section = settings.sshKey if kind == "Secret" else settings.networkPolicy
+    return bool(section and section.adoptExisting)
 
 
 def _key_fields(obj: dict) -> dict:

@@ -28,6 +28,28 @@ class Metrics:
             "trainjob_admission_decision_log_fsync_seconds",
             "Time to flush the decision-log file to disk (with --log-fsync-interval 0 every answer waits for it)",
             registry=self.registry, buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1))
+        self.decision_log_write_failures = Counter(
+            "trainjob_admission_decision_log_write_failures",
+            "Records the decision-log file could not take (disk full, read-only); each such request got the "
+            "failure mode's answer", registry=self.registry)
+        # The chain's head: seq as a value, digest as the label of a one-series info metric (replaced,
+        # not added to, as the head moves), so a scrape shows what the log ended with at that moment.
+        self.head_seq = Gauge("trainjob_admission_decision_log_head_seq", "seq of the newest decision-log record",
+                              registry=self.registry)
+        self.head_digest = Gauge("trainjob_admission_decision_log_head_digest_info",
+                                 "digest of the newest decision-log record (label), value 1",
+                                 ["replica", "digest"], registry=self.registry)
+        self.checkpoints = Counter("trainjob_admission_decision_log_checkpoints",
+                                   "Signed decision-log checkpoints written, by result", ["result"],
+                                   registry=self.registry)
+        self.checkpoint_seq = Gauge("trainjob_admission_decision_log_checkpoint_seq",
+                                    "seq of the last checkpoint written (head minus this: records not yet anchored)",
+                                    registry=self.registry)
+
+    def set_head(self, replica: str, seq: int, digest: str) -> None:
+        self.head_seq.set(seq)
+        self.head_digest.clear()
+        self.head_digest.labels(replica, digest).set(1)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -4,8 +4,11 @@ The injector creates the Secret and NetworkPolicy during admission, before the j
 so they carry no ownerReference yet (see webhook/injector.py). This loop adds one as soon as the
 job appears (a TrainJob watch for promptness, a periodic sweep for everything else), so the
 garbage collector deletes them with the job. An object whose job is absent (a later webhook or
-the API server refused it) is deleted after a grace period. Only objects with our managed-by label are touched, each patch and delete is
-conditional on the resourceVersion we looked at.
+the API server refused it) is deleted after a grace period. Only objects this service made are
+touched: our managed-by label (to list them), a name of our own patterns for the job they name,
+and a provenance HMAC that verifies (webhook/provenance.py), never in kube-system, kube-public,
+kube-node-lease or the service's own namespace. Each patch and delete is conditional on the
+resourceVersion we looked at.
 
 The ownerReference says ``controller: true`` like Trainer's own Secret; Trainer only checks
 that the Secret exists, so it does not fight us. ``blockOwnerDeletion`` is left unset: setting it
@@ -25,27 +28,32 @@ from .kube.calls import Calls
 from .kube.client import ApiError, KubeApi, summary
 from .kube.resources import INJECTED, JOBS, Resource
 from .kube.watch import Watcher
+from .provenance import Provenance
 
 log = logging.getLogger("trainjob_admission.reconciler")
 
 SELECTOR = f"{injections.MANAGED_BY_LABEL}={injections.MANAGED_BY}"
+SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease"})
 
 
 class Reconciler(Calls):
-    def __init__(self, api: KubeApi, *, grace_seconds: float = 300, interval: float = 30,
-                 timeout: float = 5.0, namespace: str | None = None):
-        """``namespace`` limits the loop to one namespace (default: all)."""
+    def __init__(self, api: KubeApi, provenance: Provenance, *, grace_seconds: float = 300, interval: float = 30,
+                 timeout: float = 5.0, namespace: str | None = None, own_namespace: str = "trainjob-admission"):
+        """``namespace`` limits the loop to one namespace (default: all but the system namespaces
+        and ``own_namespace``, the service's, which are never touched)."""
         super().__init__(api, timeout)
+        self.provenance = provenance
         self.grace_seconds, self.interval = grace_seconds, interval
         self.namespace = namespace
+        self.protected = SYSTEM_NAMESPACES | {own_namespace}
 
     async def reconcile_once(self) -> dict:
         """One sweep over every managed object in every namespace. Returns counts by outcome:
         owned (already had its ownerReference), adopted, deleted, waiting (young orphan),
-        skipped (no job annotation we understand), errors."""
+        skipped (not provably ours, see :meth:`_ours`), errors."""
         counts: Counter = Counter()
         for resource in INJECTED.values():
-            for obj in await self.list(resource, namespace=self.namespace, label_selector=SELECTOR):
+            for obj in await self.list_objects(resource, namespace=self.namespace, label_selector=SELECTOR):
                 counts[await self._reconcile(resource, obj)] += 1
         return _summary(counts)
 
@@ -53,7 +61,7 @@ class Reconciler(Calls):
         """The objects of one job (called when the watch sees it appear)."""
         counts: Counter = Counter()
         for resource in INJECTED.values():
-            for obj in await self.list(resource, namespace=namespace, label_selector=SELECTOR):
+            for obj in await self.list_objects(resource, namespace=namespace, label_selector=SELECTOR):
                 if (obj["metadata"].get("annotations") or {}).get(injections.JOB_ANNOTATION) == f"{kind}/{name}":
                     counts[await self._reconcile(resource, obj)] += 1
         return _summary(counts)
@@ -62,7 +70,7 @@ class Reconciler(Calls):
         meta = obj["metadata"]
         where = f"{resource.kind} {meta['namespace']}/{meta['name']}"
         kind, _, job_name = (meta.get("annotations") or {}).get(injections.JOB_ANNOTATION, "").partition("/")
-        if kind not in JOBS or not job_name:
+        if not self._ours(resource, obj, kind, job_name):
             return "skipped"
         refs = meta.get("ownerReferences") or []
         if any(r.get("kind") == kind and r.get("name") == job_name for r in refs):
@@ -88,6 +96,14 @@ class Reconciler(Calls):
                 return "waiting"  # changed or gone since we listed it: the next pass sees the new state
             log.warning("could not reconcile %s: %s", where, summary(exc, self.timeout))
             return "errors"
+
+    def _ours(self, resource: Resource, obj: dict, kind: str, job_name: str) -> bool:
+        """Made by this service for ``kind``/``job_name`` under our name pattern, outside the
+        protected namespaces: anything else carrying our label is somebody else's to keep."""
+        meta = obj["metadata"]
+        return (kind in JOBS and bool(job_name) and meta["namespace"] not in self.protected
+                and meta["name"] == job_name + injections.NAME_SUFFIXES[resource.kind]
+                and self.provenance.verify(resource.kind, obj))
 
     async def _adopt(self, resource: Resource, obj: dict, kind: str, name: str, uid: str) -> None:
         existing = obj["metadata"].get("ownerReferences") or []

@@ -49,6 +49,9 @@ class DecisionRecord:
     job: dict | None | Unset = UNSET
     error: str | Unset = UNSET
     httpStatus: int | Unset = UNSET
+    # {authenticated, subject, address} of who sent the request (webhook/callers.py); set by the
+    # reviewer just before the record is written, as latencyMs is
+    caller: dict | Unset = UNSET
     latencyMs: float | Unset = UNSET  # set by the reviewer just before the record is written
 
     @classmethod
@@ -98,12 +101,27 @@ class DecisionRecord:
         return {f.name: value for f in fields(self) if (value := getattr(self, f.name)) is not UNSET}
 
 
+# Submitter-controlled strings in a record are bounded (the uid already is, by admission.parse):
+# Kubernetes names are at most 253 characters, and a forged multi-megabyte username must not
+# rotate the log away in a few requests.
+MAX_TEXT, MAX_GROUPS = 512, 64
+
+
+def bounded(text: str) -> str:
+    """``text``, or its first MAX_TEXT characters with how many more there were."""
+    return text if len(text) <= MAX_TEXT else f"{text[:MAX_TEXT]}...[+{len(text) - MAX_TEXT} chars]"
+
+
 def _submission(parsed: ParsedReview) -> dict[str, Any]:
     """Who submitted what: the fields every record of an evaluated request has."""
     meta = parsed.request.object.get("metadata") or {}
+    groups = [bounded(g) for g in parsed.request.groups[:MAX_GROUPS]]
+    if len(parsed.request.groups) > MAX_GROUPS:
+        groups.append(f"...[+{len(parsed.request.groups) - MAX_GROUPS} groups]")
     return {"uid": parsed.uid, "operation": parsed.request.operation, "kind": parsed.kind,
-            "namespace": meta.get("namespace", ""), "name": meta.get("name", "") or meta.get("generateName", ""),
-            "user": parsed.request.username, "groups": parsed.request.groups}
+            "namespace": bounded(str(meta.get("namespace", ""))),
+            "name": bounded(str(meta.get("name", "") or meta.get("generateName", ""))),
+            "user": bounded(parsed.request.username), "groups": groups}
 
 
 def _rules(decision: Decision) -> list[dict]:

@@ -6,62 +6,104 @@ request, including the malformed and the failed, is logged before the response i
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Awaitable, Callable
 
+from policies.cel import Abandoned, Budget
 from policies.decision import Decision, Result
 from policies.engine import evaluate
+from policies.stored import evaluate_stored
 from policies.state import ClusterState
 
-from . import admission
+from . import admission, deadline
 from .bundles import BundleRegistry
-from .decisionlog import DecisionLog
+from .callers import UNKNOWN, Caller, CreationLimit
+from .decisionlog import DecisionLog, DecisionLogError
 from .metrics import Metrics
 from .record import DecisionRecord
 
 log = logging.getLogger("trainjob_admission.reviewer")
 
+INLINE_PARSE_BYTES = 64 * 1024
 # What /validate calls for an allowed job: one record per planned object (webhook/injector.py).
 InjectFn = Callable[[admission.ParsedReview, Decision], Awaitable[list[dict]]]
+# The caller of the request being reviewed, for its record (set by review() and refuse()).
+_caller: contextvars.ContextVar[Caller] = contextvars.ContextVar("caller", default=UNKNOWN)
+# The (bundle, rule) of the denial for an existing object the injector refused to use.
+EXISTING_OBJECTS = ("trainjob-admission", "existing-objects")
 
 
 @dataclass
 class ReviewerConfig:
     failure_mode: str = "deny"  # what /validate answers when a request cannot be evaluated
-    timeout_seconds: float = 5.0
+    timeout_seconds: float = 5.0  # for the evaluation alone
+    # The webhook configurations' timeoutSeconds: evaluation and API calls end deadline.MARGIN before it.
+    webhook_timeout_seconds: float = 10.0
+    # Requests that would create objects, per unauthenticated client address (without --client-ca).
+    creation_rate: float = 5.0
+    creation_burst: int = 50
 
 
 class Reviewer:
     def __init__(self, registry: BundleRegistry, state: ClusterState, decision_log: DecisionLog, metrics: Metrics,
-                 config: ReviewerConfig, injector: InjectFn | None = None):
+                 config: ReviewerConfig, injector: InjectFn | None = None,
+                 policy_gaps: Callable[[], list[str]] = list):
+        """``policy_gaps``: what is missing to decide by policy (no bundle, no cluster sync yet);
+        while it names anything, no job is judged (see :meth:`_no_policy`)."""
         self.registry, self.state, self.log, self.metrics = registry, state, decision_log, metrics
-        self.config, self.injector = config, injector
+        self.config, self.injector, self.policy_gaps = config, injector, policy_gaps
+        self.creations = CreationLimit(config.creation_rate, config.creation_burst)
         # Evaluation has its own threads: API calls and SSH key generation (an RSA-4096 pair is
         # about a second of CPU) must never queue in front of a decision.
         self._evaluators = ThreadPoolExecutor(max_workers=4, thread_name_prefix="evaluate")
+        # Set on close: every evaluation still running stops at its next budget check (policies.cel.Budget),
+        # so no thread outlives the server and SIGTERM ends the process.
+        self._stopping = threading.Event()
         # So do decision-log appends (with per-record fsync, several at once share one: group commit).
         self._log_writers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="decision-log")
 
+    def stop_evaluations(self) -> None:
+        """Stop every evaluation still running at its next budget check; their requests get the
+        failure mode's answer (logged)."""
+        self._stopping.set()
+
     def close(self) -> None:
+        self.stop_evaluations()
         self._evaluators.shutdown(wait=False, cancel_futures=True)
         self._log_writers.shutdown(wait=True)  # every decision already answered is on disk
 
-    async def refuse(self, endpoint: str, status: int, error: str) -> tuple[int, dict]:
+    async def refuse(self, endpoint: str, status: int, error: str, caller: Caller = UNKNOWN) -> tuple[int, dict]:
         """A request refused before its body could be read (too large, too slow): still logged."""
+        _caller.set(caller)
         decision_id = str(uuid.uuid4())
-        await self._record(DecisionRecord.refused(decision_id, endpoint, status, error), time.perf_counter())
+        await self._record(DecisionRecord.refused(decision_id, endpoint, status, error), time.perf_counter(),
+                           required=False)
         return status, {"error": error, "decisionId": decision_id}
 
-    async def review(self, body: bytes, endpoint: str) -> tuple[int, dict]:
+    async def review(self, body: bytes, endpoint: str, caller: Caller = UNKNOWN) -> tuple[int, dict]:
         """Returns (HTTP status, JSON body). 200 for every AdmissionReview we could answer."""
+        try:
+            return await self._review(body, endpoint, caller)
+        except DecisionLogError as exc:  # the answer could not be recorded: it must not stand
+            return await self._unrecorded(exc, endpoint)
+
+    async def _review(self, body: bytes, endpoint: str, caller: Caller) -> tuple[int, dict]:
+        _caller.set(caller)
         started = time.perf_counter()
+        deadline.start(self.config.webhook_timeout_seconds - deadline.MARGIN)
         decision_id = str(uuid.uuid4())
         try:
-            parsed = admission.parse(body)
+            # A large body takes ~100 ms to parse and check: on a worker thread, so /healthz and the
+            # other answers go on meanwhile; a small one is parsed here, cheaper than a thread hop.
+            parsed = (admission.parse(body) if len(body) <= INLINE_PARSE_BYTES else
+                      await asyncio.get_running_loop().run_in_executor(self._evaluators, admission.parse, body))
         except admission.ReviewError as exc:
             await self._record(DecisionRecord.malformed(decision_id, endpoint, exc.uid, str(exc)), started)
             if exc.uid:  # an AdmissionReview we can answer: refuse it in its own terms
@@ -72,24 +114,37 @@ class Reviewer:
             await self._record(DecisionRecord.passthrough(decision_id, endpoint, parsed), started)
             return 200, admission.response(parsed.uid, allowed=True, decision_id=decision_id)
         mutate = endpoint == "mutate"
+        gaps = self.policy_gaps()
+        if gaps:
+            return await self._no_policy(parsed, decision_id, endpoint, started, gaps)
         try:
+            # The evaluation's own deadline is the answer's: past it, it stops instead of holding a thread.
+            limit = deadline.bound(self.config.timeout_seconds)
+            budget = Budget(deadline=time.monotonic() + limit, cancelled=self._stopping)
             decision = await asyncio.wait_for(
                 asyncio.get_running_loop().run_in_executor(
-                    self._evaluators, evaluate, parsed.request, list(self.registry.active), self.state),
-                timeout=self.config.timeout_seconds,
+                    self._evaluators, evaluate if mutate else evaluate_stored, parsed.request,
+                    list(self.registry.active), self.state, budget),
+                timeout=limit,
             )
         except Exception as exc:  # noqa: BLE001 - a timeout or any failure must still be answered and logged
             return await self._failure(parsed, decision_id, endpoint, started, exc)
         injected: list[dict] = []
         if not mutate and decision.allowed and decision.injections and not parsed.request.dry_run and self.injector:
+            if not caller.authenticated and not self.creations.take(caller.address):
+                return await self._rate_limited(parsed, decision_id, endpoint, started, decision, caller)
             injected = await self._inject(parsed, decision)
             for record in injected:
                 self.metrics.injections.labels(record["kind"], record["status"]).inc()
             failed = [i for i in injected if i["status"] == "failed"]
-            if failed:
+            # A planted object denies whatever the failure mode: it is policy, not trouble.
+            refused = [i for i in injected if i["status"] == "refused"]
+            if failed and not refused:
                 return await self._injection_failure(parsed, decision_id, endpoint, started, decision, injected, failed)
             decision = decision.with_warnings(
-                [f"{i['kind']} {i['namespace']}/{i['name']} {i['reason']}" for i in injected if i["status"] == "kept"])
+                [f"{i['kind']} {i['namespace']}/{i['name']} {i['reason']}" for i in injected if i["status"] == "kept"]
+            ).with_denial(*EXISTING_OBJECTS, [f"{i['kind']} {i['namespace']}/{i['name']} {i['reason']}" for i in refused],
+                          [i["fix"] for i in refused])
         await self._record_decision(decision_id, endpoint, started, parsed, decision, injected)
         if mutate:
             # The mutating call only patches; refusals and warnings come from /validate, once.
@@ -100,33 +155,82 @@ class Reviewer:
 
     async def _failure(self, parsed: admission.ParsedReview, decision_id: str, endpoint: str, started: float,
                        exc: BaseException) -> tuple[int, dict]:
-        reason = (f"timed out after {self.config.timeout_seconds:g} s" if isinstance(exc, asyncio.TimeoutError)
-                  else f"failed ({type(exc).__name__})")
+        if isinstance(exc, (asyncio.TimeoutError, Abandoned)):
+            left = deadline.remaining()
+            reason = ("evaluation " + self._deadline_passed() if left is not None and left <= 0.05
+                      else f"evaluation timed out after {self.config.timeout_seconds:g} s")
+        else:
+            reason = f"evaluation failed ({type(exc).__name__})"
         detail = f"{type(exc).__name__}: {str(exc)[:200]}"
         # One line per failure: a hostile client sending ill-typed objects must not flood the log
         # with tracebacks (they are kept at debug level).
-        log.warning("evaluation %s for %s (decision %s): %s", reason, parsed.uid, decision_id, detail)
+        log.warning("%s for %s (decision %s): %s", reason, parsed.uid, decision_id, detail)
         log.debug("evaluation failure for %s", parsed.uid, exc_info=exc)
+        return await self._undecided(parsed, decision_id, endpoint, started, reason, detail)
+
+    async def _no_policy(self, parsed: admission.ParsedReview, decision_id: str, endpoint: str, started: float,
+                         gaps: list[str]) -> tuple[int, dict]:
+        """No active bundle, or the cluster not read yet: the failure mode, never allow-all."""
+        what = "; ".join(gaps)
+        log.error("no policy to decide %s (decision %s): %s", parsed.uid, decision_id, what)
+        return await self._undecided(parsed, decision_id, endpoint, started, f"no policy to decide with: {what}",
+                                     f"no policy: {what}")
+
+    async def _undecided(self, parsed: admission.ParsedReview, decision_id: str, endpoint: str, started: float,
+                         reason: str, detail: str) -> tuple[int, dict]:
+        """The answer when no decision was made: /validate the failure mode, /mutate allowed unpatched."""
         allow = endpoint == "mutate" or self.config.failure_mode == "allow"
         # /mutate never blocks (validation decides), so it must not claim the failure mode.
         outcome = ("it continues unpatched (no Istio, queue or security defaults) to validation" if endpoint == "mutate"
                    else f"failure mode is {'allow' if allow else 'deny'}")
-        message = (f"trainjob-admission could not evaluate this job: evaluation {reason}; {outcome}. "
+        message = (f"trainjob-admission could not evaluate this job: {reason}; {outcome}. "
                    f"Retry, and tell your admin the decision id {decision_id}")
         await self._record(DecisionRecord.failed(decision_id, endpoint, parsed, allowed=allow, message=message,
                                                  error=detail), started)
         return 200, admission.response(parsed.uid, allowed=allow, message=message, decision_id=decision_id,
                                        warnings=[message] if allow else None)
 
+    def _deadline_passed(self) -> str:
+        timeout = self.config.webhook_timeout_seconds
+        return (f"ran out of the request's {timeout - deadline.MARGIN:g} s (the webhook's "
+                f"timeoutSeconds {timeout:g} minus {deadline.MARGIN:g} s to answer before the API server gives up)")
+
+    async def _unrecorded(self, exc: DecisionLogError, endpoint: str) -> tuple[int, dict]:
+        """The decision log could not take the record of an answer, so that answer is not given:
+        /validate answers the failure mode (a denial stays a denial), /mutate allows unpatched.
+        That answer is recorded as well as can be: stdout always, the file if it works again."""
+        fields = exc.record
+        uid, decision_id = str(fields.get("uid", "")), str(fields.get("id", ""))
+        allow = bool(fields.get("allowed")) and (endpoint == "mutate" or self.config.failure_mode == "allow")
+        message = (f"trainjob-admission could not record its decision ({exc}), and answers nothing it cannot "
+                   f"record: {'allowed unpatched' if endpoint == 'mutate' else 'failure mode ' + self.config.failure_mode}."
+                   f" Retry later, and tell your admin the decision id {decision_id}: the decision log's volume "
+                   "is full or read-only")
+        answered = {**fields, "decision": "error", "allowed": allow, "messages": [message],
+                    "error": f"DecisionLogError: {exc}", "patch": []}
+        await asyncio.get_running_loop().run_in_executor(
+            self._log_writers, functools.partial(self.log.append, answered, required=False))
+        self.metrics.requests.labels(endpoint, "error", str(fields.get("kind", ""))).inc()
+        if not uid:  # not an AdmissionReview we could answer in its own terms
+            return 500, {"error": message, "decisionId": decision_id}
+        return 200, admission.response(uid, allowed=allow, message=message, decision_id=decision_id,
+                                       warnings=[message] if allow and endpoint != "mutate" else None)
+
     async def _inject(self, parsed: admission.ParsedReview, decision: Decision) -> list[dict]:
-        """The injector's records; an injector that raises fails every plan rather than the request."""
+        """The injector's records, within the request's deadline (its calls check it too, and send
+        nothing once it has passed); an injector that raises or runs out of time fails every plan
+        rather than the request."""
         try:
-            return await self.injector(parsed, decision)
+            return await asyncio.wait_for(self.injector(parsed, decision), timeout=deadline.remaining())
+        except TimeoutError:
+            reason = f"not created: the injection {self._deadline_passed()}"
+            log.warning("injection for %s %s", parsed.uid, reason)
         except Exception as exc:  # noqa: BLE001 - answered through the failure mode below
             log.exception("injector failed for %s", parsed.uid)
-            namespace = (parsed.request.object.get("metadata") or {}).get("namespace", "")
-            return [{"kind": p["kind"], "name": p["name"], "namespace": namespace, "status": "failed",
-                     "reason": f"injector failed ({type(exc).__name__})"} for p in decision.injections]
+            reason = f"injector failed ({type(exc).__name__})"
+        namespace = (parsed.request.object.get("metadata") or {}).get("namespace", "")
+        return [{"kind": p["kind"], "name": p["name"], "namespace": namespace, "status": "failed", "reason": reason}
+                for p in decision.injections]
 
     async def _injection_failure(self, parsed: admission.ParsedReview, decision_id: str, endpoint: str,
                                  started: float, decision: Decision, injected: list[dict],
@@ -150,6 +254,24 @@ class Reviewer:
         return 200, admission.response(parsed.uid, allowed=allow, message=message, decision_id=decision_id,
                                        warnings=decision.warnings + [message] if allow else decision.warnings or None)
 
+    async def _rate_limited(self, parsed: admission.ParsedReview, decision_id: str, endpoint: str, started: float,
+                            decision: Decision, caller: Caller) -> tuple[int, dict]:
+        """An unauthenticated address past its creation budget: nothing is created, the failure mode decides."""
+        allow = self.config.failure_mode == "allow"
+        what = " and ".join(f"{i['kind']} {i['name']}" for i in decision.injections)
+        reason = (f"more requests that create objects from {caller.address} than {self.creations.describe()} "
+                  f"(callers without a client certificate are limited; the service runs without --client-ca)")
+        message = (f"trainjob-admission failure mode allow: admitted without {what}: rate limited" if allow else
+                   f"trainjob-admission did not create {what}: {reason}; the job was not admitted (failure mode "
+                   f"deny). Retry later; decision id {decision_id}")
+        log.warning("rate limited %s for %s (decision %s): %s", caller.address, parsed.uid, decision_id, reason)
+        namespace = (parsed.request.object.get("metadata") or {}).get("namespace", "")
+        skipped = [{**i, "namespace": namespace, "status": "rate-limited", "reason": reason} for i in decision.injections]
+        await self._record(DecisionRecord.injection_failed(decision_id, endpoint, parsed, decision, allowed=allow,
+                                                           message=message, injected=skipped), started)
+        return 200, admission.response(parsed.uid, allowed=allow, message=message, decision_id=decision_id,
+                                       warnings=decision.warnings + [message] if allow else decision.warnings or None)
+
     async def _record_decision(self, decision_id: str, endpoint: str, started: float, parsed: admission.ParsedReview,
                                decision: Decision, injected: list[dict]) -> None:
         for result in decision.results:
@@ -157,11 +279,16 @@ class Reviewer:
                 self.metrics.rule_results.labels(result.bundle, result.rule, result.effect).inc()
         await self._record(DecisionRecord.decided(decision_id, endpoint, parsed, decision, injected), started)
 
-    async def _record(self, record: DecisionRecord, started: float) -> None:
+    async def _record(self, record: DecisionRecord, started: float, *, required: bool = True) -> None:
+        """Log ``record`` before its answer leaves. When the file cannot take it, DecisionLogError
+        (review() then answers the failure mode); ``required=False`` for answers that are a
+        refusal anyway: stdout has them, the file may miss them."""
         latency = time.perf_counter() - started
-        fields = replace(record, latencyMs=round(latency * 1000, 3)).as_log_fields()  # the log adds the time
+        fields = replace(record, caller=_caller.get().as_record(),
+                         latencyMs=round(latency * 1000, 3)).as_log_fields()  # the log adds the time
         # In the file and on stdout before the response leaves (fsynced too in strict mode): a
         # crashed or killed server loses no answered decision.
-        await asyncio.get_running_loop().run_in_executor(self._log_writers, self.log.append, fields)
+        await asyncio.get_running_loop().run_in_executor(
+            self._log_writers, functools.partial(self.log.append, fields, required=required))
         self.metrics.requests.labels(record.endpoint, record.decision, fields.get("kind", "")).inc()
         self.metrics.latency.labels(record.endpoint).observe(latency)

@@ -11,16 +11,22 @@ import contextlib
 import gc
 import json
 import logging
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
 
+from certs.clientca import peer_subject
 from certs.reload import CertReloader
 from policies.state import ClusterState
 
 from .bundles import BundleRegistry
+from .checkpointer import Checkpointer, CheckpointStore, FileStore, replica_name, resume_point
+from .callers import Caller
 from .decisionlog import DecisionLog
+from .decisionlog.checkpoint import load_private_key
+from .inflight import InFlight
 from .metrics import CONTENT_TYPE, Metrics
 from .reviewer import InjectFn, Reviewer, ReviewerConfig
 
@@ -29,6 +35,7 @@ MAX_BODY_BYTES = 3 * 1024 * 1024  # etcd's object limit is 1.5 MiB; an Admission
 BODY_READ_TIMEOUT = 10.0
 FIRST_REQUEST_TIMEOUT = 10.0
 TLS_HANDSHAKE_TIMEOUT = 10.0
+STOP_GRACE = 1.0
 
 
 @dataclass
@@ -37,45 +44,75 @@ class ServerConfig:
     port: int = 8443
     cert_file: Path | None = None
     key_file: Path | None = None
+    # Require a client certificate from this CA on `port` (the API server's; docs/deploy.md).
+    client_ca_file: Path | None = None
+    # A second listener for /healthz, /readyz and /metrics without client certificates (kubelet
+    # probes, Prometheus); None: those are served on `port` only.
+    probe_port: int | None = None
     bundle_specs: list[str] = field(default_factory=lambda: ["builtin:default"])
     decision_log: Path | None = None
     # Seconds between background fsyncs of the decision-log file; 0 fsyncs each record before its
     # answer. Lines reach the file (and stdout) before the answer either way (DecisionLog).
     decision_log_fsync_interval: float = 0.1
+    # The decision log's signed checkpoints (webhook/checkpointer.py): the ed25519 key, and where
+    # they go without a cluster (with one, startup passes a Lease store); every this many seconds.
+    checkpoint_key: Path | None = None
+    checkpoint_file: Path | None = None
+    checkpoint_interval: float = 10.0
+    replica: str = field(default_factory=replica_name)  # named in every record
     reload_interval: float = 2.0
     reviewer: ReviewerConfig = field(default_factory=ReviewerConfig)
 
 
 class WebhookServer:
     def __init__(self, config: ServerConfig, state: ClusterState, *, injector: InjectFn | None = None,
-                 decision_log: DecisionLog | None = None, state_ready: asyncio.Event | None = None):
+                 decision_log: DecisionLog | None = None, state_ready: asyncio.Event | None = None,
+                 checkpoint_store: CheckpointStore | None = None):
         self.config = config
         self.metrics = Metrics()
         self.registry = BundleRegistry(list(config.bundle_specs))
         self.state = state
+        key = load_private_key(config.checkpoint_key) if config.checkpoint_key else None
+        store = checkpoint_store or (FileStore(config.checkpoint_file) if config.checkpoint_file else None)
         self.decision_log = decision_log or DecisionLog(
             config.decision_log, fsync_interval=config.decision_log_fsync_interval,
-            on_fsync=self.metrics.decision_log_fsync.observe)
-        self.reviewer = Reviewer(self.registry, state, self.decision_log, self.metrics, config.reviewer, injector)
-        self.certs = CertReloader(config.cert_file, config.key_file) if config.cert_file and config.key_file else None
+            on_fsync=self.metrics.decision_log_fsync.observe, replica=config.replica,
+            resume=resume_point(store, key, config.replica) if key and store else None)
+        self.checkpointer = (Checkpointer(self.decision_log, key, store, self.metrics, config.checkpoint_interval)
+                             if key and store else None)
+        self.decision_log.on_write_error = self.metrics.decision_log_write_failures.inc
+        self.reviewer = Reviewer(self.registry, state, self.decision_log, self.metrics, config.reviewer, injector,
+                                 policy_gaps=self.policy_gaps)
+        self.in_flight = InFlight()
+        self.certs = (CertReloader(config.cert_file, config.key_file, config.client_ca_file)
+                      if config.cert_file and config.key_file else None)
         self.state_ready = state_ready
-        self._runner: web.AppRunner | None = None
-        self._server: asyncio.AbstractServer | None = None
+        self._runners: list[web.AppRunner] = []
+        self._servers: list[asyncio.AbstractServer] = []
+        self.probe_port: int | None = None  # bound by start()
         self._tasks: list[asyncio.Task] = []
         self._reloads_counted = (0, 0)  # the registry's (reloads, failures) already in the metric
 
     # --- handlers -------------------------------------------------------------------------------
     async def _admission(self, request: web.Request, endpoint: str) -> web.Response:
+        caller = _caller(request)
+        charge = self.in_flight.charge(request.content_length, MAX_BODY_BYTES)
+        if not self.in_flight.admit(charge):  # refused unread: its memory is what the bound protects
+            status, payload = await self.reviewer.refuse(
+                endpoint, 429, f"more than {self.in_flight.describe()} in flight; retry", caller)
+            return web.json_response(payload, status=status, dumps=_dumps, headers={"Retry-After": "1"})
         try:
             body = await asyncio.wait_for(request.read(), timeout=BODY_READ_TIMEOUT)
         except asyncio.TimeoutError:
             status, payload = await self.reviewer.refuse(
-                endpoint, 408, f"request body not received within {BODY_READ_TIMEOUT:g} s")
+                endpoint, 408, f"request body not received within {BODY_READ_TIMEOUT:g} s", caller)
         except web.HTTPRequestEntityTooLarge:
             status, payload = await self.reviewer.refuse(
-                endpoint, 413, f"request body larger than {MAX_BODY_BYTES} bytes")
+                endpoint, 413, f"request body larger than {MAX_BODY_BYTES} bytes", caller)
         else:
-            status, payload = await self.reviewer.review(body, endpoint)
+            status, payload = await self.reviewer.review(body, endpoint, caller)
+        finally:
+            self.in_flight.release(charge)
         return web.json_response(payload, status=status, dumps=_dumps)
 
     async def validate(self, request: web.Request) -> web.Response:
@@ -95,25 +132,45 @@ class WebhookServer:
 
     async def metrics_handler(self, _: web.Request) -> web.Response:
         self._count_reloads()
+        if (head := self.decision_log.head()) is not None:
+            self.metrics.set_head(head.replica, head.seq, head.digest)
         self.metrics.bundles_active.set(len(self.registry.active))
         if self.certs:
             self.metrics.cert_expiry.set(self.certs.not_after.timestamp())
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     def not_ready_reasons(self) -> list[str]:
+        """Why /readyz answers 503. A decision log that cannot be written is tried again here, so
+        a replica that gets no requests because it is not ready still notices when it can."""
+        problems = self.policy_gaps()
+        if not self.decision_log.recover():
+            problems.append(f"the decision log cannot be written ({self.decision_log.write_error}); until it can, "
+                            "/validate answers the failure mode. Free space or fix the volume of --decision-log")
+        return problems
+
+    def policy_gaps(self) -> list[str]:
+        """What is missing to decide by policy, each with what the admin should do; /validate
+        answers the failure mode while this is not empty (never allow-all for want of a policy)."""
         problems = []
         if not self.registry.active:
             errors = "; ".join(self.registry.errors.values())
-            problems.append("no policy bundle loaded" + (f" ({errors})" if errors else ""))
+            problems.append("no policy bundle loaded" + (f" ({errors})" if errors else "")
+                            + ": fix or restore the bundle (`trainjob-admission policy lint` names the problem), or "
+                              "apply a PolicyBundle (`kubectl get policybundles`)")
         if self.state_ready is not None and not self.state_ready.is_set():
-            problems.append("cluster state (runtimes, namespaces, quotas) not synced yet")
+            problems.append("cluster state (runtimes, namespaces, quotas, PolicyBundles) not synced yet from the API "
+                            "server: wait for the first sync; if it lasts, check the service's log and its RBAC")
         return problems
 
     # --- lifecycle ------------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app = self.probe_app()
         app.router.add_post("/validate", self.validate)
         app.router.add_post("/mutate", self.mutate)
+        return app
+
+    def probe_app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics_handler)
@@ -126,18 +183,29 @@ class WebhookServer:
         # process: keep it out of the cyclic GC, whose full passes otherwise walk it all and stall
         # every request for ~50 ms once every few thousand requests.
         gc.freeze()
-        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
-        await self._runner.setup()
-        loop = asyncio.get_running_loop()
-        factory = _first_request_guard(self._runner.server, FIRST_REQUEST_TIMEOUT)
-        ssl_context = self.certs.context if self.certs else None
-        self._server = await loop.create_server(
-            factory, self.config.host, self.config.port, ssl=ssl_context,
-            ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT if ssl_context else None, reuse_address=True)
+        self._runners = [web.AppRunner(self.app(), access_log=None, handle_signals=False)]
+        port = await self._listen(self._runners[0], self.config.port, self.certs and self.certs.admission_context,
+                                  "client certificates required" if self.config.client_ca_file else "")
+        if self.config.probe_port is not None:
+            self._runners.append(web.AppRunner(self.probe_app(), access_log=None, handle_signals=False))
+            self.probe_port = await self._listen(self._runners[1], self.config.probe_port,
+                                                 self.certs and self.certs.context, "/healthz, /readyz, /metrics")
         self._tasks.append(asyncio.create_task(self._reload_loop()))
-        port = self._server.sockets[0].getsockname()[1]
-        log.info("listening on %s:%s (%s)", self.config.host, port, "TLS" if ssl_context else "plain HTTP")
+        if self.checkpointer:
+            self._tasks.append(asyncio.create_task(self.checkpointer.run(), name="decision-log checkpoints"))
         return port
+
+    async def _listen(self, runner: web.AppRunner, port: int, ssl_context: ssl.SSLContext | None, what: str) -> int:
+        await runner.setup()
+        factory = _first_request_guard(runner.server, FIRST_REQUEST_TIMEOUT)
+        server = await asyncio.get_running_loop().create_server(
+            factory, self.config.host, port, ssl=ssl_context,
+            ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT if ssl_context else None, reuse_address=True)
+        self._servers.append(server)
+        bound = server.sockets[0].getsockname()[1]
+        log.info("listening on %s:%s (%s)", self.config.host, bound,
+                 ", ".join(filter(None, ("TLS" if ssl_context else "plain HTTP", what))))
+        return bound
 
     def _reload_bundles(self) -> None:
         self.registry.poll()
@@ -156,27 +224,47 @@ class WebhookServer:
         self._reloads_counted = (reloads, failures)
 
     async def _reload_loop(self) -> None:
+        """Bundles and certificate, each on its own: a failed bundle reload never skips the
+        certificate's. Bundles compile in a thread (3000 rules take seconds), so answers go on."""
         while True:
             await asyncio.sleep(self.config.reload_interval)
             try:
-                self._reload_bundles()
-                if self.certs:
-                    self.certs.reload_if_changed()
+                await asyncio.to_thread(self.registry.poll)
+                self._count_reloads()
             except Exception:  # noqa: BLE001 - a reload problem must never stop the server
-                log.exception("reload failed; the last good bundles and certificate stay active")
+                log.exception("bundle reload failed; the last good bundles stay active")
+            try:
+                if self.certs:
+                    self.certs.poll()
+            except Exception:  # noqa: BLE001
+                log.exception("certificate reload failed; the last good certificate stays active")
 
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self._server:
-            self._server.close()
-            await self._server.wait_closed()
-        if self._runner:
-            await self._runner.cleanup()
+        # Requests in flight get STOP_GRACE seconds, then their evaluations stop and they are answered
+        # with the failure mode: whatever a request costs, SIGTERM ends the process within seconds.
+        grace = asyncio.get_running_loop().call_later(STOP_GRACE, self.reviewer.stop_evaluations)
+        for server in self._servers:
+            server.close()
+            await server.wait_closed()
+        for runner in self._runners:
+            await runner.cleanup()
+        grace.cancel()
         self.reviewer.close()
+        if self.checkpointer:
+            await self.checkpointer.write()  # anchor the last records answered
         self.decision_log.close()  # the periodic fsync's last lines reach the disk
+
+
+def _caller(request: web.Request) -> Caller:
+    """The request's peer; authenticated when the handshake verified its certificate, which the
+    admission port asks for only with a client CA (getpeercert() is None without one)."""
+    transport = request.transport
+    peercert = transport.get_extra_info("peercert") if transport else None
+    return Caller(request.remote or "", authenticated=bool(peercert), subject=peer_subject(peercert))
 
 
 def _dumps(value: object) -> str:

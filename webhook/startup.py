@@ -12,21 +12,27 @@ import contextlib
 import gc
 import logging
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from policies.state import ClusterState
 
 from .bundles import BundleRegistry
+from .checkpointer import LeaseStore
 from .clusterbundles import ClusterBundles
 from .injector import Injector, only_in
 from .kube.client import KubeApi, api_client
 from .kube.resources import POLICY_BUNDLES
 from .kube.state import state_watchers
 from .kube.watch import Watcher
+from .provenance import Provenance
 from .reconciler import Reconciler
 from .server import ServerConfig, WebhookServer
 
 log = logging.getLogger("trainjob_admission.startup")
+
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+DEFAULT_NAMESPACE = "trainjob-admission"  # manifests/base: never reconciled, whatever it is called
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,8 @@ class ClusterOptions:
     kubeconfig: str | None  # None: the pod's service account
     bundle_selector: str | None = None
     namespaces: tuple[str, ...] = ()  # injection and reconciliation only there (default: all)
+    provenance: Provenance = field(default_factory=Provenance.ephemeral)  # signs and checks what we inject
+    checkpoint_namespace: str | None = None  # the decision log's checkpoint Leases (default: our own namespace)
 
 
 class ClusterSync:
@@ -91,9 +99,11 @@ async def _start_with_cluster(config: ServerConfig, options: ClusterOptions,
     api = api_client(options.kubeconfig)
     cleanup.callback(api.close)
     state, ready = ClusterState(), asyncio.Event()
-    injector = Injector(api)
+    injector = Injector(api, options.provenance)
+    checkpoints = (LeaseStore(api, options.checkpoint_namespace or own_namespace(), config.replica)
+                   if config.checkpoint_key else None)
     server = WebhookServer(config, state, injector=only_in(options.namespaces, injector) if options.namespaces
-                           else injector, state_ready=ready)
+                           else injector, state_ready=ready, checkpoint_store=checkpoints)
     sync = ClusterSync(api, state, server.registry, bundle_selector=options.bundle_selector)
     log.info("reading state and PolicyBundles%s from %s",
              f" ({options.bundle_selector})" if options.bundle_selector else "", api.describe())
@@ -101,12 +111,22 @@ async def _start_with_cluster(config: ServerConfig, options: ClusterOptions,
     cleanup.push_async_callback(asyncio.to_thread, sync.stop)
     cleanup.push_async_callback(server.stop)
     await server.start()
-    reconcilers = [Reconciler(api, namespace=ns) for ns in sorted(set(options.namespaces))] or [Reconciler(api)]
+    own = own_namespace()
+    reconcilers = [Reconciler(api, options.provenance, namespace=ns, own_namespace=own)
+                   for ns in sorted(set(options.namespaces))] or [Reconciler(api, options.provenance, own_namespace=own)]
     tasks = [asyncio.create_task(sync.wait_synced(ready), name="state sync")] + [
         asyncio.create_task(r.run(), name=f"reconciler ({r.namespace or 'all namespaces'})") for r in reconcilers]
     for task in tasks:
         task.add_done_callback(_report_crash)
         cleanup.push_async_callback(_cancel, task)
+
+
+def own_namespace(path: Path = SERVICE_ACCOUNT_NAMESPACE) -> str:
+    """The namespace of the pod we run in (its service account's), else the manifests' default."""
+    try:
+        return path.read_text().strip() or DEFAULT_NAMESPACE
+    except OSError:
+        return DEFAULT_NAMESPACE
 
 
 async def _cancel(task: asyncio.Task) -> None:

@@ -403,14 +403,14 @@ class PKI:
         self.ca_crt = root / "ca.crt"
         self.ca_key = root / "ca.key"
 
-    def create_ca(self) -> None:
+    def create_ca(self, cn: str = "trainjob-admission-test-ca") -> None:
         from cryptography import x509
         from cryptography.hazmat.primitives import hashes
         from cryptography.hazmat.primitives.asymmetric import ec
         from cryptography.x509.oid import NameOID
         self.root.mkdir(parents=True, exist_ok=True)
         key = ec.generate_private_key(ec.SECP256R1())
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "trainjob-admission-test-ca")])
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
         now = datetime.datetime.now(datetime.timezone.utc)
         cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
                 .public_key(key.public_key()).serial_number(x509.random_serial_number())
@@ -523,6 +523,10 @@ ADMIN_KUBECONFIG = RUN / "admin.kubeconfig"  # kubernetes-admin, group system:ma
 USER_A_KUBECONFIG = RUN / "user-a.kubeconfig"  # alice: ClusterRole edit in namespace team-a only
 USER_B_KUBECONFIG = RUN / "user-b.kubeconfig"  # bob:   ClusterRole edit in namespace team-b only
 CA_CERT = RUN / "pki" / "ca.crt"
+# The CA of the client certificate kube-apiserver presents to admission webhooks (a CA of its own,
+# so no user's or component's client certificate passes for the API server): `serve --client-ca`.
+WEBHOOK_CLIENT_CA = RUN / "pki" / "webhook-clients" / "ca.crt"
+WEBHOOK_CLIENT_CN = "kube-apiserver-webhook-client"
 KUBECTL = binary("kubectl")
 
 
@@ -724,7 +728,7 @@ def _locked(timeout: float = 600):
 def is_up() -> bool:
     """True when run/state.json says up, every process lives and the apiserver is ready."""
     state = _load_state()
-    if state.get("status") != "up":
+    if state.get("status") != "up" or not state.get("webhook_client_ca"):  # no CA: started by an older cluster.py
         return False
     for p in state.get("procs", {}).values():
         if not (_alive(p["pid"]) and _is_ours(p["pid"], p["exe"])):
@@ -830,6 +834,28 @@ def install_mpijob_crd(kubeconfig=ADMIN_KUBECONFIG) -> str:
     return name
 
 
+def _webhook_admission_config() -> Path:
+    """kube-apiserver's --admission-control-config-file: both webhook plugins present a client
+    certificate (WEBHOOK_CLIENT_CN, from WEBHOOK_CLIENT_CA) to every webhook. The kubeconfig's user
+    is "*" because the services under test listen on ports picked per test, and a user is matched
+    by the webhook's host:port (k8s.io/apiserver pkg/util/webhook/authentication.go). Trainer's
+    and JobSet's webhooks request no client certificate, so Go's TLS client sends them none."""
+    pki = PKI(WEBHOOK_CLIENT_CA.parent)
+    pki.create_ca("trainjob-admission-test-webhook-client-ca")
+    crt, key = pki.issue(pki.root / "kube-apiserver.crt", pki.root / "kube-apiserver.key", WEBHOOK_CLIENT_CN,
+                         client=True)
+    kubeconfig = RUN / "webhook-admission.kubeconfig"
+    kubeconfig.write_text(json.dumps({"apiVersion": "v1", "kind": "Config", "users": [
+        {"name": "*", "user": {"client-certificate": str(crt), "client-key": str(key)}}]}, indent=1))
+    plugin = {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "WebhookAdmissionConfiguration",
+              "kubeConfigFile": str(kubeconfig)}
+    config = RUN / "admission-config.json"
+    config.write_text(json.dumps({"apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
+                                  "plugins": [{"name": name, "configuration": plugin} for name in
+                                              ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")]}, indent=1))
+    return config
+
+
 def up(timeout: float = 300) -> dict:
     """Start the whole control plane (no-op when it is already up). Returns the state dict."""
     with _locked():
@@ -868,7 +894,8 @@ def _start(t0: float, timeout: float) -> dict:
              "apiserver": _apiserver_url(ports), "kubectl": str(KUBECTL),
              "kubeconfigs": {"admin": str(ADMIN_KUBECONFIG), "user-a": str(USER_A_KUBECONFIG),
                              "user-b": str(USER_B_KUBECONFIG)},
-             "ca": str(CA_CERT), "nodes": NODES, "namespaces": NAMESPACES}
+             "ca": str(CA_CERT), "webhook_client_ca": str(WEBHOOK_CLIENT_CA), "nodes": NODES,
+             "namespaces": NAMESPACES}
     _save_state(state)
 
     # -- certificates and kubeconfigs
@@ -896,6 +923,7 @@ def _start(t0: float, timeout: float) -> dict:
         write_kubeconfig(kc, server, ca_pem, crt, key, cn, ns)
     pki.issue(RUN / "pki/front-proxy-client.crt", RUN / "pki/front-proxy-client.key", "front-proxy-client",
               client=True)
+    admission_config = _webhook_admission_config()
     (RUN / "jobset/certs").mkdir(parents=True)
     pki.issue(RUN / "jobset/certs/tls.crt", RUN / "jobset/certs/tls.key", "jobset-webhook",
               hosts=(LOOPBACK, "localhost"), server=True)
@@ -934,6 +962,7 @@ def _start(t0: float, timeout: float) -> dict:
         "--enable-admission-plugins=NamespaceLifecycle,LimitRanger,ServiceAccount,NodeRestriction,"
         "DefaultTolerationSeconds,PodSecurity,Priority,MutatingAdmissionWebhook,"
         "ValidatingAdmissionWebhook,ResourceQuota",
+        f"--admission-control-config-file={admission_config}",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={pki_dir / 'sa.pub'}",
         f"--service-account-signing-key-file={pki_dir / 'sa.key'}",

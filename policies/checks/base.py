@@ -18,13 +18,15 @@ class Finding:
 
 @dataclass
 class CheckContext:
-    """What a check may read besides its settings: the effective job of the (mutated) object
-    and the cluster objects around it."""
+    """What a check may read besides its settings: the submitted object (after mutation) and
+    its effective job, and the cluster objects around it."""
 
     job: EffectiveJob
     namespace: dict = field(default_factory=dict)  # the Namespace object
     quotas: list[dict] = field(default_factory=list)  # the namespace's ResourceQuotas
     old_job: EffectiveJob | None = None  # on UPDATE, for checks registered with needs_old_job
+    object: dict = field(default_factory=dict)  # the TrainJob/MPIJob as it will be stored (e.g. spec.suspend)
+    old_object: dict | None = None  # on UPDATE, the stored object before the change
 
 
 Check = Callable[[CheckContext, Any], list[Finding]]  # (context, the check's settings model) -> findings

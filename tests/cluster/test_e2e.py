@@ -1,5 +1,5 @@
 """End to end on the real control plane: the API server calls `trainjob-admission serve` (running
-on the host as its own user with only the ClusterRoles of manifests/base/rbac.yaml, reading the
+on the host as its own user with only the roles of manifests/base/rbac.yaml, bound as installed, reading the
 cluster through its kubeconfig) on real submissions made with kubectl, the Kubeflow SDK and the
 kubernetes client, and the real Trainer, JobSet, KWOK and garbage collector act on what it admitted.
 
@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
 import subprocess
 import time
+import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,7 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from tests.support.net import refused_at_tls
 from tests.support.objects import GPU, example_job, trainjob
 from tests.support.serve import CLI, Serve
 from tests.support.service import (REPO, cluster, delete_bindings, register, service_kubeconfig, start_service,
@@ -162,8 +165,9 @@ def e2e(control_plane, policybundle_crd, tmp_path_factory):
         cluster.apply_objects(objs)
         wait("quota status", lambda: (get("resourcequota", "compute", ns) or {}).get("status", {}).get("hard"))
 
-        # the service runs as its own user holding exactly the ClusterRoles of manifests/base/rbac.yaml
-        kubeconfig, bindings = service_kubeconfig(work, f"e2e-webhook-{run}")
+        # the service runs as its own user holding exactly the roles of manifests/base/rbac.yaml, the
+        # injector bound only in the namespaces it injects into
+        kubeconfig, bindings = service_kubeconfig(work, f"e2e-webhook-{run}", [ns, bulk])
         svc = start_service(work, kubeconfig, cluster.issue_serving_cert(work / "certs", name="e2e-webhook"),
                             namespaces=[ns, bulk], args=("--bundle-selector", f"{E2E_LABEL}={run}"))
         register(svc, hook, [ns, bulk])
@@ -295,6 +299,39 @@ def test_server_dry_run_of_an_allowed_job_creates_nothing(e2e):
     nothing_created(e2e.ns, name)
     recs = [r for r in e2e.svc.records()[before:] if r.get("name") == name]
     assert recs and all(r.get("dryRun") for r in recs), recs
+
+
+def test_only_the_api_servers_client_certificate_reaches_the_webhook(e2e):
+    """The service runs with --client-ca (start_service); kube-apiserver presents its webhook client
+    certificate (hack/cluster/cluster.py's AdmissionConfiguration). Its calls are answered and
+    recorded as authenticated; a caller without a certificate, or with alice's cluster client
+    certificate (another CA), is refused in the TLS handshake and leaves no record."""
+    name = "mtls-caller"
+    before = len(e2e.svc.records())
+    p = submit(trainjob(name, e2e.ns))
+    assert p.returncode == 0, p.stderr
+    recs = [r for r in e2e.svc.records()[before:] if r.get("name") == name]
+    assert {r["endpoint"] for r in recs} == {"mutate", "validate"}, recs
+    assert {(r["caller"]["authenticated"], r["caller"]["subject"]) for r in recs} == {
+        (True, cluster.WEBHOOK_CLIENT_CN)}
+    alice = (cluster.RUN / "pki/user-a.crt", cluster.RUN / "pki/user-a.key")  # signed by the cluster's CA
+    assert alice[0].exists(), "cluster.py no longer writes alice's client certificate there"
+
+    def client(cert: tuple[Path, Path] | None):
+        def make() -> ssl.SSLContext:
+            ctx = ssl.create_default_context(cadata=e2e.svc.ca_pem.decode())
+            if cert:
+                ctx.load_cert_chain(*cert)
+            return ctx
+        return make
+
+    before = len(e2e.svc.records())
+    for cert in (None, alice):
+        refused_at_tls(e2e.svc.port, client(cert))
+    assert len(e2e.svc.records()) == before
+    # the kubelet's probes need no certificate: the probe port
+    with urllib.request.urlopen(f"{e2e.svc.probe_url}/readyz", context=client(None)(), timeout=10) as reply:
+        assert reply.status == 200
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 the apiserver for the test namespace only) creates the SSH key Secret and NetworkPolicy on
 `kubectl create`; the real Trainer controller uses our Secret; the reconciler owner-references
 both to the TrainJob and the garbage collector deletes them with it; orphans go after a grace
-period; foreign Secrets, dry runs and denied jobs are left alone."""
+period; a Secret the service did not make for the job denies it (unless the bundle adopts it), and
+dry runs, denied jobs and forged copies are left alone."""
 from __future__ import annotations
 
 import asyncio
@@ -23,6 +24,7 @@ from webhook.injector import Injector
 from webhook.keys import fingerprint, generate
 from webhook.kube import watch as kube_watch
 from webhook.kube.client import api_client
+from webhook.provenance import ANNOTATION, Provenance
 from webhook.reconciler import Reconciler
 from webhook.server import ServerConfig, WebhookServer
 
@@ -32,6 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 DEFAULT_BUNDLE = REPO / "policies" / "bundles" / "default.yaml"
 RUNTIME_FILE = REPO / "examples" / "runtimes" / "mpi-openmpi.yaml"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "trainjob-admission")
+PROVENANCE = Provenance([b"cluster-tier provenance key, 32+ bytes"])  # the harness's and the reconcilers'
 
 
 # A TrainJob on mpi-openmpi: 4 nodes, each requesting 1 CPU and 1Gi, limited to 1 GPU; privileged:
@@ -42,18 +45,20 @@ trainjob = functools.partial(objects.trainjob, memory="1Gi", manager="trainjob-a
 class Harness:
     """The webhook server (+ optional reconciler) on its own event loop in a thread."""
 
-    def __init__(self, tmp_path: Path, cert: Path, key: Path, api, reconciler: Reconciler | None = None):
+    def __init__(self, tmp_path: Path, cert: Path, key: Path, api, reconciler: Reconciler | None = None,
+                 adopt: bool = False):
         runtime = objects.runtime()  # examples/runtimes/mpi-openmpi.yaml
         self.log_path = tmp_path / "decisions.jsonl"
         # The default bundle, asking for RSA-4096 keys: unlike Trainer's own P-521, so a mounted key is provably ours.
         bundle = yaml.safe_load(DEFAULT_BUNDLE.read_text())
         bundle["spec"]["injections"]["sshKey"]["type"] = "rsa-4096"
+        bundle["spec"]["injections"]["sshKey"]["adoptExisting"] = adopt
         (tmp_path / "bundle.yaml").write_text(yaml.safe_dump(bundle))
         config = ServerConfig(host="127.0.0.1", port=0, cert_file=cert, key_file=key, decision_log=self.log_path,
                               bundle_specs=[str(tmp_path / "bundle.yaml")])
         config.reviewer.timeout_seconds = 10
         self.server = WebhookServer(config, ClusterState.from_objects([runtime]),
-                                    injector=Injector(api, timeout=5.0),
+                                    injector=Injector(api, PROVENANCE, timeout=5.0),
                                     decision_log=DecisionLog(self.log_path, stdout=None))
         self.reconciler = reconciler
         self.loop = asyncio.new_event_loop()
@@ -99,12 +104,13 @@ def api(control_plane):
 
 @pytest.fixture
 def webhook(mpi_runtime, namespace, serving_cert, register_webhook, api, tmp_path):
-    """start(reconciler=None) -> Harness registered as the webhook for `namespace` only."""
+    """start(reconciler=None, adopt=False) -> Harness registered as the webhook for `namespace` only;
+    ``adopt`` sets the bundle's sshKey.adoptExisting."""
     harnesses = []
 
-    def start(reconciler: Reconciler | None = None) -> Harness:
+    def start(reconciler: Reconciler | None = None, adopt: bool = False) -> Harness:
         cert, key, ca_pem = serving_cert()
-        harness = Harness(tmp_path, cert, key, api, reconciler)
+        harness = Harness(tmp_path, cert, key, api, reconciler, adopt)
         harnesses.append(harness)
         register_webhook(f"inject-{namespace}", f"https://127.0.0.1:{harness.port}", ca_pem,
                          side_effects="NoneOnDryRun", timeout_seconds=20,
@@ -142,7 +148,7 @@ def test_injected_objects_are_used_by_trainer_owned_by_the_job_and_collected(
     # A large sweep interval: the ownerReference must come from the TrainJob watch, which
     # expires every second here and must resume each time.
     monkeypatch.setattr(kube_watch, "WATCH_SECONDS", 1)
-    reconciler = Reconciler(api, grace_seconds=3600, interval=3600, namespace=ns)
+    reconciler = Reconciler(api, PROVENANCE, grace_seconds=3600, interval=3600, namespace=ns)
     handled: list[tuple[tuple, dict]] = []  # what the watch handed to reconcile_job, and the outcome
     reconcile_job = reconciler.reconcile_job
 
@@ -208,13 +214,14 @@ def test_injected_objects_are_used_by_trainer_owned_by_the_job_and_collected(
                        lambda: next((r for a, r in handled if a == ("TrainJob", ns, "resnet")), None), 30)
     assert outcome["adopted"] + outcome["owned"] == 2 and outcome["errors"] == 0, outcome
 
-    # A second `kubectl create` of the same name passes our webhook before storage refuses it:
-    # the running job's keys must survive it.
+    # A second `kubectl create` of the same name: its objects belong to the running job, so our
+    # webhook refuses it (storage would too) and the running job's keys survive.
     again = create(kubectl, trainjob("resnet", ns), check=False)
-    assert again.returncode != 0 and "AlreadyExists" in again.stderr, again.stderr
+    assert again.returncode != 0 and f"Secret {ns}/resnet-mpi-ssh-auth already exists and belongs to TrainJob " \
+        f"resnet (uid {uid}): rename the job, or delete TrainJob resnet first" in again.stderr, again.stderr
     assert get_json("secret", "resnet-mpi-ssh-auth", "-n", ns)["data"] == secret["data"]
     record = [r for r in harness.records() if r["endpoint"] == "validate" and r["name"] == "resnet"][-1]
-    assert {i["status"] for i in record["injections"]} == {"kept"}, record["injections"]
+    assert {i["status"] for i in record["injections"]} == {"refused"}, record["injections"]
 
     # The NetworkPolicy selects exactly the job's pods: every pod of its Jobs, and nothing else.
     policy = get_json("networkpolicy", "resnet-mpi-isolation", "-n", ns)
@@ -248,18 +255,59 @@ def test_injected_objects_are_used_by_trainer_owned_by_the_job_and_collected(
         wait_for(f"{kind} {name} garbage-collected", lambda: not exists(kubectl, kind, name, ns), 90)
 
 
-def test_foreign_secret_is_kept_and_kubectl_warns(webhook, namespace, kubectl, get_json, wait_for):
+def ssh_secret(name: str, ns: str, pair, **metadata) -> dict:
+    return {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/ssh-auth",
+            "metadata": {"name": name, "namespace": ns, **metadata},
+            "data": {"ssh-privatekey": base64.b64encode(pair.private_pem).decode(),
+                     "ssh-publickey": base64.b64encode(pair.public_openssh).decode()}}
+
+
+def test_a_planted_secret_or_a_forged_copy_denies_the_job(webhook, namespace, kubectl, user_a_kubeconfig, get_json,
+                                                          api):
+    """alice (edit in her namespace, as any team member) plants her own key as the next job's
+    Secret: first bare, then with every label and annotation copied from one of ours. The
+    victim's job is denied naming the Secret; Trainer never mounts her key."""
     ns = namespace
+    kubectl("create", "rolebinding", "alice-edit", "-n", ns, "--clusterrole=edit", "--user=alice")
     harness = webhook()
     pair = generate("ecdsa-p521")
-    foreign = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/ssh-auth",
-               "metadata": {"name": "bert-mpi-ssh-auth", "namespace": ns},
-               "data": {"ssh-privatekey": base64.b64encode(pair.private_pem).decode(),
-                        "ssh-publickey": base64.b64encode(pair.public_openssh).decode()}}
+    kubectl("create", "-f", "-", input=json.dumps(ssh_secret("bert-mpi-ssh-auth", ns, pair)), kubeconfig=user_a_kubeconfig)
+    denied = create(kubectl, trainjob("bert", ns), check=False)
+    assert denied.returncode != 0 and (
+        f"Secret {ns}/bert-mpi-ssh-auth already exists and was not created by trainjob-admission for this job: "
+        f"delete Secret {ns}/bert-mpi-ssh-auth or rename the job") in denied.stderr, denied.stderr
+    assert not exists(kubectl, "trainjob", "bert", ns) and not exists(kubectl, "jobset", "bert", ns)
+    record = [r for r in harness.records() if r["endpoint"] == "validate" and r["name"] == "bert"][-1]
+    assert record["decision"] == "deny"
+    assert {i["kind"]: (i["status"], i.get("fingerprint")) for i in record["injections"]}["Secret"] == \
+        ("refused", pair.fingerprint)
+
+    # A forged copy: the metadata of a real injected Secret, with alice's key and the victim's name.
+    create(kubectl, trainjob("real", ns))
+    real = get_json("secret", "real-mpi-ssh-auth", "-n", ns)["metadata"]
+    annotations = {**real["annotations"], "trainjob-admission.io/job": "TrainJob/ernie"}
+    assert ANNOTATION in annotations
+    forged = ssh_secret("ernie-mpi-ssh-auth", ns, pair, labels=real["labels"], annotations=annotations)
+    kubectl("create", "-f", "-", input=json.dumps(forged), kubeconfig=user_a_kubeconfig)
+    denied = create(kubectl, trainjob("ernie", ns), check=False)
+    assert denied.returncode != 0 and f"Secret {ns}/ernie-mpi-ssh-auth already exists and was not created by " \
+        "trainjob-admission for this job" in denied.stderr, denied.stderr
+
+    # The reconciler leaves both alone, past any grace period: not provably ours.
+    counts = asyncio.run(Reconciler(api, PROVENANCE, grace_seconds=0, namespace=ns).reconcile_once())
+    assert counts["skipped"] >= 1 and counts["errors"] == 0, counts
+    assert exists(kubectl, "secret", "ernie-mpi-ssh-auth", ns) and exists(kubectl, "secret", "bert-mpi-ssh-auth", ns)
+
+
+def test_adopt_existing_keeps_a_foreign_secret_and_kubectl_warns(webhook, namespace, kubectl, get_json, wait_for):
+    ns = namespace
+    harness = webhook(adopt=True)
+    pair = generate("ecdsa-p521")
+    foreign = ssh_secret("bert-mpi-ssh-auth", ns, pair)
     create(kubectl, foreign)
     result = create(kubectl, trainjob("bert", ns))
-    assert (f"Warning: Secret {ns}/bert-mpi-ssh-auth already exists and is not managed by trainjob-admission; "
-            "it was left as is and Trainer will use it") in result.stderr, result.stderr
+    assert (f"Warning: Secret {ns}/bert-mpi-ssh-auth already exists and was not created by trainjob-admission for "
+            "this job; it was left as is and Trainer will use it") in result.stderr, result.stderr
     kept = get_json("secret", "bert-mpi-ssh-auth", "-n", ns)
     assert kept["data"] == foreign["data"] and MANAGED_BY[0] not in (kept["metadata"].get("labels") or {})
     assert exists(kubectl, "networkpolicy", "bert-mpi-isolation", ns)
@@ -307,7 +355,7 @@ def test_orphans_of_refused_jobs_go_after_grace_and_a_resubmission_replaces_them
     assert create(kubectl, trainjob("young", ns), check=False).returncode != 0
     assert exists(kubectl, "secret", "young-mpi-ssh-auth", ns)
 
-    reconciler = Reconciler(api, grace_seconds=grace, namespace=ns)
+    reconciler = Reconciler(api, PROVENANCE, grace_seconds=grace, namespace=ns)
     counts = asyncio.run(reconciler.reconcile_once())
     assert counts["deleted"] == 2 and counts["waiting"] == 2 and counts["errors"] == 0, counts
     assert not exists(kubectl, "secret", "old-mpi-ssh-auth", ns)

@@ -67,6 +67,9 @@ def copy_manifests(dest: Path) -> Path:
     p = subprocess.run([str(CLI), "certs", "issue", "--service", "trainjob-admission", "--namespace", NS,
                         "--out", str(tls)], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
+    p = subprocess.run([str(CLI), "certs", "checkpoint-key", "--out", str(tls)], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
     return copy
 
 
@@ -81,15 +84,29 @@ def granted(rules: list[dict], group: str, resource: str, verb: str) -> bool:
                for r in rules)
 
 
-def service_rules(docs: list[dict]) -> list[dict]:
-    """The rules of every ClusterRole bound to the service account."""
+def service_rules(docs: list[dict], namespace: str | None = None) -> list[dict]:
+    """The rules the service account holds cluster-wide (ClusterRoleBindings), or with
+    ``namespace`` those its RoleBindings there add."""
+    kind = "RoleBinding" if namespace else "ClusterRoleBinding"
     roles = set()
     for b in docs:
-        if b["kind"] == "ClusterRoleBinding" and any(
+        if b["kind"] == kind and b["metadata"].get("namespace") == namespace and any(
                 s["kind"] == "ServiceAccount" and f"system:serviceaccount:{s['namespace']}:{s['name']}" == SA
                 for s in b["subjects"]):
             roles.add(b["roleRef"]["name"])
     return [r for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] in roles for r in d["rules"]]
+
+
+def with_injection_namespaces(tmp_path: Path) -> list[dict]:
+    """base plus components/injection-namespaces, as docs/deploy.md installs it."""
+    shutil.copytree(MANIFESTS, tmp_path / "manifests", ignore=shutil.ignore_patterns("tls"))
+    return kustomize(write_kustomization(tmp_path / "overlay", {
+        "resources": ["../manifests/base"], "components": ["../manifests/components/injection-namespaces"]}))
+
+
+def reconcile_namespaces(docs: list[dict]) -> list[str]:
+    args = find(docs, "Deployment", "trainjob-admission")["spec"]["template"]["spec"]["containers"][0]["args"]
+    return [args[i + 1] for i, a in enumerate(args) if a == "--reconcile-namespace"]
 
 
 def metric_names() -> set[str]:
@@ -120,10 +137,11 @@ def test_base_holds_exactly_the_service(base):
     assert inventory == {
         ("Namespace", NS), ("CustomResourceDefinition", CRD), ("ServiceAccount", "trainjob-admission"),
         ("ClusterRole", "trainjob-admission-reader"), ("ClusterRole", "trainjob-admission-injector"),
-        ("ClusterRoleBinding", "trainjob-admission-reader"), ("ClusterRoleBinding", "trainjob-admission-injector"),
+        ("ClusterRoleBinding", "trainjob-admission-reader"),
         ("ClusterRole", "trainjob-admission-admin"), ("ClusterRole", "trainjob-admission-auditor"),
         ("ClusterRoleBinding", "trainjob-admission-admins"), ("ClusterRoleBinding", "trainjob-admission-auditors"),
         ("Role", "trainjob-admission-decision-log-reader"), ("RoleBinding", "trainjob-admission-auditors"),
+        ("Role", "trainjob-admission-checkpoint"), ("RoleBinding", "trainjob-admission-checkpoint"),
         ("ValidatingAdmissionPolicy", "trainjob-admission-managed-objects-only"),
         ("ValidatingAdmissionPolicyBinding", "trainjob-admission-managed-objects-only"),
         ("Deployment", "trainjob-admission"), ("PodDisruptionBudget", "trainjob-admission"),
@@ -150,26 +168,35 @@ def test_base_deployment_is_restricted_and_highly_available(base):
     assert pod["serviceAccountName"] == "trainjob-admission"
     (c,) = pod["containers"]
     assert c["args"] == ["serve", "--in-cluster", "--cert-dir", "/tls",
-                         "--decision-log", "/var/log/trainjob-admission/decisions.jsonl"]
+                         "--decision-log", "/var/log/trainjob-admission/decisions.jsonl", "--probe-port", "8444",
+                         "--checkpoint-key", "/checkpoint-key/checkpoint.key"]
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in c["env"]
     sc = c["securityContext"]
     assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"] == {"drop": ["ALL"]} and sc["runAsNonRoot"] is True
-    assert c["ports"] == [{"name": "https", "containerPort": 8443, "protocol": "TCP"}]
-    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
-        assert c[probe]["httpGet"] == {"path": path, "port": "https", "scheme": "HTTPS"}
+    assert c["ports"] == [{"name": "https", "containerPort": 8443, "protocol": "TCP"},
+                          {"name": "probes", "containerPort": 8444, "protocol": "TCP"}]
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):  # no client cert there
+        assert c[probe]["httpGet"] == {"path": path, "port": "probes", "scheme": "HTTPS"}
     assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
     assert volumes[mounts["/tls"]]["secret"]["secretName"] == "trainjob-admission-tls"
+    assert volumes[mounts["/checkpoint-key"]]["secret"]["secretName"] == "trainjob-admission-checkpoint-key"
     assert "emptyDir" in volumes[mounts["/var/log/trainjob-admission"]]
     pdb = find(base, "PodDisruptionBudget", "trainjob-admission")
     assert pdb["spec"] == {"minAvailable": 1, "selector": dep["spec"]["selector"]}
     svc = find(base, "Service", "trainjob-admission")
     assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
-    assert svc["spec"]["ports"] == [{"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP"}]
+    assert svc["spec"]["ports"] == [{"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP"},
+                                    {"name": "probes", "port": 8444, "targetPort": "probes", "protocol": "TCP"}]
     netpol = find(base, "NetworkPolicy", "trainjob-admission")["spec"]
     assert netpol["podSelector"] == dep["spec"]["selector"]
-    assert netpol["ingress"] == [{"ports": [{"port": 8443, "protocol": "TCP"}]}]
+    # 8443 (what creates objects) only from where the API server calls: a placeholder matching no real
+    # address until the overlay names it (docs/deploy.md); 8444 (probes, metrics) from anywhere
+    assert netpol["ingress"] == [{"from": [{"ipBlock": {"cidr": "192.0.2.0/24"}}],
+                                  "ports": [{"port": 8443, "protocol": "TCP"}]},
+                                 {"ports": [{"port": 8444, "protocol": "TCP"}]}]
 
 
 def test_base_webhooks(base):
@@ -212,22 +239,27 @@ def test_base_rbac_is_least_privilege(base):
         ("", "resourcequotas"): {"get", "list", "watch"},
         ("policy.trainjob-admission.io", "policybundles"): {"get", "list", "watch"},
         ("policy.trainjob-admission.io", "policybundles/status"): {"patch"},
-        ("", "secrets"): {"get", "list", "create", "patch", "delete"},
-        ("networking.k8s.io", "networkpolicies"): {"get", "list", "create", "patch", "delete"},
     }
     have: dict = {}
     for r in rules:
         for g in r["apiGroups"]:
             for res in r["resources"]:
                 have.setdefault((g, res), set()).update(r["verbs"])
-    assert have == wanted
+    assert have == wanted, "no Secret or NetworkPolicy permission cluster-wide: only per namespace"
+    injector = find(base, "ClusterRole", "trainjob-admission-injector")["rules"]
+    assert {(r["apiGroups"][0], r["resources"][0]): set(r["verbs"]) for r in injector} == {
+        ("", "secrets"): {"get", "list", "create", "patch", "delete"},
+        ("networking.k8s.io", "networkpolicies"): {"get", "list", "create", "patch", "delete"}}
 
 
-def test_service_rbac_covers_every_call_the_code_makes(base):
-    """A watch or call added to the code without its permission fails here, not in production."""
+def test_service_rbac_covers_every_call_the_code_makes(tmp_path):
+    """A watch or call added to the code without its permission fails here, not in production:
+    cluster-wide for the caches and jobs, per injection namespace for what the injector and the
+    reconciler (one per --reconcile-namespace) touch."""
     from webhook.kube import resources
 
-    rules = service_rules(base)
+    docs = with_injection_namespaces(tmp_path)
+    rules = service_rules(docs)
 
     def group(api_version: str) -> str:
         return api_version.rpartition("/")[0]
@@ -239,10 +271,35 @@ def test_service_rbac_covers_every_call_the_code_makes(base):
     missing += [("policybundles/status", "patch")] * (not granted(rules, bundle_group, "policybundles/status", "patch"))
     for job in resources.JOBS.values():  # injector reads the job; reconciler watches TrainJobs
         missing += [(job.plural, v) for v in ("get", "list", "watch") if not granted(rules, group(job.api_version), job.plural, v)]
-    for res in resources.INJECTED.values():
-        missing += [(res.plural, v) for v in ("get", "list", "create", "patch", "delete")
-                    if not granted(rules, group(res.api_version), res.plural, v)]
-    assert not missing, f"manifests/base/rbac.yaml lacks {missing}"
+    namespaces = reconcile_namespaces(docs)
+    bound = sorted(b["metadata"]["namespace"] for b in docs if b["kind"] == "RoleBinding"
+                   and b["roleRef"]["name"] == "trainjob-admission-injector")
+    assert namespaces and sorted(namespaces) == bound, "a RoleBinding per --reconcile-namespace, and no other"
+    for ns in namespaces:
+        here = service_rules(docs, ns)
+        missing += [(ns, res.plural, v) for res in resources.INJECTED.values()
+                    for v in ("get", "list", "create", "patch", "delete")
+                    if not granted(here, group(res.api_version), res.plural, v)]
+    assert not missing, f"manifests/base/rbac.yaml or components/injection-namespaces lacks {missing}"
+
+
+def test_checkpoint_role_is_exactly_the_lease_calls(base):
+    """webhook/checkpointer.py's Lease calls, granted in the service's namespace and nowhere else."""
+    from webhook.checkpointer import LEASE_VERBS
+    from webhook.kube.resources import LEASES
+
+    role = find(base, "Role", "trainjob-admission-checkpoint")
+    assert role["metadata"]["namespace"] == NS
+    assert role["rules"] == [{"apiGroups": [LEASES.api_version.rpartition("/")[0]], "resources": [LEASES.plural],
+                              "verbs": list(LEASE_VERBS)}]
+    binding = find(base, "RoleBinding", "trainjob-admission-checkpoint")
+    assert binding["metadata"]["namespace"] == NS
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": "trainjob-admission-checkpoint"}
+    assert [f"system:serviceaccount:{s['namespace']}:{s['name']}" for s in binding["subjects"]] == [SA]
+    assert not any(r["kind"] in ("ClusterRole", "Role") and r["metadata"]["name"] != role["metadata"]["name"]
+                   and any("leases" in rule.get("resources", []) and set(rule["verbs"]) - {"get", "list"}
+                           for rule in r.get("rules", [])) for r in base), "only the checkpoint Role writes Leases"
 
 
 def test_local_ca_overlay_fills_secret_and_ca_bundle(tmp_path):
@@ -251,6 +308,9 @@ def test_local_ca_overlay_fills_secret_and_ca_bundle(tmp_path):
     tls = copy / "overlays" / "local-ca" / "tls"
     secret = find(docs, "Secret", "trainjob-admission-tls")
     assert secret["type"] == "kubernetes.io/tls" and secret["metadata"]["namespace"] == NS
+    signing = find(docs, "Secret", "trainjob-admission-checkpoint-key")
+    assert base64.b64decode(signing["data"]["checkpoint.key"]) == (tls / "checkpoint.key").read_bytes()
+    assert "checkpoint.pub" not in signing["data"]
     assert sorted(secret["data"]) == ["ca.crt", "tls.crt", "tls.key"]
     for key in secret["data"]:
         assert base64.b64decode(secret["data"][key]) == (tls / key).read_bytes()
@@ -290,8 +350,30 @@ def test_openshift_overlay():
     assert find(docs, "Role", "trainjob-admission-scc")["rules"] == [{
         "apiGroups": ["security.openshift.io"], "resources": ["securitycontextconstraints"],
         "resourceNames": ["restricted-v2"], "verbs": ["use"]}]
-    dns_ports = find(docs, "NetworkPolicy", "trainjob-admission")["spec"]["egress"][0]["ports"]
+    netpol = find(docs, "NetworkPolicy", "trainjob-admission")["spec"]
+    dns_ports = netpol["egress"][0]["ports"]
     assert {(p["port"], p["protocol"]) for p in dns_ports} >= {(5353, "UDP"), (5353, "TCP")}
+    # the kube-apiserver calls from the control-plane nodes' host network: OVN-Kubernetes' policy group
+    assert netpol["ingress"][0] == {"from": [{"namespaceSelector": {"matchLabels": {
+        "policy-group.network.openshift.io/host-network": ""}}}], "ports": [{"port": 8443, "protocol": "TCP"}]}
+
+
+def test_component_client_auth_requires_the_api_servers_certificate(tmp_path):
+    copy_manifests(tmp_path)
+    docs = kustomize(write_kustomization(tmp_path / "overlay", {
+        "resources": ["../manifests/overlays/local-ca"], "components": ["../manifests/components/client-auth"]}))
+    pod = find(docs, "Deployment", "trainjob-admission")["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["args"][c["args"].index("--client-ca") + 1] == "/client-ca/ca.crt"
+    assert c["args"][c["args"].index("--probe-port") + 1] == "8444"  # the probes need no client certificate
+    assert {m["mountPath"]: m["name"] for m in c["volumeMounts"]}["/client-ca"] == "client-ca"
+    volume = next(v for v in pod["volumes"] if v["name"] == "client-ca")
+    assert volume["secret"]["secretName"] == "trainjob-admission-client-ca"
+    # the flags parse as serve reads them
+    from webhook.cli import build_parser
+
+    args = build_parser().parse_args(c["args"])
+    assert (args.client_ca, args.probe_port) == ("/client-ca/ca.crt", 8444)
 
 
 def test_components_fail_open_and_monitoring(tmp_path):
@@ -306,7 +388,8 @@ def test_components_fail_open_and_monitoring(tmp_path):
     monitor = find(docs, "ServiceMonitor", "trainjob-admission")["spec"]
     assert monitor["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     (endpoint,) = monitor["endpoints"]
-    assert endpoint["port"] == svc["spec"]["ports"][0]["name"] and endpoint["scheme"] == "https"
+    assert endpoint["port"] == "probes" and endpoint["scheme"] == "https"  # no client certificate needed there
+    assert "probes" in [p["name"] for p in svc["spec"]["ports"]]
     secret = find(docs, "Secret", endpoint["tlsConfig"]["ca"]["secret"]["name"])
     assert endpoint["tlsConfig"]["ca"]["secret"]["key"] in secret["data"]
 
@@ -425,11 +508,11 @@ def test_installed_service_runs_two_restricted_replicas(installed, kubectl, get_
         get_json("pdb", "trainjob-admission", "-n", NS).get("status", {})))
     assert pdb["disruptionsAllowed"] == 1
     svc = get_json("service", "trainjob-admission", "-n", NS)
-    assert [(p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [(443, "https")]
+    assert [(p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [(443, "https"), (8444, "probes")]
 
     def ready_endpoints():
         slices = get_json("endpointslices", "-n", NS, "-l", "kubernetes.io/service-name=trainjob-admission")["items"]
-        ready = [e for s in slices if [p["port"] for p in s.get("ports") or []] == [8443]
+        ready = [e for s in slices if sorted(p["port"] for p in s.get("ports") or []) == [8443, 8444]
                  for e in s.get("endpoints") or [] if e["conditions"].get("ready")]
         return len(ready) == 2
     wait_for("the Service's 2 ready endpoints on 8443", ready_endpoints)
@@ -465,10 +548,12 @@ def test_service_account_has_least_privilege(installed, kubectl):
                ("list", "resourcequotas", "-A"), ("watch", "namespaces"),
                ("watch", "policybundles.policy.trainjob-admission.io"),
                ("patch", "policybundles.policy.trainjob-admission.io", "--subresource=status"),
-               ("create", "secrets", "-n", "team-a"), ("delete", "secrets", "-n", "team-b"),
+               ("create", "secrets", "-n", "team-a"), ("delete", "secrets", "-n", "team-a"),
                ("create", "networkpolicies.networking.k8s.io", "-n", "team-a"),
-               ("patch", "networkpolicies.networking.k8s.io", "-n", "team-a")]
-    denied = [("get", "nodes"), ("get", "nodes", "--subresource=proxy"), ("create", "pods", "-n", "team-a"),
+               ("patch", "networkpolicies.networking.k8s.io", "-n", "team-a"),
+               ("create", "leases.coordination.k8s.io", "-n", NS), ("patch", "leases.coordination.k8s.io", "-n", NS)]
+    denied = [("create", "leases.coordination.k8s.io", "-n", "team-a"), ("delete", "leases.coordination.k8s.io", "-n", NS),
+              ("get", "nodes"), ("get", "nodes", "--subresource=proxy"), ("create", "pods", "-n", "team-a"),
               ("create", "pods", "-n", NS), ("create", "pods", "--subresource=exec", "-n", NS),
               ("escalate", "clusterroles.rbac.authorization.k8s.io"), ("bind", "clusterroles.rbac.authorization.k8s.io"),
               ("patch", "clusterroles.rbac.authorization.k8s.io"), ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
@@ -476,12 +561,29 @@ def test_service_account_has_least_privilege(installed, kubectl):
               ("update", "trainjobs.trainer.kubeflow.org", "-n", "team-a"),
               ("patch", "policybundles.policy.trainjob-admission.io"),
               ("create", "policybundles.policy.trainjob-admission.io"), ("update", "secrets", "-n", "team-a"),
+              # Secrets only where it injects (components/injection-namespaces in local-ca: team-a)
+              ("get", "secrets", "-n", "team-b"), ("get", "secrets", "-n", "default"), ("get", "secrets", "-n", "kube-system"), ("list", "secrets", "-A"),
+              ("get", "secrets", "-n", NS), ("create", "networkpolicies.networking.k8s.io", "-n", "kube-system"),
               ("create", "serviceaccounts", "--subresource=token", "-n", NS), ("impersonate", "users"),
               ("patch", "validatingwebhookconfigurations.admissionregistration.k8s.io"),
               ("delete", "validatingadmissionpolicies.admissionregistration.k8s.io"), ("*", "*")]
     wrong = [("should be allowed", a) for a in allowed if not can_i(kubectl, *a, asa)]
     wrong += [("should be denied", a) for a in denied if can_i(kubectl, *a, asa)]
     assert not wrong, wrong
+
+
+def test_service_account_reads_no_secret_where_it_does_not_inject(installed, kubectl, namespace, wait_for):
+    """A namespace the install did not list: no Secret can be read, listed or written there,
+    and a real Secret in it is refused to the service account, until a RoleBinding adds it."""
+    asa = f"--as={SA}"
+    kubectl("create", "secret", "generic", "payroll-db", "-n", namespace, "--from-literal=password=hunter22")
+    for verb in ("get", "list", "watch", "create", "delete"):
+        assert not can_i(kubectl, verb, "secrets", "-n", namespace, asa), verb
+    p = kubectl("get", "secret", "payroll-db", "-n", namespace, asa, check=False)
+    assert p.returncode != 0 and "forbidden" in p.stderr.lower(), p.stdout + p.stderr
+    kubectl("create", "rolebinding", "trainjob-admission-injector", "-n", namespace,
+            "--clusterrole=trainjob-admission-injector", f"--serviceaccount={NS}:trainjob-admission")
+    wait_for("the RoleBinding to take effect", lambda: can_i(kubectl, "get", "secrets", "-n", namespace, asa), 30)
 
 
 def test_people_roles(installed, kubectl, user_a_kubeconfig):
@@ -500,6 +602,8 @@ def test_people_roles(installed, kubectl, user_a_kubeconfig):
     auditor = ("--as=audrey", "--as-group=trainjob-admission-auditors")
     assert can_i(kubectl, *log, *auditor) and can_i(kubectl, "list", bundles, *auditor)
     assert can_i(kubectl, "get", "deployments.apps", "-n", NS, *auditor)  # for kubectl logs deployment/...
+    assert can_i(kubectl, "get", "leases.coordination.k8s.io", "-n", NS, *auditor)  # the checkpoints
+    assert not can_i(kubectl, "patch", "leases.coordination.k8s.io", "-n", NS, *auditor)
     for denied in (("get", "pods", "--subresource=log", "-n", "team-a"), ("patch", bundles),
                    ("get", "secrets", "-n", NS), ("create", "pods", "--subresource=exec", "-n", NS)):
         assert not can_i(kubectl, *denied, *auditor), denied
@@ -512,40 +616,52 @@ def test_people_roles(installed, kubectl, user_a_kubeconfig):
 
 
 def test_guard_lets_the_service_account_write_only_managed_objects(installed, kubectl, namespace, wait_for):
-    def obj(kind: str, name: str, managed: bool) -> dict:
+    def obj(kind: str, name: str, managed: bool, secret_type: str = "kubernetes.io/ssh-auth") -> dict:
         meta = {"name": name, "namespace": namespace, "labels": dict([MANAGED_BY]) if managed else {"app": "other"}}
         if kind == "Secret":
-            return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "stringData": {"k": "v"}}
+            return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": secret_type,
+                    "stringData": {"ssh-privatekey": "k"}}
         return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta,
                 "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}}
 
     def as_sa(*args: str, body: dict | None = None):
         return kubectl(*args, f"--as={SA}", "-n", namespace, input=json.dumps(body) if body else None, check=False)
 
-    # the policy binding takes a moment to be enforced after the install
-    wait_for("the guard to refuse an unlabelled Secret", lambda: as_sa(
-        "create", "--dry-run=server", "-f", "-", body=obj("Secret", "probe", False)).returncode != 0, timeout=60)
+    # RBAC lets it write here, as in every namespace it injects into; the guard narrows that
+    kubectl("create", "rolebinding", "trainjob-admission-injector", "-n", namespace,
+            "--clusterrole=trainjob-admission-injector", f"--serviceaccount={NS}:trainjob-admission")
+    # the policy binding (and the RoleBinding) take a moment to be enforced
+    wait_for("the guard to refuse an unlabelled Secret", lambda: "trainjob-admission may only" in as_sa(
+        "create", "--dry-run=server", "-f", "-", body=obj("Secret", "probe-mpi-ssh-auth", False)).stderr, timeout=60)
     kubectl("create", "-f", "-", input="\n".join(json.dumps(obj(k, n, m)) for k, n, m in (
-        ("Secret", "foreign", False), ("Secret", "ours", True), ("NetworkPolicy", "foreign", False))))
+        ("Secret", "foreign-mpi-ssh-auth", False), ("Secret", "ours-mpi-ssh-auth", True),
+        ("NetworkPolicy", "foreign-mpi-isolation", False), ("Secret", "db-credentials", True))))
 
     denied = {
-        "create an unlabelled Secret": as_sa("create", "-f", "-", body=obj("Secret", "new-foreign", False)),
-        "patch a foreign Secret": as_sa("label", "secret", "foreign", "x=y"),
-        "adopt a foreign Secret by labelling it": as_sa("label", "secret", "foreign", "=".join(MANAGED_BY)),
-        "delete a foreign Secret": as_sa("delete", "secret", "foreign"),
-        "patch a foreign NetworkPolicy": as_sa("label", "networkpolicy", "foreign", "x=y"),
-        "drop the label from its own Secret": as_sa("label", "secret", "ours", f"{MANAGED_BY[0]}-"),
+        "create an unlabelled Secret": as_sa("create", "-f", "-", body=obj("Secret", "new-mpi-ssh-auth", False)),
+        "create a labelled Secret of another name": as_sa("create", "-f", "-", body=obj("Secret", "db-password", True)),
+        "create a labelled Secret of another type": as_sa("create", "-f", "-", body=obj(
+            "Secret", "opaque-mpi-ssh-auth", True, "Opaque")),
+        "create a labelled NetworkPolicy of another name": as_sa("create", "-f", "-", body=obj(
+            "NetworkPolicy", "allow-all", True)),
+        "delete a labelled Secret of another name": as_sa("delete", "secret", "db-credentials"),
+        "patch a foreign Secret": as_sa("label", "secret", "foreign-mpi-ssh-auth", "x=y"),
+        "adopt a foreign Secret by labelling it": as_sa("label", "secret", "foreign-mpi-ssh-auth", "=".join(MANAGED_BY)),
+        "delete a foreign Secret": as_sa("delete", "secret", "foreign-mpi-ssh-auth"),
+        "patch a foreign NetworkPolicy": as_sa("label", "networkpolicy", "foreign-mpi-isolation", "x=y"),
+        "drop the label from its own Secret": as_sa("label", "secret", "ours-mpi-ssh-auth", f"{MANAGED_BY[0]}-"),
     }
     for what, p in denied.items():
         assert p.returncode != 0, f"the service account could {what}"
         assert "trainjob-admission may only" in p.stderr and "ValidatingAdmissionPolicy" in p.stderr, (what, p.stderr)
     allowed = {
-        "create a labelled Secret": as_sa("create", "-f", "-", body=obj("Secret", "new-ours", True)),
-        "create a labelled NetworkPolicy": as_sa("create", "-f", "-", body=obj("NetworkPolicy", "new-ours", True)),
-        "patch its own Secret": as_sa("annotate", "secret", "ours", "trainjob-admission.io/job=TrainJob/x"),
-        "delete its own Secret": as_sa("delete", "secret", "ours"),
+        "create a labelled Secret": as_sa("create", "-f", "-", body=obj("Secret", "new-mpi-ssh-auth", True)),
+        "create a labelled NetworkPolicy": as_sa("create", "-f", "-", body=obj(
+            "NetworkPolicy", "new-mpi-isolation", True)),
+        "patch its own Secret": as_sa("annotate", "secret", "ours-mpi-ssh-auth", "trainjob-admission.io/job=TrainJob/x"),
+        "delete its own Secret": as_sa("delete", "secret", "ours-mpi-ssh-auth"),
     }
     for what, p in allowed.items():
         assert p.returncode == 0, f"the service account could not {what}: {p.stderr}"
     # anybody else is not matched by the policy at all
-    assert kubectl("label", "secret", "foreign", "x=y", "-n", namespace).returncode == 0
+    assert kubectl("label", "secret", "foreign-mpi-ssh-auth", "x=y", "-n", namespace).returncode == 0

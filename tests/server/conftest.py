@@ -84,13 +84,15 @@ def serving_cert(cert_dir: Path) -> trustme.CA:
     return ca
 
 
-def start_server(tmp_path: Path, bundle_specs: list[str] | None = None, reload_interval: float = 0.2) -> tuple[Running, threading.Thread]:
+def start_server(tmp_path: Path, bundle_specs: list[str] | None = None, reload_interval: float = 0.2,
+                 **fields: Any) -> tuple[Running, threading.Thread]:
+    """fields: further ServerConfig fields (client_ca_file, probe_port, ...)."""
     cert_dir = tmp_path / "tls"
     ca = serving_cert(cert_dir)
     log_path = tmp_path / "decisions.jsonl"
     config = ServerConfig(host="127.0.0.1", port=0, cert_file=cert_dir / "tls.crt", key_file=cert_dir / "tls.key",
                           bundle_specs=bundle_specs or ["builtin:default"], decision_log=log_path,
-                          reload_interval=reload_interval)
+                          reload_interval=reload_interval, **fields)
     loop = asyncio.new_event_loop()
     server = WebhookServer(config, sample_state())  # its own log: the default fsync interval, stdout copy
     ready = threading.Event()

@@ -207,7 +207,7 @@ def test_unparseable_quota_in_state_does_not_crash(webhook_server):
 
 def test_ill_typed_job_is_denied_logged_and_reported_in_one_line(webhook_server, caplog):
     bad = example_job("allowed.yaml")
-    bad["spec"]["trainer"]["numNodes"] = "four"  # the API server's schema check runs after /mutate
+    bad["spec"]["trainer"] = ["not", "a", "mapping"]  # the API server's schema check runs after /mutate
     with caplog.at_level("INFO", logger="trainjob_admission"):
         response = webhook_server.review(bad)
     assert response["allowed"] is False and "could not evaluate" in response["status"]["message"]

@@ -5,10 +5,14 @@ examples (examples/jobs, examples/runtimes) and moved to a namespace or runtime.
     trainjob("oom", ns, runtime="rt", runtime_kind="TrainingRuntime", pod_labels={"kwok.x-k8s.io/oom": "true"})
     example_job("over-quota.yaml")                           # examples/jobs/over-quota.yaml as is
     runtime("mpi-rt", ns)                                    # examples/runtimes/mpi-openmpi.yaml as a TrainingRuntime in ns
+    mpi_runtime(node=pod_spec(gpus=8), launcher_as_node=False)  # a runtime shaped for one engine test
+    bare_trainjob(numNodes=2)                                # only the trainer fields a test is about
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -18,6 +22,7 @@ GPU = "nvidia.com/gpu"
 IMAGE = "quay.io/acme-ml/horovod-resnet:0.28"
 COMMAND = ("mpirun", "python", "/opt/train.py")
 PATCH_MANAGER = "trainjob-admission.test/tests"  # runtimePatches need a domain-prefixed manager
+NODE_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"  # marks the replicated job that trains
 
 
 def runtime_ref(name: str, kind: str | None = None) -> dict:
@@ -101,4 +106,64 @@ def runtime(name: str | None = None, namespace: str | None = None, *, labels: di
         obj["metadata"]["namespace"] = namespace
     if labels:
         obj["metadata"]["labels"] = dict(labels)
+    return obj
+
+
+def pod_spec(cpu: str = "1", memory: str = "2Gi", gpus: int = 0, secure: bool = True, name: str = "node",
+             image: str = "quay.io/acme-ml/openmpi-runtime:4.1", **extra: Any) -> dict:
+    """A one-container pod spec; ``secure`` makes it Pod Security "restricted" conformant."""
+    container: dict = {"name": name, "image": image, "resources": {"requests": {"cpu": cpu, "memory": memory}}}
+    if gpus:
+        container["resources"]["limits"] = {"nvidia.com/gpu": gpus}
+    spec: dict = {"containers": [container], **extra}
+    if secure:
+        spec["securityContext"] = {"runAsNonRoot": True, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}}
+        container["securityContext"] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    return spec
+
+
+def mpi_runtime(name: str = "rt", *, launcher_as_node: bool = True, num_proc: int | None = 1, mpi: bool = True,
+                 node: dict | None = None, launcher: dict | None = None, ancestor: str = "launcher",
+                 ml_num_nodes: int = 1, kind: str = "ClusterTrainingRuntime", namespace: str | None = None,
+                 node_parallelism: int | None = None) -> dict:
+    """An MPI runtime shaped like examples/runtimes/mpi-openmpi.yaml: replicated jobs node and
+    launcher; ``ancestor`` names the one labelled as the trainer ancestor."""
+    jobs = []
+    for job_name, spec in (("node", node if node is not None else pod_spec()),
+                           ("launcher", launcher if launcher is not None else pod_spec())):
+        template: dict = {"spec": {"template": {"spec": copy.deepcopy(spec)}}}
+        if job_name == ancestor:
+            template["metadata"] = {"labels": {NODE_LABEL: "trainer"}}
+        if job_name == "node" and node_parallelism is not None:
+            template["spec"]["parallelism"] = node_parallelism
+        jobs.append({"name": job_name, "template": template})
+    ml_policy: dict = {"numNodes": ml_num_nodes}
+    if mpi:
+        ml_policy["mpi"] = {"mpiImplementation": "OpenMPI", "runLauncherAsNode": launcher_as_node,
+                            "sshAuthMountPath": "/home/mpiuser/.ssh"}
+        if num_proc is not None:
+            ml_policy["mpi"]["numProcPerNode"] = num_proc
+    metadata: dict = {"name": name}
+    if namespace:
+        metadata["namespace"] = namespace
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": kind, "metadata": metadata,
+            "spec": {"mlPolicy": ml_policy, "template": {"spec": {"replicatedJobs": jobs}}}}
+
+
+def bare_trainjob(name: str = "job", namespace: str = "team-a", runtime: str = "rt", *,
+                  runtime_kind: str | None = None, labels: dict | None = None,
+                  runtime_patches: list | None = None, **trainer: Any) -> dict:
+    """A TrainJob with exactly the ``spec.trainer`` fields given (none: no trainer at all), for
+    tests of what the engine makes of each field; :func:`trainjob` is a complete, submittable one."""
+    ref: dict = {"name": runtime}
+    if runtime_kind:
+        ref["kind"] = runtime_kind
+    obj: dict = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                 "metadata": {"name": name, "namespace": namespace}, "spec": {"runtimeRef": ref}}
+    if labels:
+        obj["metadata"]["labels"] = dict(labels)
+    if trainer:
+        obj["spec"]["trainer"] = trainer
+    if runtime_patches is not None:
+        obj["spec"]["runtimePatches"] = runtime_patches
     return obj

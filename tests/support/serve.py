@@ -5,7 +5,7 @@ user runs it, on a free loopback port.
         code, text = server.call("/validate", review)     # over TLS, verified against ca_pem
 
 The constructor returns once ``ready`` (``/readyz`` by default; ``/healthz`` where readiness is what
-the test looks at) answers 200, and raises (the process stopped) if serve exits first or is not
+the test looks at) answers 200 on the probe port (``--probe-port``, as the kubelet asks), and raises (the process stopped) if serve exits first or is not
 ready within ``timeout`` seconds. ``stop()`` sends SIGTERM, then SIGKILL after its timeout.
 
 The process sees no KUBECONFIG and no HTTPS proxy: only its arguments say what it talks to. Files
@@ -32,19 +32,25 @@ CLI = Path(sys.executable).parent / "trainjob-admission"
 
 class Serve:
     def __init__(self, workdir: Path, cert_dir: Path, ca_pem: bytes, *args: str, name: str = "serve",
-                 ready: str = "/readyz", timeout: float = 60.0, keep_stdout: bool = False):
+                 ready: str = "/readyz", timeout: float = 60.0, keep_stdout: bool = False,
+                 client_cert: tuple[Path, Path] | None = None):
         """cert_dir holds tls.crt and tls.key (the ``--cert-dir`` layout) issued by the CA ca_pem;
-        args are further serve flags (bundles, cluster state or kubeconfig, ...)."""
-        self.port = free_port()
+        args are further serve flags (bundles, cluster state or kubeconfig, ...); client_cert is the
+        (cert, key) ``call`` presents, for a server started with ``--client-ca``."""
+        self.port, self.probe_port = free_port(), free_port()
         self.url = f"https://{LOOPBACK}:{self.port}"
+        self.probe_url = f"https://{LOOPBACK}:{self.probe_port}"
         self.ca_pem = ca_pem
         self.ssl_context = ssl.create_default_context(cadata=ca_pem.decode())
+        if client_cert:
+            self.ssl_context.load_cert_chain(*client_cert)
         self.decision_log = workdir / f"{name}-decisions.jsonl"
         self.stderr_path = workdir / f"{name}.stderr"
         self.stdout_path = workdir / f"{name}.stdout" if keep_stdout else None
         env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "HTTPS_PROXY", "https_proxy")}
         env["NO_PROXY"] = env["no_proxy"] = f"{LOOPBACK},localhost"
-        argv = [str(CLI), "serve", "--host", LOOPBACK, "--port", str(self.port), "--cert-dir", str(cert_dir),
+        argv = [str(CLI), "serve", "--host", LOOPBACK, "--port", str(self.port), "--probe-port", str(self.probe_port),
+                "--cert-dir", str(cert_dir),
                 "--decision-log", str(self.decision_log), *args]
         with contextlib.ExitStack() as files:
             stderr = files.enter_context(open(self.stderr_path, "wb"))
@@ -63,17 +69,18 @@ class Serve:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"trainjob-admission serve exited ({self.process.returncode}):\n{self.output()}")
-            code, body = self.call(path, timeout=2.0)
+            code, body = self.call(path, timeout=2.0, base=self.probe_url)
             if code == 200:
                 return
             time.sleep(0.05)
         raise TimeoutError(f"serve not ready after {timeout:.0f} s (last {path}: {code} {body!r}):\n{self.output()}")
 
-    def call(self, path: str, body: dict | None = None, timeout: float = 5.0) -> tuple[int, str]:
-        """GET ``path`` (or POST ``body`` as JSON) over TLS; (status, text), (0, error) if unreachable."""
+    def call(self, path: str, body: dict | None = None, timeout: float = 5.0, base: str = "") -> tuple[int, str]:
+        """GET ``path`` (or POST ``body`` as JSON) over TLS on ``base`` (default: the admission port);
+        (status, text), (0, error) if unreachable."""
         data = None if body is None else json.dumps(body).encode()
         headers = {} if body is None else {"Content-Type": "application/json"}
-        request = urllib.request.Request(self.url + path, data=data, headers=headers)
+        request = urllib.request.Request((base or self.url) + path, data=data, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=timeout, context=self.ssl_context) as reply:
                 return reply.status, reply.read().decode()

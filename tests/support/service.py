@@ -51,7 +51,11 @@ def cert_dir(crt: Path, key: Path, directory: Path) -> Path:
 
 def start_service(workdir: Path, kubeconfig: Path, cert: tuple[Path, Path, bytes], *, namespaces: list[str],
                   args: tuple[str, ...] = (), ready_timeout: float = 60.0) -> Serve:
-    """Start `trainjob-admission serve --kubeconfig` on a free loopback port; return once /readyz says 200.
+    """Start `trainjob-admission serve --kubeconfig --client-ca` on a free loopback port; return once
+    /readyz says 200.
+
+    Like the API server (cluster.WEBHOOK_CLIENT_CA), the returned Serve's ``call`` presents a
+    client certificate from the client CA; anyone else is refused in the TLS handshake.
 
     cert is (cert_path, key_path, ca_pem) as the conftest `serving_cert` fixture returns it;
     namespaces are the test's own: the service injects, adopts and deletes objects only there
@@ -59,9 +63,12 @@ def start_service(workdir: Path, kubeconfig: Path, cert: tuple[Path, Path, bytes
     args are extra serve flags (bundle, bundle selector, failure mode, ...).
     """
     assert namespaces, "a service on the shared cluster must be limited to the test's namespaces"
+    client = cluster.PKI(cluster.WEBHOOK_CLIENT_CA.parent).issue(
+        workdir / "test-client.crt", workdir / "test-client.key", "trainjob-admission-tests", client=True)
     return Serve(workdir, cert_dir(cert[0], cert[1], workdir / "tls"), cert[2], "--kubeconfig", str(kubeconfig),
+                 "--client-ca", str(cluster.WEBHOOK_CLIENT_CA),
                  *(flag for ns in namespaces for flag in ("--reconcile-namespace", ns)), *args,
-                 timeout=ready_timeout, keep_stdout=True)
+                 timeout=ready_timeout, keep_stdout=True, client_cert=client)
 
 
 def register(svc: Serve, name: str, namespaces: list[str], *, timeout_seconds: int = 10,
@@ -78,32 +85,41 @@ def unregister(name: str) -> None:
     cluster.unregister_webhook(name)
 
 
-SERVICE_ROLES = ("trainjob-admission-reader", "trainjob-admission-injector")  # manifests/base/rbac.yaml
+READER, INJECTOR = "trainjob-admission-reader", "trainjob-admission-injector"  # manifests/base/rbac.yaml
 
 
-def service_kubeconfig(workdir: Path, user: str) -> tuple[Path, list[str]]:
-    """A kubeconfig for `user` holding only the service's ClusterRoles from manifests/base/rbac.yaml.
+def service_kubeconfig(workdir: Path, user: str, namespaces: list[str]) -> tuple[Path, list[str]]:
+    """A kubeconfig for `user` holding only the service's roles from manifests/base/rbac.yaml, bound
+    as the install binds them: the reader cluster-wide, the injector by a RoleBinding in each of
+    `namespaces` only (components/injection-namespaces).
 
-    Returns (kubeconfig, names of the ClusterRoleBindings made for it; delete them afterwards).
-    The roles are applied from the manifests, so the test proves those permissions are enough.
+    Returns (kubeconfig, names of the ClusterRoleBindings made for it; delete them afterwards; the
+    RoleBindings go with their namespaces). The roles are applied from the manifests, so the test
+    proves those permissions, so bound, are enough.
     """
     import yaml
 
     docs = yaml.safe_load_all((REPO / "manifests" / "base" / "rbac.yaml").read_text())
-    roles = [d for d in docs if d and d["kind"] == "ClusterRole" and d["metadata"]["name"] in SERVICE_ROLES]
-    assert {r["metadata"]["name"] for r in roles} == set(SERVICE_ROLES), "service ClusterRoles not in rbac.yaml"
-    bindings = [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                 "metadata": {"name": f"{user}:{role}", "labels": {"app.kubernetes.io/managed-by": "trainjob-admission-tests"}},
-                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-                 "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}
-                for role in SERVICE_ROLES]
+    roles = [d for d in docs if d and d["kind"] == "ClusterRole" and d["metadata"]["name"] in (READER, INJECTOR)]
+    assert {r["metadata"]["name"] for r in roles} == {READER, INJECTOR}, "service ClusterRoles not in rbac.yaml"
+    labels = {"app.kubernetes.io/managed-by": "trainjob-admission-tests"}
+    subjects = [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]
+
+    def ref(role: str) -> dict:
+        return {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role}
+
+    reader = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+              "metadata": {"name": f"{user}:{READER}", "labels": labels}, "roleRef": ref(READER), "subjects": subjects}
+    injectors = [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                  "metadata": {"name": f"{user}:{INJECTOR}", "namespace": ns, "labels": labels},
+                  "roleRef": ref(INJECTOR), "subjects": subjects} for ns in namespaces]
     cluster.apply_objects(roles, server_side=True)
-    cluster.apply_objects(bindings)
+    cluster.apply_objects([reader, *injectors])
     pki = cluster.PKI(cluster.RUN / "pki")
     crt, key = pki.issue(workdir / f"{user}.crt", workdir / f"{user}.key", user, client=True)
     kubeconfig = cluster.write_kubeconfig(workdir / f"{user}.kubeconfig", cluster.status()["apiserver"],
                                           pki.ca_crt.read_bytes(), crt, key, user)
-    return kubeconfig, [b["metadata"]["name"] for b in bindings]
+    return kubeconfig, [reader["metadata"]["name"]]
 
 
 def delete_bindings(names: list[str]) -> None:

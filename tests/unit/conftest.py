@@ -13,6 +13,7 @@ from policies.bundle import API_VERSION, KIND, Bundle, compile_document, default
 from policies.decision import Decision
 from policies.engine import AdmissionInput, evaluate
 from policies.state import ClusterState, load_objects
+from tests.support.objects import bare_trainjob, mpi_runtime, pod_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -22,7 +23,6 @@ STATE_FILES = [
     EXAMPLES / "runtimes" / "mpi-openmpi.yaml",
     EXAMPLES / "runtimes" / "mpi-privileged.yaml",
 ]
-NODE_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 
 
 def load_one(path: Path) -> dict:
@@ -81,64 +81,6 @@ def review() -> Callable[..., Decision]:
     return run
 
 
-def pod_spec(cpu: str = "1", memory: str = "2Gi", gpus: int = 0, secure: bool = True, name: str = "node",
-             image: str = "quay.io/acme-ml/openmpi-runtime:4.1", **extra: Any) -> dict:
-    """A one-container pod spec; ``secure`` makes it Pod Security "restricted" conformant."""
-    container: dict = {"name": name, "image": image, "resources": {"requests": {"cpu": cpu, "memory": memory}}}
-    if gpus:
-        container["resources"]["limits"] = {"nvidia.com/gpu": gpus}
-    spec: dict = {"containers": [container], **extra}
-    if secure:
-        spec["securityContext"] = {"runAsNonRoot": True, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}}
-        container["securityContext"] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
-    return spec
-
-
-def make_runtime(name: str = "rt", *, launcher_as_node: bool = True, num_proc: int | None = 1, mpi: bool = True,
-                 node: dict | None = None, launcher: dict | None = None, ancestor: str = "launcher",
-                 ml_num_nodes: int = 1, kind: str = "ClusterTrainingRuntime", namespace: str | None = None,
-                 node_parallelism: int | None = None) -> dict:
-    """An MPI runtime shaped like examples/runtimes/mpi-openmpi.yaml: replicated jobs node and
-    launcher; ``ancestor`` names the one labelled as the trainer ancestor."""
-    jobs = []
-    for job_name, spec in (("node", node if node is not None else pod_spec()),
-                           ("launcher", launcher if launcher is not None else pod_spec())):
-        template: dict = {"spec": {"template": {"spec": copy.deepcopy(spec)}}}
-        if job_name == ancestor:
-            template["metadata"] = {"labels": {NODE_LABEL: "trainer"}}
-        if job_name == "node" and node_parallelism is not None:
-            template["spec"]["parallelism"] = node_parallelism
-        jobs.append({"name": job_name, "template": template})
-    ml_policy: dict = {"numNodes": ml_num_nodes}
-    if mpi:
-        ml_policy["mpi"] = {"mpiImplementation": "OpenMPI", "runLauncherAsNode": launcher_as_node,
-                            "sshAuthMountPath": "/home/mpiuser/.ssh"}
-        if num_proc is not None:
-            ml_policy["mpi"]["numProcPerNode"] = num_proc
-    metadata: dict = {"name": name}
-    if namespace:
-        metadata["namespace"] = namespace
-    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": kind, "metadata": metadata,
-            "spec": {"mlPolicy": ml_policy, "template": {"spec": {"replicatedJobs": jobs}}}}
-
-
-def make_trainjob(name: str = "job", namespace: str = "team-a", runtime: str = "rt", *,
-                  runtime_kind: str | None = None, labels: dict | None = None,
-                  runtime_patches: list | None = None, **trainer: Any) -> dict:
-    ref: dict = {"name": runtime}
-    if runtime_kind:
-        ref["kind"] = runtime_kind
-    obj: dict = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
-                 "metadata": {"name": name, "namespace": namespace}, "spec": {"runtimeRef": ref}}
-    if labels:
-        obj["metadata"]["labels"] = dict(labels)
-    if trainer:
-        obj["spec"]["trainer"] = trainer
-    if runtime_patches is not None:
-        obj["spec"]["runtimePatches"] = runtime_patches
-    return obj
-
-
 def namespace_obj(name: str = "team-a", labels: dict | None = None, annotations: dict | None = None) -> dict:
     meta: dict = {"name": name, "labels": dict(labels or {})}
     if annotations:
@@ -167,7 +109,7 @@ def build():
     import types
 
     return types.SimpleNamespace(
-        pod_spec=pod_spec, runtime=make_runtime, trainjob=make_trainjob, namespace=namespace_obj,
+        pod_spec=pod_spec, runtime=mpi_runtime, trainjob=bare_trainjob, namespace=namespace_obj,
         quota=quota_obj, state=state_of, bundle_document=bundle_document, load_one=load_one,
         examples=EXAMPLES, fixtures=FIXTURES, root=ROOT, state_files=STATE_FILES,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import ipaddress
+import os
 import socket
 import ssl
 import time
@@ -337,3 +338,28 @@ def test_private_keys_are_pkcs8_ecdsa_p256(issued: IssuedCerts) -> None:
         assert pem.startswith(b"-----BEGIN PRIVATE KEY-----")
         key = serialization.load_pem_private_key(pem, password=None)
         assert key.curve.name == "secp256r1"  # type: ignore[union-attr]
+
+
+def test_client_ca_must_be_a_current_ca_and_a_bad_one_keeps_the_last_good(issued: IssuedCerts, tmp_path: Path,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    ca_file = tmp_path / "client-ca.crt"
+    ca_file.write_bytes(issued.ca_cert.read_bytes())
+    reloader = CertReloader(issued.cert, issued.key, ca_file)
+    assert reloader.admission_context is not reloader.context
+    assert reloader.admission_context.verify_mode == ssl.CERT_REQUIRED
+    assert reloader.context.verify_mode == ssl.CERT_NONE  # probes and metrics: no client certificate
+    verifying = reloader._verifying
+    ca_file.write_bytes(issued.cert.read_bytes())  # a leaf, not a CA
+    os.utime(ca_file, ns=(0, 0))
+    assert not reloader.reload_if_changed()
+    assert "is not a CA certificate" in (reloader.last_error or "")
+    assert reloader._verifying is verifying  # the last good CA stays in use
+    ca_file.write_text("garbage")
+    os.utime(ca_file, ns=(1, 1))
+    with caplog.at_level("WARNING", logger="certs.reload"):
+        reloader.poll()
+        reloader.poll()  # the same problem is logged once
+    assert [r.getMessage() for r in caplog.records] == [
+        f"kept the current serving certificate and client CA: {ca_file}: no readable PEM certificate"]
+    with pytest.raises(RejectedPair, match="not a CA certificate"):
+        CertReloader(issued.cert, issued.key, issued.cert)

@@ -4,6 +4,7 @@ start-up) and the tests assert on exit codes and output."""
 from __future__ import annotations
 
 import json
+import socket
 import shutil
 import subprocess
 import sys
@@ -311,12 +312,15 @@ def test_decisions_verify_reads_kubectl_logs_from_stdin(submissions):
 
 @pytest.mark.parametrize("content, words", [
     ("- a\n- b\n", "must be a YAML mapping of host, port, certDir"),
-    ("port: eighty\n", "port: Input should be a valid integer, unable to parse string as an integer, got 'eighty'"),
+    ("port: eighty\n", "port: Input should be a valid integer, got 'eighty'"),
+    ("port: true\n", "port: Input should be a valid integer, got True"),  # strict: YAML's true is no port
     ("logFsyncInterval: soon\n", "logFsyncInterval: Input should be a valid number"),
     ("logFsyncInterval: -1\n", "logFsyncInterval: Input should be greater than or equal to 0, got -1"),
     ("failureMode: open\n", "failureMode: Input should be 'deny' or 'allow', got 'open'"),
     ("prot: 8443\ntimeoutSecond: 3\n", "unknown key 'prot' (known: host, port, certDir"),
     ("timeoutSecond: 3\n", "unknown key 'timeoutSecond'"),
+    ("creationBurst: 0\n", "creationBurst: Input should be greater than or equal to 1"),
+    ("port: 9443\nprobePort: 9443\n", "--probe-port 9443 is the admission port"),
 ])
 def test_serve_rejects_a_malformed_config_with_exit_2(tmp_path: Path, content: str, words: str) -> None:
     config = tmp_path / "serve.yaml"
@@ -324,3 +328,62 @@ def test_serve_rejects_a_malformed_config_with_exit_2(tmp_path: Path, content: s
     result = subprocess.run([str(SCRIPT), "serve", "--config", str(config), "--cert-dir", str(tmp_path)],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_serve_client_ca_must_exist_and_needs_tls(tmp_path: Path) -> None:
+    missing = subprocess.run([str(SCRIPT), "serve", "--cert-dir", str(tmp_path), "--client-ca", str(tmp_path / "ca.crt")],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 3 and f"--client-ca {tmp_path / 'ca.crt'} not found" in missing.stderr, missing.stderr
+    plain = subprocess.run([str(SCRIPT), "serve", "--insecure-http", "--client-ca", str(tmp_path)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 2 and "--client-ca needs --cert-dir" in plain.stderr, plain.stderr
+
+
+def test_serve_refuses_system_namespaces_and_a_weak_provenance_key(tmp_path: Path) -> None:
+    (tmp_path / "kubeconfig").write_text("")
+    (tmp_path / "short.key").write_text("hunter2\n")
+    base = [str(SCRIPT), "serve", "--cert-dir", str(tmp_path), "--kubeconfig", str(tmp_path / "kubeconfig")]
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*base, *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+    system = run("--reconcile-namespace", "team-a", "--reconcile-namespace", "kube-system")
+    assert system.returncode == 2 and "--reconcile-namespace kube-system: the service never injects into or deletes " \
+        "from kube-node-lease, kube-public, kube-system; remove it" in system.stderr, system.stderr
+    weak = run("--provenance-key", str(tmp_path / "short.key"))
+    assert weak.returncode == 2 and "must hold one key of at least 32 characters per line" in weak.stderr \
+        and "Traceback" not in weak.stderr, weak.stderr
+
+
+def test_serve_start_up_errors_are_one_line_with_the_fix(tmp_path: Path) -> None:
+    """What stops serve before it listens: exit 2 (3 for a missing file), one line naming the cause
+    and the fix, no traceback."""
+    subprocess.run([str(SCRIPT), "certs", "issue", "--service", "s", "--namespace", "n", "--out", str(tmp_path / "tls")],
+                   check=True, capture_output=True, timeout=60)
+    (tmp_path / "broken.yaml").write_text("spec: [not closed\n")
+    (tmp_path / "kubeconfig").write_text("apiVersion: v1\n")
+    (tmp_path / "garbage").mkdir()
+    (tmp_path / "garbage" / "tls.crt").write_text("junk\n")
+    (tmp_path / "garbage" / "tls.key").write_text("junk\n")
+    tls = ["--cert-dir", str(tmp_path / "tls"), "--host", "127.0.0.1"]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        cases = [
+            (["--cert-dir", str(tmp_path / "none"), "--port", "0"], 2, "tls.crt: No such file or directory", "certs issue"),
+            (["--cert-dir", str(tmp_path / "garbage"), "--port", "0"], 2, "no readable PEM certificate", "certs issue"),
+            ([*tls, "--port", port], 2, "address already in use", "choose another --port"),
+            ([*tls, "--port", "0", "--bundle", str(tmp_path / "broken.yaml")], 2, "not valid YAML", "policy lint"),
+            ([*tls, "--port", "0", "--bundle", str(tmp_path / "nope.yaml")], 3, "--bundle: not found", "builtin:default"),
+            ([*tls, "--port", "0", "--kubeconfig", str(tmp_path / "kubeconfig")], 2, "cannot load kubeconfig",
+             "current-context"),
+            ([*tls, "--port", "0", "--decision-log", str(tmp_path / "broken.yaml" / "decisions.jsonl")], 2,
+             "broken.yaml", "writable"),
+            ([*tls, "--port", "0", "--webhook-timeout", "1"], 2, "--webhook-timeout must be", "more than 2"),
+        ]
+        for args, code, cause, fix in cases:
+            result = subprocess.run([str(SCRIPT), "serve", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+            lines = result.stderr.strip().splitlines()
+            assert result.returncode == code and len(lines) == 1 and lines[0].startswith("error: "), (args, result.stderr)
+            assert cause in lines[0] and fix in lines[0], (args, lines[0])

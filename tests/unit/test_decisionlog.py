@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from webhook.decisionlog import (
     GENESIS,
     DecisionLog,
+    DecisionLogError,
     log_files,
     parse_time,
     query,
@@ -311,9 +312,64 @@ def test_restart_after_torn_write_starts_a_fresh_line(path: Path) -> None:
         record = log.append(decision(3))
     assert record["seq"] == 3
     assert json.loads(lines(path)[-1]) == record
-    problems = verify([path]).problems
-    assert [(p.kind, p.line) for p in problems] == [("malformed", 4)]
+    assert record["recovered"] == {"error": "the file ended in a torn line (a stop mid-write)", "missing": None,
+                                   "tornLines": 1}
+    report = verify([path])
+    assert report.ok, str(report)  # reported, but acknowledged by the record after it: not a failure for ever
+    assert [(p.kind, p.line, p.acknowledged_by) for p in report.problems] == [("malformed", 4, 3)]
     assert [r["seq"] for r in query([path])] == [0, 1, 2, 3]
+    with DecisionLog(path, stdout=None) as log:
+        assert "recovered" not in log.append(decision(4))  # acknowledged once
+    assert verify([path]).ok
+
+
+def test_a_torn_line_nobody_acknowledged_still_fails(path: Path) -> None:
+    """Cutting a record short in the middle is tampering unless the writer said it failed there."""
+    write_log(path, 4)
+    content = lines(path)
+    content[1] = content[1][:40] + "\n"
+    rewrite(path, content)
+    report = verify([path])
+    assert not report.ok and [(p.kind, p.line, p.acknowledged_by) for p in report.problems] == [("malformed", 2, None)]
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path):
+    """A 64 KiB tmpfs: a real full disk (ENOSPC), emptied by deleting its filler. Needs root."""
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    if os.geteuid() != 0 or os.system(f"mount -t tmpfs -o size=64k tmpfs {mount} 2>/dev/null") != 0:
+        pytest.skip("mounting a tmpfs needs root (tests/server/test_decision_log_full.py covers EFBIG without it)")
+    yield mount
+    os.system(f"umount -l {mount}")
+
+
+def test_disk_full_raises_keeps_stdout_and_resumes_on_a_fresh_line(tiny_disk: Path) -> None:
+    path = tiny_disk / "decisions.jsonl"
+    out, failures = io.StringIO(), []
+    log = DecisionLog(path, stdout=out)
+    log.on_write_error = lambda: failures.append(1)
+    for seq in range(3):
+        log.append(decision(seq, pad="x" * 1000))
+    filler = tiny_disk / "filler"
+    with open(filler, "wb") as f, pytest.raises(OSError):
+        f.write(b"z" * 128 * 1024)  # the disk is full now, with a few bytes of the log's next line left
+    with pytest.raises(DecisionLogError, match="No space left on device") as info:
+        log.append(decision(3, pad="y" * 4000))
+    assert info.value.record["id"] == decision(3)["id"] and "No space left on device" in (log.write_error or "")
+    assert len(out.getvalue().splitlines()) == 3  # nothing answered, nothing on stdout, no seq used
+    answered = log.append(decision(3, note="the failure mode's answer"), required=False)
+    assert answered["seq"] == 3 and json.loads(out.getvalue().splitlines()[-1]) == answered
+    assert log.recover() is False and len(failures) >= 3
+    filler.unlink()
+    assert log.recover() is True and log.write_error is None
+    after = log.append(decision(5))
+    log.close()
+    assert after["seq"] == 5
+    report = verify([path])
+    assert report.ok, str(report)
+    assert [p.kind for p in report.problems] == ["malformed", "removed"]  # the torn line and seq 3, acknowledged
+    assert verify_stream(out.getvalue().encode()).ok  # stdout has every record, seq 0..5, intact
 
 
 def test_secrets_are_redacted_everywhere(path: Path) -> None:

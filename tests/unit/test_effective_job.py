@@ -266,7 +266,7 @@ def test_units_cpu_millicores_memory_bytes_gpus_by_resource_name(build):
 
 
 def test_bad_quantity_is_a_job_model_error_naming_where(build):
-    with pytest.raises(JobModelError, match=r"replicatedJobs\[node\].*'lots' is not a Kubernetes quantity"):
+    with pytest.raises(JobModelError, match=r"^spec\.trainer\.resourcesPerNode\.requests\.cpu: 'lots' is not a Kubernetes quantity"):
         _job(build, build.runtime(), numNodes=2, resourcesPerNode={"requests": {"cpu": "lots"}})
 
 
@@ -309,6 +309,29 @@ def test_missing_namespaced_runtime_names_the_namespace(build):
         effective(build.trainjob(runtime="rt", runtime_kind="TrainingRuntime"), state)
     job = effective(build.trainjob(runtime="rt", runtime_kind="TrainingRuntime", namespace="team-b"), state)
     assert job.runtime == {"name": "rt", "kind": "TrainingRuntime"}
+
+
+@pytest.mark.parametrize("value, why", [
+    ("4", "got '4' (a string)"), (True, "got True (a boolean)"), (4.5, "got 4.5 (a number)"),
+    (-5, "from 1 to 2147483647, got -5"), (0, "from 1 to 2147483647, got 0"), (2**31, "got 2147483648"),
+])
+def test_num_nodes_must_be_a_positive_integer_not_coerced(build, value, why):
+    """A forged review or an offline file never passed the CRD; -5 would shrink the job's totals."""
+    for field in ("numNodes", "numProcPerNode"):
+        trainer = {"numNodes": 2, field: value}
+        with pytest.raises(JobModelError) as info:
+            _job(build, build.runtime(), **trainer)
+        assert str(info.value).startswith(f"spec.trainer.{field} must be an integer") and why in str(info.value)
+
+
+@pytest.mark.parametrize("field, value", [("replicas", "5"), ("replicas", -1), ("replicas", True)])
+def test_mpijob_counts_are_integers_too(example_job, example_state, field, value):
+    obj = example_job("legacy-mpijob")
+    obj["spec"]["mpiReplicaSpecs"]["Worker"][field] = value
+    with pytest.raises(JobModelError, match=rf"^spec\.mpiReplicaSpecs\.Worker\.{field} must be an integer"):
+        effective(obj, example_state)
+    obj["spec"]["mpiReplicaSpecs"]["Worker"][field] = 0  # zero workers is a valid MPIJob
+    assert effective(obj, example_state).workers.count == 0
 
 
 def test_unsupported_object_is_an_error(build):

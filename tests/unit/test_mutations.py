@@ -107,6 +107,10 @@ def test_security_defaults_make_a_silent_runtime_pass_restricted(build, make_bun
         assert template["spec"]["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
         assert template["spec"]["containers"] == [{"name": "node", "securityContext": {
             "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}]
+    # Planned again on the mutated object (as /validate does): nothing to change, still allowed.
+    # (It once found nothing missing, dropped its own runtimePatch and denied the job.)
+    again = review(decision.mutated, [bundle], state)
+    assert again.allowed and again.patch == [], again.messages
 
 
 def test_security_defaults_only_fill_missing_fields(build, make_bundle, review):

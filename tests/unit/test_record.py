@@ -100,3 +100,23 @@ def test_injection_failed_has_a_decisions_keys_but_the_patch(allowed):
                                              injected=failed).as_log_fields()
     assert set(fields) == DECIDED - {"patch"}
     assert fields["decision"] == "error" and fields["allowed"] is True and fields["injections"] == failed
+
+
+def test_submitter_strings_are_bounded_in_records(example_job, example_state, default):
+    """A forged multi-megabyte username, name or group list must not make records megabytes long
+    (about 100 such requests used to rotate the whole on-disk log away)."""
+    from policies.engine import evaluate
+
+    obj = example_job("allowed")
+    obj["metadata"]["name"] = "n" * 100_000
+    body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "u" * 100_000, "kind": {"group": "trainer.kubeflow.org", "version": "v1alpha1", "kind": "TrainJob"},
+        "operation": "CREATE", "object": obj,
+        "userInfo": {"username": "x" * 2_000_000, "groups": [f"g{i}" for i in range(10_000)]}}}
+    parsed = admission.parse(json.dumps(body).encode())
+    fields = DecisionRecord.decided("id", "validate", parsed, evaluate(parsed.request, default, example_state),
+                                    []).as_log_fields()
+    assert len(canonical(fields)) < 20_000
+    assert fields["user"] == "x" * 512 + "...[+1999488 chars]"
+    assert fields["name"].endswith("...[+99488 chars]") and len(fields["uid"]) == 128
+    assert len(fields["groups"]) == 65 and fields["groups"][-1] == "...[+9936 groups]"

@@ -12,6 +12,11 @@ from pathlib import Path
 from typing import Any
 
 GENESIS = "sha256:" + "0" * 64
+# The keys the writer adds to a record's own fields as it chains it (`replica` when it has a
+# name, `resumed` on the first record after a restart that continued after a checkpoint,
+# `recovered` on the first record the file takes after failed writes or a torn line), and
+# `event`, the one key of a record the writer writes itself (DecisionLog.recover).
+LOG_KEYS = ("time", "seq", "prev", "digest", "replica", "resumed", "recovered", "event")
 REDACTED = "[redacted]"
 
 # Keys compared lower-case with '-' and '_' removed: Secret payloads and credentials by name.

@@ -12,10 +12,13 @@ from typing import Literal
 
 from policies.decision import FAILED
 
-from .lines import parse_record, read_lines
+from .lines import parse_record, read_lines, split_lines
 
 _RELATIVE_TIME = re.compile(r"([0-9]+)\s*([smhdw])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+# What a terminal may act on rather than print: C0/C1 controls (escape sequences), and the
+# invisible and bidirectional formatting characters that make text read other than it is.
+_UNPRINTABLE = re.compile(r"[\\\x00-\x1f\x7f-\x9f\u00ad\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
 
 
 def parse_time(text: str, *, now: datetime | None = None) -> datetime:
@@ -33,7 +36,7 @@ def parse_time(text: str, *, now: datetime | None = None) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
-def query(paths: Iterable[str | Path], *, user: str | None = None, namespace: str | None = None,
+def query(source: Iterable[str | Path] | bytes, *, user: str | None = None, namespace: str | None = None,
           kind: str | None = None, decision: str | None = None, rule: str | None = None,
           since: datetime | None = None, until: datetime | None = None, endpoint: str | None = None,
           decision_id: str | None = None) -> Iterator[dict]:
@@ -42,9 +45,11 @@ def query(paths: Iterable[str | Path], *, user: str | None = None, namespace: st
     `kind` ignores case. `rule` ('name' or 'bundle/name') matches records where that rule
     failed or errored. The time window is since <= time < until. `endpoint` is 'mutate' or
     'validate' (each submission is logged once by each); `decision_id` is a record's `id`, as
-    the API server's audit log carries it.
+    the API server's audit log carries it. ``source`` is the log's files, or the bytes of a
+    stream (``--log -``), whose lines that are not records are skipped.
     """
-    for _, _, raw in read_lines(paths):
+    lines = split_lines(Path("<stdin>"), source) if isinstance(source, bytes) else read_lines(source)
+    for _, _, raw in lines:
         record = parse_record(raw)
         if not isinstance(record, dict):
             continue
@@ -101,6 +106,18 @@ def _truncate(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def printable(value: object) -> str:
+    """``value`` as text a terminal prints as is: a backslash and each control or invisible
+    formatting character become escapes (\\\\, \\x1b, \\u202e), so a hostile name cannot
+    move the cursor, recolour or reorder what an auditor reads."""
+    return _UNPRINTABLE.sub(_escape, str(value))
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match[0]
+    return "\\\\" if char == "\\" else f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}"
+
+
 CSV_FIELDS = ("time", "id", "endpoint", "uid", "seq", "decision", "allowed", "user", "groups", "operation", "kind",
               "namespace", "name", "failedRules", "messages", "latencyMs", "dryRun", "digest")
 
@@ -114,20 +131,21 @@ def render(records: Iterable[dict], fmt: Literal["table", "json", "csv"] = "tabl
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(CSV_FIELDS)
         for r in records:
-            writer.writerow([r.get("time", ""), r.get("id", ""), r.get("endpoint", ""), r.get("uid", ""), r.get("seq", ""),
-                             r.get("decision", ""), r.get("allowed", ""), r.get("user", ""),
-                             ";".join(map(str, r.get("groups") or [])), r.get("operation", ""),
-                             r.get("kind", ""), r.get("namespace", ""), r.get("name", ""),
-                             ";".join(_failed_rules(r)), " | ".join(_messages(r)),
-                             r.get("latencyMs", ""), r.get("dryRun", ""), r.get("digest", "")])
+            writer.writerow([printable(cell) for cell in (
+                r.get("time", ""), r.get("id", ""), r.get("endpoint", ""), r.get("uid", ""), r.get("seq", ""),
+                r.get("decision", ""), r.get("allowed", ""), r.get("user", ""),
+                ";".join(map(str, r.get("groups") or [])), r.get("operation", ""),
+                r.get("kind", ""), r.get("namespace", ""), r.get("name", ""),
+                ";".join(_failed_rules(r)), " | ".join(_messages(r)),
+                r.get("latencyMs", ""), r.get("dryRun", ""), r.get("digest", ""))])
         return out.getvalue()
     if fmt != "table":
         raise ValueError(f"unknown format {fmt!r}: use table, json or csv")
     header = ("TIME", "ENDPOINT", "DECISION", "USER", "NAMESPACE/NAME", "KIND", "FAILED RULES", "MESSAGE")
     rows = [header] + [
-        (str(r.get("time", "")), str(r.get("endpoint", "")), str(r.get("decision", "")), str(r.get("user", "")), _object(r),
-         str(r.get("kind", "")), ",".join(_failed_rules(r)) or "-",
-         _truncate(next(iter(_messages(r)), ""), 72))
+        tuple(printable(cell) for cell in (
+            r.get("time", ""), r.get("endpoint", ""), r.get("decision", ""), r.get("user", ""), _object(r),
+            r.get("kind", ""), ",".join(_failed_rules(r)) or "-", _truncate(next(iter(_messages(r)), ""), 72)))
         for r in records
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]

@@ -1,31 +1,45 @@
 """Verifying a decision log: recompute every digest and walk the chain, naming each break by
-file, line and seq."""
+file, line and seq; one chain per replica when a merged log holds several, each compared with
+its signed checkpoint when one is given (:mod:`.anchor`)."""
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
+from . import anchor
 from .lines import GENESIS, canonical, digest_of, parse_record, read_lines, split_lines
 
+if TYPE_CHECKING:  # cryptography is imported only where a checkpoint is read (CLI start-up time)
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-ProblemKind = Literal["edited", "removed", "inserted", "reordered", "malformed"]
+    from .checkpoint import Checkpoint
+
+ProblemKind = Literal["edited", "removed", "inserted", "reordered", "malformed", "truncated", "replaced", "forged",
+                      "unanchored"]
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One break in the chain, located by file and line (and seq when the line has one)."""
+    """One break in the chain, located by file and line (and seq when the line has one); a
+    finding of a checkpoint is located by the checkpoint (line 0)."""
 
     kind: ProblemKind
     file: Path
     line: int
     seq: int | None
     detail: str
+    # The seq of the record in which the service recorded this as a failed write of its own
+    # (`recovered`): reported, but the log still verifies.
+    acknowledged_by: int | None = None
 
     def __str__(self) -> str:
         seq = f" (seq {self.seq})" if self.seq is not None else ""
-        return f"{self.file}:{self.line}{seq}: {self.kind}: {self.detail}"
+        where = f"{self.file}:{self.line}" if self.line else str(self.file)
+        ack = (f" (acknowledged by seq {self.acknowledged_by}: a write the service recorded as failed)"
+               if self.acknowledged_by is not None else "")
+        return f"{where}{seq}: {self.kind}: {self.detail}{ack}"
 
 
 @dataclass(frozen=True)
@@ -35,12 +49,26 @@ class VerifyReport:
     first_seq: int | None
     last_seq: int | None
     skipped: int = 0  # lines not starting with '{' in a mixed stream (see verify_stream)
+    replica: str | None = None  # the records' `replica` (None: records of a log without the key)
+    anchored: str = ""  # what a checkpoint confirmed, for the OK line
+    parts: tuple[VerifyReport, ...] = ()  # one report per replica when the log holds several chains
 
     @property
     def ok(self) -> bool:
-        return not self.problems and not (self.skipped and not self.records)
+        return not self.failures and not (self.skipped and not self.records)
+
+    @property
+    def failures(self) -> list[Problem]:
+        """The problems that fail verification: all but those the service acknowledged."""
+        return [p for p in self.problems if p.acknowledged_by is None]
 
     def __str__(self) -> str:
+        if self.parts:
+            head = (f"{'OK' if self.ok else 'FAILED'}: {len(self.parts)} replicas' chains in {self.records} records, "
+                    "each verified on its own")
+            if self.skipped:
+                head += f"; {self.skipped} line(s) not starting with {{ skipped (service log lines, not records)"
+            return "\n".join([head] + [f"replica {p.replica or '(unnamed)'}: {p}" for p in self.parts])
         skipped = (f"; {self.skipped} line(s) not starting with {{ skipped (service log lines, not records)"
                    if self.skipped else "")
         if self.skipped and not self.records and not self.problems:
@@ -50,10 +78,14 @@ class VerifyReport:
             if not self.records:
                 return "OK: no records"
             text = f"OK: {self.records} records, seq {self.first_seq}..{self.last_seq}, chain intact"
+            if self.anchored:
+                text += f", {self.anchored}"
             if self.first_seq:
                 text += f" (seq 0..{self.first_seq - 1} were rotated away before this set)"
-            return text + skipped
-        lines = [f"FAILED: {len(self.problems)} problem(s) in {self.records} records{skipped}; "
+            if self.problems:
+                text += f"; {len(self.problems)} acknowledged write failure(s):"
+            return "\n".join([text + skipped] + [f"  {p}" for p in self.problems])
+        lines = [f"FAILED: {len(self.failures)} problem(s) in {self.records} records{skipped}; "
                  "the first is the most precise:"]
         return "\n".join(lines + [f"  {p}" for p in self.problems])
 
@@ -68,17 +100,27 @@ class _Entry:
     canonical: bool = True
 
 
-def verify(paths: Iterable[str | Path]) -> VerifyReport:
+@dataclass(frozen=True)
+class Anchors:
+    """Signed checkpoints to hold the log against, and the public key that must have signed them."""
+
+    checkpoints: Sequence[Checkpoint]
+    key: Ed25519PublicKey
+    source: str = "checkpoint"  # where they came from, for messages
+
+
+def verify(paths: Iterable[str | Path], anchors: Anchors | None = None) -> VerifyReport:
     """Check one log or a rotated set given oldest first (see `log_files`).
 
     Recomputes each digest, requires every line to be exactly its canonical JSON (so no byte
-    can change unnoticed), and walks `prev`/`seq` links. The first record of the set is the
-    anchor: if it is not seq 0, older records were rotated away and cannot be checked.
+    can change unnoticed), and walks `prev`/`seq` links. Without `anchors` the first record of
+    the set is the anchor: if it is not seq 0, older records were rotated away and cannot be
+    checked, and a missing tail cannot be seen. With them, see :mod:`.anchor`.
     """
-    return _verify(read_lines(paths))
+    return _verify(read_lines(paths), anchors, whole_files=True)
 
 
-def verify_stream(data: bytes, name: str = "<stdin>") -> VerifyReport:
+def verify_stream(data: bytes, name: str = "<stdin>", anchors: Anchors | None = None) -> VerifyReport:
     """Check one chain in a stream that mixes records with other lines, as ``kubectl logs``
     prints the service's stdout (records) and stderr (its log) together.
 
@@ -88,20 +130,63 @@ def verify_stream(data: bytes, name: str = "<stdin>") -> VerifyReport:
     """
     lines = list(split_lines(Path(name), data))
     kept = [line for line in lines if line[2].startswith(b"{")]
-    report = _verify(kept)
-    return VerifyReport(report.records, report.problems, report.first_seq, report.last_seq, len(lines) - len(kept))
+    return replace(_verify(kept, anchors, whole_files=False), skipped=len(lines) - len(kept))
 
 
-def _verify(lines: Iterable[tuple[Path, int, bytes]]) -> VerifyReport:
-    entries = []
+def _verify(lines: Iterable[tuple[Path, int, bytes]], anchors: Anchors | None, *, whole_files: bool) -> VerifyReport:
+    """One walk per replica, each held against that replica's checkpoints. A record without
+    `replica` (written before records named it) or a malformed line belongs to the chain of the
+    record before it; those at the very start, to the first named chain."""
+    chains: dict[str | None, list[_Entry]] = {}
+    replica: str | None = None
     for path, number, raw in lines:
         parsed = parse_record(raw)
         if isinstance(parsed, str):
-            entries.append(_Entry(path, number, None, error=parsed))
+            entry = _Entry(path, number, None, error=parsed)
         else:
-            entries.append(_Entry(path, number, parsed, computed=digest_of(parsed),
-                                  canonical=raw.decode("utf-8") == canonical(parsed)))
-    return _Walk(entries).run()
+            entry = _Entry(path, number, parsed, computed=digest_of(parsed),
+                           canonical=raw.decode("utf-8") == canonical(parsed))
+            named = parsed.get("replica")
+            if isinstance(named, str) and replica is None and None in chains:
+                chains[named] = chains.pop(None)
+            replica = named if isinstance(named, str) else replica
+        chains.setdefault(replica, []).append(entry)
+    checkpoints = list(anchors.checkpoints) if anchors else []
+    parts = [_anchored(_Walk(entries).run(), entries, name, checkpoints, anchors, whole_files)
+             for name, entries in chains.items()]
+    stray = [cp for cp in checkpoints if cp.replica not in chains and None not in chains]
+    missing = [Problem("truncated", Path(f"{anchors.source} (replica {cp.replica})"), 0, cp.seq,
+                       f"no records of replica {cp.replica}, but its checkpoint of {cp.time} says seq {cp.seq} "
+                       "was written") for cp in stray] if anchors else []
+    if not parts:
+        return VerifyReport(0, missing, None, None)
+    if len(parts) == 1:
+        return replace(parts[0], problems=parts[0].problems + missing)
+    return VerifyReport(sum(p.records for p in parts), [q for p in parts for q in p.problems] + missing,
+                        None, None, parts=tuple(parts))
+
+
+def _anchored(report: VerifyReport, entries: list[_Entry], replica: str | None, checkpoints: list[Checkpoint],
+              anchors: Anchors | None, whole_files: bool) -> VerifyReport:
+    """``report`` with the findings of each checkpoint of ``replica`` (all of them for a log
+    without replica names)."""
+    mine = [cp for cp in checkpoints if replica is None or cp.replica == replica]
+    if anchors is None or not mine:
+        return replace(report, replica=replica)
+    records = [e for e in entries if e.record is not None]
+    digests: dict[int, list[str]] = {}
+    for e in records:
+        assert e.record is not None
+        digests.setdefault(e.record["seq"], []).append(e.record["digest"])
+    end = (records[-1].file, records[-1].line) if records else None
+    chain = anchor.Chain(digests, report.first_seq, report.last_seq, end, whole_files)
+    problems, phrases = list(report.problems), []
+    for cp in mine:
+        findings, phrase = anchor.check(cp, anchors.key, chain)
+        problems += [Problem(f.kind, Path(f"{anchors.source} (replica {cp.replica})"), 0, cp.seq, f.detail)
+                     for f in findings]
+        phrases += [phrase] if phrase else []
+    return replace(report, problems=problems, replica=replica, anchored="; ".join(phrases))
 
 
 class _Walk:
@@ -118,18 +203,23 @@ class _Walk:
         self.links: set[str] = set()  # digests the next record may name as `prev`
         self.late: set[int] = set()  # seqs already reported as coming later in the file
         self.seen: dict[int, _Entry] = {}
+        self.torn: list[int] = []  # indexes in `problems` of the malformed lines since the last record
 
     def run(self) -> VerifyReport:
         resync = False
         first_seq = None
         for e in self.entries:
             if e.record is None:
+                self.torn.append(len(self.problems))
                 self._report("malformed", e, e.error)
                 resync = True
                 continue
             seq = e.record["seq"]
             first_seq = seq if first_seq is None else first_seq
             edited = e.record["digest"] != e.computed or not e.canonical
+            if not edited and self._acknowledge_torn(e):
+                resync = False  # the torn lines are the service's own failed writes: link across them
+            self.torn = []
             if edited:
                 self._report("edited", e, "digest does not match the content" if e.canonical
                              else "bytes changed: the line is not in canonical form")
@@ -158,6 +248,15 @@ class _Walk:
             if later:
                 self.late.update(later)
                 self._report("reordered", e, f"seq {seq} comes before seq {_span(later)}")
+            elif _recovered_missing(e.record) == [expected, seq - 1]:
+                self._report("removed", e, f"seq {_span(list(range(expected, seq)))} missing: written to stdout "
+                             f"only, the file could not take them ({e.record['recovered'].get('error')})",
+                             acknowledged_by=seq)
+            elif isinstance(e.record.get("resumed"), dict):
+                self._report("truncated", e, f"seq {_span(list(range(expected, seq)))} missing: at its restart the "
+                             f"server found the log ending at seq {e.record['resumed'].get('fileSeq')}, before its "
+                             f"checkpoint of seq {e.record['resumed'].get('checkpointSeq')}: the log was truncated "
+                             "while the server was down")
             else:
                 self._report("removed", e, f"seq {_span(list(range(expected, seq)))} missing "
                              f"(the record before this one is seq {self.last_seq})")
@@ -166,6 +265,20 @@ class _Walk:
             self._duplicate(e, seq)
         elif seq not in self.late:
             self._report("reordered", e, f"seq {seq} comes after seq {self.last_seq}")
+
+    def _acknowledge_torn(self, e: _Entry) -> bool:
+        """Mark the malformed lines just before ``e`` acknowledged when its `recovered` counts
+        at least as many torn lines (writes that failed part-way); True if it did."""
+        assert e.record is not None
+        recovered = e.record.get("recovered")
+        torn_lines = recovered.get("tornLines") if isinstance(recovered, dict) else None
+        if self.last_seq is None or type(torn_lines) is not int or not self.torn or len(self.torn) > torn_lines:
+            return False
+        for index in self.torn:
+            self.problems[index] = replace(self.problems[index], acknowledged_by=e.record["seq"],
+                                           detail=f"{self.problems[index].detail}: a torn line "
+                                                  f"({recovered.get('error')})")
+        return True
 
     def _duplicate(self, e: _Entry, seq: int) -> None:
         """Blame the copy the chain does not continue from, when the next record tells."""
@@ -188,9 +301,15 @@ class _Walk:
         self.links = {e.record["digest"], e.computed}
         self.seen.setdefault(seq, e)
 
-    def _report(self, kind: ProblemKind, e: _Entry, detail: str) -> None:
+    def _report(self, kind: ProblemKind, e: _Entry, detail: str, acknowledged_by: int | None = None) -> None:
         seq = e.record["seq"] if e.record is not None else None
-        self.problems.append(Problem(kind, e.file, e.line, seq, detail))
+        self.problems.append(Problem(kind, e.file, e.line, seq, detail, acknowledged_by))
+
+
+def _recovered_missing(record: dict) -> list | None:
+    """The seqs a record's `recovered` says went to stdout only, as [first, last]."""
+    recovered = record.get("recovered")
+    return recovered.get("missing") if isinstance(recovered, dict) else None
 
 
 def _span(seqs: list[int]) -> str:

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TextIO
@@ -25,6 +26,25 @@ from .lines import GENESIS, canonical, digest_of, format_time, parse_record, red
 _ROTATED_SUFFIX = re.compile(r"[0-9]+")
 
 log = logging.getLogger("trainjob_admission.decisionlog")
+
+
+@dataclass(frozen=True)
+class Head:
+    """The newest record of one chain (what a checkpoint signs): the next record is ``seq + 1``
+    and names ``digest``."""
+
+    replica: str
+    seq: int
+    digest: str
+    firstSeq: int  # the oldest seq the service's own files still hold (rotation deletes older ones)
+
+
+class DecisionLogError(OSError):
+    """The decision-log file could not take ``record``; the message names the file and the cause."""
+
+    def __init__(self, message: str, record: dict):
+        super().__init__(message)
+        self.record = record
 
 
 def log_files(path: str | Path) -> list[Path]:
@@ -62,11 +82,29 @@ class DecisionLog:
 
     `on_fsync` receives each fsync's duration in seconds (the server's metric). `path=None`
     logs to stdout only.
+
+    `replica` names this writer in every record, so one replica's chain can be told from
+    another's in a merged log store. `resume` is the last signed checkpoint: when the file ends
+    before it (truncated while the server was down), the chain continues after the checkpoint,
+    so no seq is ever reused, and the first record says so in `resumed` (verify then reports the
+    gap once, as a truncation).
+
+    A failed write (disk full, read-only file, size limit) never fails silently and never
+    garbles a later line. `append` raises :class:`DecisionLogError` without using a seq or
+    writing stdout, so the caller can answer as if the decision had not been made and log that
+    answer with ``required=False``: stdout always, the file if it works again. While writes
+    fail, :attr:`write_error` names the cause (the server's readiness) and :attr:`on_write_error`
+    is called per failure (its metric). The first record that reaches the file again starts on a
+    fresh line and carries `recovered`: the error, the seqs that went to stdout only, and how
+    many torn lines the failures left, so `verify` reports those lines and that gap as
+    acknowledged instead of failing for ever (docs/auditor-guide.md). A torn last line found at
+    start-up (a stop mid-write) is acknowledged the same way.
     """
 
     def __init__(self, path: str | Path | None, *, stdout: TextIO | None = sys.stdout,
                  max_bytes: int = 50 * 1024 * 1024, backups: int = 5, fsync_interval: float = 0.0,
-                 on_fsync: Callable[[float], None] | None = None) -> None:
+                 on_fsync: Callable[[float], None] | None = None, replica: str | None = None,
+                 resume: Head | None = None) -> None:
         if max_bytes <= 0 or backups < 0 or fsync_interval < 0:
             raise ValueError("max_bytes must be > 0, backups >= 0 and fsync_interval >= 0")
         self._path = Path(path) if path is not None else None
@@ -80,40 +118,135 @@ class DecisionLog:
         self._written = self._synced = 0  # lines written to the file / known to be on disk
         self._syncing = False
         self._seq, self._prev = 0, GENESIS
+        self._replica = replica
+        self._first_seq: int | None = None  # the oldest seq the file and its rotated predecessors hold
+        self._resumed: dict | None = None  # set on the first record after a resume past the file's end
         self._fd: int | None = None
         self._size = 0
         self._torn_tail = False
+        self.on_write_error: Callable[[], None] | None = None  # called per failed write (the server's metric)
+        self.write_error: str | None = None  # why the file cannot be written now, None while it can
+        self._gap: dict | None = None  # what the next record to reach the file acknowledges as `recovered`
         self._closing = threading.Event()
         self._flusher: threading.Thread | None = None
         if self._path is not None:
             self._path.parent.mkdir(parents=True, exist_ok=True)
-            last = _last_record(log_files(self._path))
+            files = log_files(self._path)
+            last = _last_record(files)
             if last is not None:
                 self._seq, self._prev = last["seq"] + 1, last["digest"]
+            self._first_seq = _first_seq(files)
+            self._resume(resume, last)
             self._open()
             if fsync_interval > 0:
                 self._flusher = threading.Thread(target=self._fsync_periodically, name="decision-log-fsync",
                                                  daemon=True)
                 self._flusher.start()
+        else:
+            self._resume(resume, None)
 
-    def append(self, record: dict) -> dict:
-        """Redact, chain and write one record; returns exactly what was written."""
+    def _resume(self, checkpoint: Head | None, last: dict | None) -> None:
+        if checkpoint is None or checkpoint.seq < self._seq:
+            return
+        if self._path is not None:
+            log.warning("the decision log %s ends at seq %s but its last checkpoint is seq %s: it was truncated "
+                        "while the server was down; continuing after the checkpoint", self._path,
+                        last["seq"] if last else "(none)", checkpoint.seq)
+        self._resumed = {"fileSeq": last["seq"] if last else None, "checkpointSeq": checkpoint.seq}
+        self._seq, self._prev = checkpoint.seq + 1, checkpoint.digest
+
+    def head(self) -> Head | None:
+        """The newest record (or the checkpoint resumed from), None before the first."""
+        with self._lock:
+            if self._seq == 0:
+                return None
+            first = self._first_seq if self._first_seq is not None else self._seq
+            return Head(self._replica or "", self._seq - 1, self._prev, first)
+
+    def append(self, record: dict, *, required: bool = True) -> dict:
+        """Redact, chain and write one record; returns exactly what was written.
+
+        Raises :class:`DecisionLogError` when the file cannot take it (nothing is written, no seq
+        used); with ``required=False`` the record goes to stdout anyway and the file misses it."""
         entry = json.loads(canonical(redact(record)))  # outside the lock: it does not touch the chain
         with self._lock:
             entry.setdefault("time", format_time(datetime.now(timezone.utc)))
             entry["seq"], entry["prev"] = self._seq, self._prev
-            entry.pop("digest", None)
-            entry["digest"] = digest_of(entry)
-            line = canonical(entry) + "\n"
-            if self._fd is not None:
-                self._write(line.encode("utf-8"))
+            if self._replica is not None:
+                entry["replica"] = self._replica
+            if self._resumed is not None:
+                entry["resumed"] = self._resumed
+            line = self._chain(entry, self._gap)
+            if self._path is not None:
+                try:
+                    self._write(line.encode("utf-8"))
+                except OSError as exc:
+                    self._failed(exc)
+                    if required:
+                        raise DecisionLogError(self.write_error or str(exc), record) from None
+                    gap = self._pending_gap()
+                    gap["missing"] = [gap["missing"][0] if gap["missing"] else entry["seq"], entry["seq"]]
+                    line = self._chain(entry, None)  # it did not reach the file: no `recovered` on stdout
+                else:
+                    self._recovered()
             self._seq, self._prev = self._seq + 1, entry["digest"]
+            self._resumed = None
+            if self._first_seq is None:
+                self._first_seq = entry["seq"]
             if self._stdout is not None:
                 self._stdout.write(line)
                 self._stdout.flush()
             if self._fd is not None and not self._fsync_interval:
-                self._sync_through(self._written)
+                try:
+                    self._sync_through(self._written)
+                except OSError as exc:  # written, maybe not durable: the answer stands, readiness says why
+                    self._failed(exc)
             return entry
+
+    @staticmethod
+    def _chain(entry: dict, gap: dict | None) -> str:
+        """``entry`` with `recovered` (when the file had a gap) and its digest, as a line."""
+        entry.pop("digest", None)
+        entry.pop("recovered", None)
+        if gap is not None:
+            entry["recovered"] = dict(gap)
+        entry["digest"] = digest_of(entry)
+        return canonical(entry) + "\n"
+
+    def _failed(self, exc: OSError) -> None:
+        """A write failed: remember why (readiness), count it, and log the first of a run."""
+        cause = f"cannot write {self._path}: {exc.strerror or exc}"
+        if self.write_error is None:
+            log.error("decision log: %s; admission requests get the failure mode's answer until it can be "
+                      "written again (records still go to stdout)", cause)
+        self.write_error = cause
+        self._pending_gap()["error"] = cause
+        if self.on_write_error is not None:
+            self.on_write_error()
+
+    def _pending_gap(self) -> dict:
+        """What the next record to reach the file must acknowledge (see `recovered`)."""
+        if self._gap is None:
+            self._gap = {"error": "", "missing": None, "tornLines": 0}
+        return self._gap
+
+    def _recovered(self) -> None:
+        if self.write_error is not None:
+            log.warning("decision log %s is written again; the gap is recorded in the record's `recovered`: %s",
+                        self._path, self._gap)
+        self.write_error, self._gap = None, None
+
+    def recover(self) -> bool:
+        """While writes fail, try once with a record of its own (readiness probes call this, so a
+        replica that gets no requests because it is not ready still finds the disk writable
+        again); True when the file can be written."""
+        if self.write_error is None:
+            return True
+        try:
+            self.append({"event": "decision-log-recovered"})
+        except DecisionLogError:
+            return False
+        return True
 
     def _fsync_periodically(self) -> None:
         while not self._closing.wait(self._fsync_interval):
@@ -177,21 +310,35 @@ class DecisionLog:
         self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self._size = os.fstat(self._fd).st_size
         # A crash mid-write leaves a line without '\n'; start on a fresh line so the next
-        # record stays parseable (verify reports the torn one as malformed).
-        self._torn_tail = self._size > 0 and _last_byte(self._path) != b"\n"
+        # record stays parseable (verify reports the torn one as malformed, acknowledged by it).
+        torn = self._size > 0 and _last_byte(self._path) != b"\n"
+        if torn and not self._torn_tail:  # not left by a failed write of ours: the last process stopped mid-write
+            gap = self._pending_gap()
+            gap["error"] = gap["error"] or "the file ended in a torn line (a stop mid-write)"
+            gap["tornLines"] += 1
+        self._torn_tail = torn
 
     def _write(self, data: bytes) -> None:
+        """All of ``data`` on a line of its own, or OSError. A failure part-way leaves a torn
+        line, counted for `recovered`; the next write starts with the missing newline."""
+        if self._fd is None:  # a failed rotation or open left none
+            self._open()
         if self._size > 0 and self._size + len(data) > self._max_bytes:
             self._rotate()
-        if self._torn_tail:
-            data = b"\n" + data
         assert self._fd is not None
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view):]
+        prefix = b"\n" if self._torn_tail else b""
+        view, written = memoryview(prefix + data), 0
+        try:
+            while view:
+                count = os.write(self._fd, view)
+                view, written = view[count:], written + count
+        finally:
+            self._size += written
+            if written >= len(prefix):  # on a fresh line now; torn again if only part of data made it
+                self._torn_tail = bool(view) and written > len(prefix)
+                if self._torn_tail:
+                    self._pending_gap()["tornLines"] += 1
         self._written += 1
-        self._size += len(data)
-        self._torn_tail = False
 
     def _rotate(self) -> None:
         assert self._path is not None and self._fd is not None
@@ -209,6 +356,7 @@ class DecisionLog:
                     os.replace(older, base.with_name(f"{base.name}.{i + 1}"))
             os.replace(base, base.with_name(f"{base.name}.1"))
         _fsync_dir(base.parent)
+        self._first_seq = _first_seq(log_files(base))  # the oldest file may have gone
         self._open()
 
 
@@ -239,6 +387,17 @@ def _reverse_lines(path: Path, block: int = 65536) -> Iterator[bytes]:
             tail = lines.pop(0)
             yield from reversed(lines)
         yield tail
+
+
+def _first_seq(files: list[Path]) -> int | None:
+    """The seq of the oldest well-formed record in ``files`` (oldest first)."""
+    for path in files:
+        with open(path, "rb") as f:
+            for raw in f:
+                record = parse_record(raw.rstrip(b"\n"))
+                if isinstance(record, dict):
+                    return record["seq"]
+    return None
 
 
 def _last_record(files: list[Path]) -> dict | None:

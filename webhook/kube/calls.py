@@ -1,12 +1,14 @@
 """API calls for the event loop (the injector and the reconciler): each runs the synchronous
 client in a worker thread, bounded by the request's own timeout and by the event loop's, so a
-silent API server costs a bounded wait and never a stuck admission."""
+silent API server costs a bounded wait and never a stuck admission; during an admission request
+also by its deadline (webhook/deadline.py)."""
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from .client import ApiError, KubeApi, call_json, list_all
+from .. import deadline
+from .client import ApiError, ClusterUnreachable, KubeApi, call_json, list_all
 from .resources import JOBS, Resource
 
 
@@ -15,8 +17,20 @@ class Calls:
         self.api, self.timeout = api, timeout
 
     async def _bounded(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.wait_for(asyncio.to_thread(fn, self.api, *args, timeout=(self.timeout, self.timeout),
-                                                        **kwargs), timeout=self.timeout + 1)
+        """The call within ``timeout``, and within the admission request's deadline when one is
+        running (webhook/deadline.py): past it the call is not sent, and one cut short by it says so."""
+        limit = deadline.bound(self.timeout + 1)  # the event loop's bound, a second after the client's own
+        timeout = min(self.timeout, limit)
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(fn, self.api, *args, timeout=(timeout, timeout), **kwargs),
+                                          timeout=limit)
+        except (TimeoutError, ClusterUnreachable) as exc:
+            left = deadline.remaining()
+            if left is not None and left <= 0 and (isinstance(exc, TimeoutError) or exc.timed_out):
+                raise deadline.DeadlineExceeded("the request's deadline passed while waiting for the Kubernetes "
+                                                "API (an object may have been created: the reconciler deletes it "
+                                                "once its grace period passes without the job)") from None
+            raise
 
     async def get(self, resource: Resource, namespace: str, name: str) -> dict | None:
         """The object, or None when there is none."""
@@ -49,7 +63,7 @@ class Calls:
         await self._bounded(call_json, "PATCH", resource.path(meta["namespace"], meta["name"]), body=operations,
                             content_type="application/json-patch+json")
 
-    async def list(self, resource: Resource, *, namespace: str | None = None,
+    async def list_objects(self, resource: Resource, *, namespace: str | None = None,
                    label_selector: str | None = None) -> list[dict]:
         items, _ = await self._bounded(list_all, resource, namespace=namespace, label_selector=label_selector)
         return items

@@ -12,6 +12,7 @@ import urllib3
 import yaml
 from kubernetes import client, config
 
+from ..deadline import DeadlineExceeded
 from .resources import Resource
 
 CONNECT_TIMEOUT = 5.0
@@ -21,11 +22,12 @@ LIST_PAGE = 500
 
 class ClusterUnreachable(Exception):
     """The API server could not be reached or did not answer in time; the message names the
-    server and the fix, ``timed_out`` tells a silent server from a refused connection."""
+    server and the fix, ``reason`` is the cause alone (refused, DNS, TLS) and ``timed_out``
+    tells a silent server from one that could not be reached."""
 
-    def __init__(self, message: str, *, timed_out: bool = False):
+    def __init__(self, message: str, *, reason: str = "", timed_out: bool = False):
         super().__init__(message)
-        self.timed_out = timed_out
+        self.reason, self.timed_out = reason, timed_out
 
 
 class KubeconfigError(ValueError):
@@ -33,11 +35,12 @@ class KubeconfigError(ValueError):
 
 
 class ApiError(Exception):
-    """The API server answered with an error status; ``message`` is its own text."""
+    """The API server answered with an error status; ``message`` is its own text, ``reason``
+    the HTTP reason phrase (Forbidden, Conflict, ...)."""
 
-    def __init__(self, status: int, message: str, what: str = ""):
+    def __init__(self, status: int, message: str, what: str = "", reason: str = ""):
         super().__init__(f"{what}: HTTP {status}: {message}" if what else f"HTTP {status}: {message}")
-        self.status, self.message = status, message
+        self.status, self.message, self.reason = status, message, reason
 
 
 class Expired(Exception):
@@ -93,7 +96,7 @@ def request(api: KubeApi, method: str, path: str, *, query: dict[str, str] | Non
         check = f"kubectl --kubeconfig {api.kubeconfig} cluster-info" if api.kubeconfig else "kubectl cluster-info"
         raise ClusterUnreachable(f"cannot reach the Kubernetes API server at {api.describe()}: {reason}. "
                                  f"Check that the cluster is up and that the kubeconfig's current context points "
-                                 f"at it (`{check}`)", timed_out=timed_out) from None
+                                 f"at it (`{check}`)", reason=reason, timed_out=timed_out) from None
 
 
 def call_json(api: KubeApi, method: str, path: str, **kw) -> dict:
@@ -113,7 +116,7 @@ def api_failure(status: int, payload: dict, what: str, reason: str = "") -> Exce
     """What a failed call or watch raises: :class:`Expired` for 410 Gone (list again), else :class:`ApiError`."""
     if status == 410:
         return Expired(payload.get("message") or "resource version too old")
-    return ApiError(status, str(payload.get("message") or reason), what)
+    return ApiError(status, str(payload.get("message") or reason), what, reason)
 
 
 def list_all(api: KubeApi, resource: Resource, *, namespace: str | None = None, label_selector: str | None = None,
@@ -146,9 +149,12 @@ def summary(exc: BaseException, timeout: float) -> str:
     if isinstance(exc, ClusterUnreachable):
         if exc.timed_out:
             return f"the Kubernetes API did not answer within {timeout:g} s"
-        return "cannot connect to the Kubernetes API"
+        cause = exc.reason.rpartition("Failed to establish a new connection: ")[2][:200]  # "[Errno 111] ..."
+        return "cannot connect to the Kubernetes API" + (f": {cause}" if cause else "")
+    if isinstance(exc, DeadlineExceeded):  # the admission request's own deadline, not this call's timeout
+        return str(exc)
     if isinstance(exc, (TimeoutError, urllib3.exceptions.TimeoutError)):  # asyncio's bound on the call
         return f"the Kubernetes API did not answer within {timeout:g} s"
     if isinstance(exc, ApiError):
-        return f"HTTP {exc.status}" + (f": {exc.message[:200]}" if exc.message else "")
+        return f"HTTP {exc.status} {exc.reason}".rstrip() + (f": {exc.message[:200]}" if exc.message else "")
     return f"{type(exc).__name__}: {str(exc)[:200]}"

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..admission import JOB_RESOURCES
-
 
 @dataclass(frozen=True)
 class Resource:
@@ -34,5 +32,11 @@ SECRETS = Resource("Secret", "v1", "secrets")
 NETWORK_POLICIES = Resource("NetworkPolicy", "networking.k8s.io/v1", "networkpolicies")
 INJECTED = {r.kind: r for r in (SECRETS, NETWORK_POLICIES)}
 
-# The jobs we decide, by kind.
+# Where each replica writes its decision log's signed checkpoint (webhook/checkpointer.py):
+# get, create and patch in the service's own namespace only.
+LEASES = Resource("Lease", "coordination.k8s.io/v1", "leases")
+
+# The jobs we decide, by kind, as (group, version, plural): TrainJob, and the legacy v2beta1 MPIJob.
+JOB_RESOURCES = {"TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),
+                 "MPIJob": ("kubeflow.org", "v2beta1", "mpijobs")}
 JOBS = {kind: Resource(kind, f"{group}/{version}", plural) for kind, (group, version, plural) in JOB_RESOURCES.items()}

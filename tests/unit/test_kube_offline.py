@@ -1,6 +1,6 @@
 """Cluster state and PolicyBundle status without a cluster: the cache writes that watches make,
 and the status a bundle gets for each compile outcome (the API round trip is in
-tests/cluster/test_kubestate.py)."""
+tests/cluster/test_kube.py)."""
 from __future__ import annotations
 
 import copy

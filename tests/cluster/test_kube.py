@@ -33,6 +33,7 @@ from webhook.bundles import BundleRegistry
 from webhook.demo import admission_review
 from webhook.kube.client import api_client
 from webhook.kube.watch import Watcher
+from webhook.provenance import Provenance
 from webhook.startup import ClusterSync
 
 pytestmark = pytest.mark.cluster
@@ -505,17 +506,20 @@ def test_serve_reconcile_namespace_leaves_other_namespaces_alone(kubectl, namesp
 
     other = f"{namespace}-b"
     kubectl("create", "namespace", other)
+    cert = serving_cert()
+    provenance = Provenance.from_serving_key(cert[1])  # the service's key: both objects are genuinely its own
     try:
         for ns in (namespace, other):
             apply(kubectl, {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
                             "metadata": {"name": "held", "namespace": ns},
                             "spec": {"suspend": True, "runtimeRef": {"name": "deepspeed-distributed"}}},
-                  {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-                   "metadata": {"name": "held-mpi-isolation", "namespace": ns,
-                                "labels": {"app.kubernetes.io/managed-by": "trainjob-admission"},
-                                "annotations": {"trainjob-admission.io/job": "TrainJob/held"}},
-                   "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}})
-        svc = start_service(tmp_path, admin_kubeconfig, serving_cert(), namespaces=[namespace],
+                  provenance.stamp("NetworkPolicy", {
+                      "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                      "metadata": {"name": "held-mpi-isolation", "namespace": ns,
+                                   "labels": {"app.kubernetes.io/managed-by": "trainjob-admission"},
+                                   "annotations": {"trainjob-admission.io/job": "TrainJob/held"}},
+                      "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}}))
+        svc = start_service(tmp_path, admin_kubeconfig, cert, namespaces=[namespace],
                             args=("--bundle", "builtin:default"))
         try:
             def owners(ns: str) -> list:

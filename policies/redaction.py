@@ -1,0 +1,44 @@
+"""Env and annotation values kept out of rule messages.
+
+A rule's messageExpression (or a built-in check) may echo what the submitter wrote, and an env
+value or an annotation is where credentials end up (``AWS_SECRET_ACCESS_KEY=...``). Messages go
+to the decision log, its stdout copy, the API server's audit log (the denial's status) and the
+submitter's terminal, so the engine replaces every verbatim occurrence of such a value of
+``MIN_LENGTH`` characters or more with ``[redacted]`` before the decision leaves it. Shorter
+values ("1", "true", "debug") are kept: they are not secrets, and replacing them would garble
+the numbers and words around them. docs/auditor-guide.md, "Redaction", states the rule.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+REDACTED = "[redacted]"
+MIN_LENGTH = 8
+
+
+def echoable_values(*objects: Any) -> list[str]:
+    """Every ``env[].value`` and ``annotations`` value (``MIN_LENGTH``+ characters) anywhere in
+    ``objects``, longest first so that a value containing another is replaced whole."""
+    found: set[str] = set()
+    stack = [o for o in objects if o]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "env" and isinstance(value, list):
+                    found.update(e["value"] for e in value if isinstance(e, dict) and isinstance(e.get("value"), str))
+                elif key == "annotations" and isinstance(value, dict):
+                    found.update(v for v in value.values() if isinstance(v, str))
+                if isinstance(value, (dict, list)):
+                    stack.append(value)
+        elif isinstance(node, list):
+            stack.extend(n for n in node if isinstance(n, (dict, list)))
+    return sorted((v for v in found if len(v) >= MIN_LENGTH), key=len, reverse=True)
+
+
+def scrub(text: str, values: list[str]) -> str:
+    """``text`` with each of ``values`` replaced by ``[redacted]``."""
+    for value in values:
+        if value in text:
+            text = text.replace(value, REDACTED)
+    return text
