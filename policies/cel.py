@@ -11,7 +11,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from decimal import Decimal
-from functools import lru_cache, total_ordering
+from functools import lru_cache, total_ordering, wraps
 from typing import Any, Callable, Optional, Union
 
 import celpy
@@ -264,7 +264,23 @@ def _replace(text: Any, old: Any, new: Any) -> ct.StringType:
     return ct.StringType(text.replace(old, new))
 
 
-FUNCTIONS: dict[str, Callable] = {
+def _error_value(fn: Callable) -> Callable:
+    """``fn`` as cel-python's own functions behave: a failure on the request's data is returned as
+    a CEL error value, which ``||`` and ``&&`` absorb as CEL says (``true || error`` is true), not
+    raised as an exception that fails the whole rule. A used-up budget still stops at once."""
+    @wraps(fn)
+    def call(*args: Any) -> Any:
+        try:
+            return fn(*args)
+        except BudgetExceeded:
+            raise
+        except CelEvalError as exc:
+            return celpy.CELEvalError(str(exc))
+
+    return call
+
+
+_FUNCTIONS: dict[str, Callable] = {
     # Kubernetes quantity library (k8s.io/apiserver/pkg/cel/library/quantity.go)
     "quantity": _quantity,
     "isQuantity": _is_quantity,
@@ -295,6 +311,7 @@ FUNCTIONS: dict[str, Callable] = {
     "findAll": _regex(_find_all),
 }
 
+FUNCTIONS = {name: _error_value(fn) for name, fn in _FUNCTIONS.items()}
 KNOWN_FUNCTIONS = BUILTIN_FUNCTIONS | MACROS | frozenset(FUNCTIONS)
 _ENVIRONMENT = celpy.Environment()
 

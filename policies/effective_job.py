@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import smp
+from . import redaction, smp
 from .resources import QuantityError, is_accelerator, numbers
 from .state import TRAINER_GROUP, ClusterState
 
@@ -22,6 +22,7 @@ JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"  # jobset v0.12 api/jobset/
 # mpi-operator v2beta1 labels its pods with these (pkg/apis/kubeflow/v2beta1/constants.go).
 MPIJOB_NAME_LABEL = "training.kubeflow.org/job-name"
 INT32_MAX = 2**31 - 1  # the CRDs' counts are int32
+MAX_REPLICATED_JOBS = 32  # after runtimePatches; real runtimes have 2-4 (initializers, launcher, node)
 _JSON_TYPES = {str: "string", bool: "boolean", float: "number", list: "list", dict: "mapping"}
 
 
@@ -265,9 +266,16 @@ def from_trainjob(trainjob: dict, state: ClusterState) -> EffectiveJob:
         patch_spec = (((patch or {}).get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec")
         if patch_spec:
             jobset_spec = smp.merge(jobset_spec, patch_spec)
+    replicated_jobs = jobset_spec.get("replicatedJobs") or []
+    if len(replicated_jobs) > MAX_REPLICATED_JOBS:
+        # Bounds the work below (each job's pod is cloned, and trainer.env copied into each
+        # trainer job): a few patches of many small jobs must not multiply into gigabytes.
+        raise JobModelError(f"the runtime with spec.runtimePatches has {len(replicated_jobs)} replicated jobs, "
+                            f"more than {MAX_REPLICATED_JOBS}: training runtimes have a handful (initializers, "
+                            "launcher, node); remove the extra replicatedJobs from spec.runtimePatches")
 
     pod_sets: list[PodSet] = []
-    for rjob in jobset_spec.get("replicatedJobs") or []:
+    for rjob in replicated_jobs:
         rjob_name = rjob.get("name", "")
         job_template = rjob.get("template") or {}
         ancestor = ((job_template.get("metadata") or {}).get("labels") or {}).get(ANCESTOR_LABEL)
@@ -277,9 +285,12 @@ def from_trainjob(trainjob: dict, state: ClusterState) -> EffectiveJob:
         pod_spec = pod.setdefault("spec", {})
 
         # 2. Pod count: parallelism, or mlPolicy.numNodes for the trainer ancestor (core/trainingruntime.go, newRuntimeInfo).
-        count = int((job_template.get("spec") or {}).get("parallelism") or 1)
+        parallelism = (job_template.get("spec") or {}).get("parallelism")
+        where = f"replicatedJobs[{rjob_name}]"
+        count = 1 if parallelism is None else count_field(parallelism, f"{where}.template.spec.parallelism", minimum=0)
         if is_trainer:
-            count = int(ml_policy.get("numNodes") or 1)
+            count = (1 if ml_policy.get("numNodes") is None
+                     else count_field(ml_policy["numNodes"], "the runtime's spec.mlPolicy.numNodes"))
 
         # 3. resourcesPerNode merges into the "node" container of the trainer ancestor, and of the
         #    "node" job when the MPI launcher runs as a node (newRuntimeInfo + MergeResourceRequirements).
@@ -300,7 +311,7 @@ def from_trainjob(trainjob: dict, state: ClusterState) -> EffectiveJob:
 
         # 5. image/command/args go to the trainer ancestor's "node" container, env also to the
         #    launcher-as-node "node" job (plugins/jobset/builder.go, Trainer); replicas become 1.
-        replicas = int(rjob.get("replicas") or 1)
+        replicas = 1 if rjob.get("replicas") is None else count_field(rjob["replicas"], f"{where}.replicas", minimum=0)
         if ancestor == ANCESTOR_TRAINER:
             replicas = 1
             if node_container is not None:
@@ -356,7 +367,7 @@ def count_field(value: Any, field: str, minimum: int = 1) -> int:
     AdmissionReview never passed the CRD's schema."""
     if type(value) is not int:
         what = _JSON_TYPES.get(type(value), type(value).__name__)
-        raise JobModelError(f"{field} must be an integer, got {value!r:.32} (a {what})")
+        raise JobModelError(f"{field} must be an integer, got {redaction.shown(value)} (a {what})")
     if not minimum <= value <= INT32_MAX:
         raise JobModelError(f"{field} must be an integer from {minimum} to {INT32_MAX}, got {value!r:.32}")
     return value

@@ -104,7 +104,7 @@ def _run_cel(bundle: Bundle, activation: _Activation, budget: Budget) -> list[Ru
         try:
             value = to_python(compiled.expression.evaluate(scope.for_expression(compiled.expression), budget))
             if not isinstance(value, bool):
-                raise CelEvalError(f"expression must evaluate to true or false, got {value!r}")
+                raise CelEvalError(f"expression must evaluate to true or false, got {redaction.shown(value)}")
         except CelEvalError as exc:
             results.append(RuleResult(bundle.name, rule.name, Result.ERROR, Effect(rule.severity),
                                       [f"rule {rule.name!r} could not be evaluated: {exc}"],
@@ -170,12 +170,15 @@ def _audited(results: list[RuleResult], audit: set[str]) -> list[RuleResult]:
     return [replace(r, effect=Effect.WARN) if r.bundle in audit and r.effect is Effect.DENY else r for r in results]
 
 
-def _redact(results: list[RuleResult], request: AdmissionInput) -> None:
-    """Messages and fixes without the submitter's env and annotation values (policies/redaction.py),
-    before they become warnings, the denial, the decision log or `review`'s report."""
+def _redact(results: list[RuleResult], request: AdmissionInput, job: EffectiveJob | None, namespace: dict) -> None:
+    """Messages and fixes without env and annotation values (policies/redaction.py), before they
+    become warnings, the denial, the decision log or `review`'s report: the submitter's, and
+    those a rule can read without the submitter writing them (the runtime's env in every pod of
+    the effective job, the namespace's annotations). Collected only when there is a message."""
     if not any(r.messages for r in results):
         return
-    values = redaction.echoable_values(request.object, request.old_object)
+    pods = [ps.pod for ps in job.pod_sets] if job is not None else []
+    values = redaction.echoable_values(request.object, request.old_object, pods, namespace)
     if values:
         for r in results:
             r.messages = [redaction.scrub(m, values) for m in r.messages]
@@ -245,7 +248,7 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
 
     audit = {b.name for b in active if b.spec.mode == "audit"}
     results = _audited(results, audit)
-    _redact(results, request)
+    _redact(results, request, job, namespace)
     for r in results:
         if r.effect is Effect.WARN:
             prefix = f"[{r.qualified}{' audit' if r.bundle in audit else ''}] "

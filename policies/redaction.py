@@ -7,6 +7,9 @@ submitter's terminal, so the engine replaces every verbatim occurrence of such a
 ``MIN_LENGTH`` characters or more with ``[redacted]`` before the decision leaves it. Shorter
 values ("1", "true", "debug") are kept: they are not secrets, and replacing them would garble
 the numbers and words around them. docs/auditor-guide.md, "Redaction", states the rule.
+
+Replacing finds only whole values, so the service's own error texts never echo part of one:
+:func:`shown` names a submitted value whole when it is short, else by its length only.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from typing import Any
 
 REDACTED = "[redacted]"
 MIN_LENGTH = 8
+SHOWN_CHARS = 24  # the longest value an error text repeats
 
 
 def echoable_values(*objects: Any) -> list[str]:
@@ -42,3 +46,18 @@ def scrub(text: str, values: list[str]) -> str:
         if value in text:
             text = text.replace(value, REDACTED)
     return text
+
+
+def shown(value: Any) -> str:
+    """A submitted value as an error text names it: quoted verbatim (so redaction still finds it
+    whole) when short and printable, else only its length or type. A cut-off prefix, or a repr
+    whose escapes change the characters, would carry part of a secret past :func:`scrub`."""
+    if isinstance(value, str):
+        if len(value) <= SHOWN_CHARS and value.isprintable():
+            return f"'{value}'"
+        return f"a {len(value)}-character value"
+    if isinstance(value, (int, float)) and not (isinstance(value, int) and value.bit_length() > 64):
+        text = repr(value)  # cheap: a number of at most 64 bits
+        if len(text) <= SHOWN_CHARS:
+            return text
+    return f"a value of type {type(value).__name__}"

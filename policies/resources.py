@@ -15,6 +15,8 @@ import re
 from decimal import MAX_EMAX, MIN_EMIN, ROUND_UP, Context, Decimal
 from typing import Mapping
 
+from . import redaction
+
 # Device-plugin resources that are accelerators without "gpu" in their name.
 NON_GPU_ACCELERATORS = ("habana.ai/", "aws.amazon.com/neuron")
 
@@ -70,7 +72,7 @@ def _parse(text: str) -> Decimal:
     """ParseQuantity's value without its costs: the text is short, and its size is judged from the
     digit count and the exponent before any arithmetic."""
     if len(text) > MAX_LENGTH:
-        raise QuantityError(f"{_shown(text)} is longer than any quantity we read ({MAX_LENGTH} characters); {_FIX}")
+        raise QuantityError(f"{redaction.shown(text)} is longer than any quantity we read ({MAX_LENGTH} characters); {_FIX}")
     match = _QUANTITY.fullmatch(text)
     if match is None:
         raise _not_a_quantity(text)
@@ -85,26 +87,21 @@ def _parse(text: str) -> Decimal:
         return Decimal(0)  # zero whatever the exponent, as in ParseQuantity
     if not -(1 << 31) <= scale < 1 << 31:
         # ... then int32(parsed): 1e4294967296 would silently become 1.
-        raise QuantityError(f"{_shown(text)} has an exponent Kubernetes cannot hold (it wraps around past 32 bits); {_FIX}")
+        raise QuantityError(f"{redaction.shown(text)} has an exponent Kubernetes cannot hold (it wraps around past 32 bits); {_FIX}")
     power10 = scale - len(fraction)
     if len(digits) + power10 > 19:  # at least 10**19, before any binary suffix
-        raise _too_large(_shown(text))
+        raise _too_large(redaction.shown(text))
     value = _EXACT.multiply(Decimal(f"{sign}{digits}e{power10}"), 1 << _BINARY_SI.get(suffix, 0))
     if value.as_tuple().exponent < -9:
         # quantity.go: "This rounds non-zero values up to the minimum representable value".
         value = value.quantize(_NANO, rounding=ROUND_UP, context=_EXACT)
     if value.copy_abs() > MAX_QUANTITY:  # binary: capped at maxAllowed; decimal: kept, beyond int64
-        raise _too_large(_shown(text))
+        raise _too_large(redaction.shown(text))
     return value
 
 
-def _shown(value: object) -> str:
-    text = repr(value[:40] + "..." if isinstance(value, str) and len(value) > 40 else value)
-    return text if len(text) <= 60 else text[:60] + "..."
-
-
 def _not_a_quantity(value: object) -> QuantityError:
-    return QuantityError(f"{_shown(value)} is not a Kubernetes quantity (examples: 500m, 2, 1Gi)")
+    return QuantityError(f"{redaction.shown(value)} is not a Kubernetes quantity (examples: 500m, 2, 1Gi)")
 
 
 def _too_large(shown: str) -> QuantityError:

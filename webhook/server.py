@@ -96,6 +96,12 @@ class WebhookServer:
     # --- handlers -------------------------------------------------------------------------------
     async def _admission(self, request: web.Request, endpoint: str) -> web.Response:
         caller = _caller(request)
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            status, payload = await self.reviewer.refuse(
+                endpoint, 415, f"Content-Encoding {encoding[:32]!r} is not accepted: send the AdmissionReview "
+                               "uncompressed, as the API server does", caller)
+            return web.json_response(payload, status=status, dumps=_dumps)
         charge = self.in_flight.charge(request.content_length, MAX_BODY_BYTES)
         if not self.in_flight.admit(charge):  # refused unread: its memory is what the bound protects
             status, payload = await self.reviewer.refuse(
@@ -183,7 +189,9 @@ class WebhookServer:
         # process: keep it out of the cyclic GC, whose full passes otherwise walk it all and stall
         # every request for ~50 ms once every few thousand requests.
         gc.freeze()
-        self._runners = [web.AppRunner(self.app(), access_log=None, handle_signals=False)]
+        # auto_decompress off: a compressed body would slip past the size and in-flight bounds,
+        # which count the bytes sent (the API server never compresses AdmissionReviews).
+        self._runners = [web.AppRunner(self.app(), access_log=None, handle_signals=False, auto_decompress=False)]
         port = await self._listen(self._runners[0], self.config.port, self.certs and self.certs.admission_context,
                                   "client certificates required" if self.config.client_ca_file else "")
         if self.config.probe_port is not None:

@@ -31,6 +31,14 @@ def check(context: CheckContext, settings: GpuCheck) -> list[Finding]:
 
     nodes = [ps for ps in job.pod_sets if ps.role == "worker" or (ps.role == "launcher" and launcher_is_node)]
     limit = settings.maxPerWorker
+    # Every other pod is held to the same per-pod limit: a replicated job that a runtimePatch adds
+    # under another name must not carry what a worker may not.
+    for ps in job.pod_sets:
+        if limit is not None and ps not in nodes and ps.gpu_count > limit:
+            resource = max(ps.gpus, key=ps.gpus.get)
+            findings.append(Finding(
+                f"{ps.name} pods request {ps.gpu_count} {resource}; the limit is {limit} per pod",
+                f"request {limit} or less in replicatedJobs[{ps.name}] (spec.runtimePatches, or the runtime)"))
     over = [ps for ps in nodes if ps.gpu_count > limit] if limit is not None else []
     if over:
         worst = max(over, key=lambda ps: ps.gpu_count)

@@ -55,6 +55,17 @@ def _missing_values(job: EffectiveJob, kind: str, resource: str) -> dict[str, st
     return missing
 
 
+def _amounts(values: dict | None) -> dict[str, int | None]:
+    """Each quota value as a number, None where it is not one we can count (see check)."""
+    amounts: dict[str, int | None] = {}
+    for key, value in (values or {}).items():
+        try:
+            amounts[key] = numbers({key: value})[key]
+        except QuantityError:
+            amounts[key] = None
+    return amounts
+
+
 def check(context: CheckContext, settings: QuotaCheck) -> list[Finding]:
     """Every quota of the namespace; on UPDATE (``context.old_job``) only the job's growth."""
     job, old_job = context.job, context.old_job
@@ -65,11 +76,13 @@ def check(context: CheckContext, settings: QuotaCheck) -> list[Finding]:
         if spec.get("scopes") or spec.get("scopeSelector"):
             continue  # scoped quotas select pods by priority/terminating state that a job spec does not fix yet
         name = meta.get("name", "?")
-        try:
-            hard = numbers(status.get("hard") or spec.get("hard"))
-            used = numbers(status.get("used"))
-        except QuantityError:
-            continue
+        hard, used = _amounts(status.get("hard") or spec.get("hard")), _amounts(status.get("used"))
+        for key in set(hard) | set(used):
+            if hard.get(key, 0) is None or used.get(key, 0) is None:
+                # The API server validated these values, so one we cannot count is beyond 2^63-1
+                # (it keeps decimal values exactly, e.g. requests.storage: 1e20): no job reaches
+                # it. Only that resource goes unchecked, never the rest of the quota.
+                hard.pop(key, None)
         for key, limit in sorted(hard.items()):
             demand_key = _demand_key(key)
             if demand_key is None:

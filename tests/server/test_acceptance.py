@@ -2,9 +2,12 @@
 
 - 10,000 hostile AdmissionReviews (malformed JSON, wrong apiVersion/kind, missing fields, wrong
   types, unicode, deep nesting, huge objects, env lists over the input limit, megabyte usernames,
-  plus deny-worthy but well-formed jobs, quantity bombs among them): the server never crashes,
-  answers no 5xx without a logged decision, logs every answer it gives in a record of bounded
-  size, denies every deny-worthy job, and the decision log verifies afterwards;
+  ReDoS names against an admin's regex rule, callers without the API server's client
+  certificate, plus deny-worthy but well-formed jobs, quantity bombs among them), while the
+  admin bundle is replaced by a YAML bomb: the server never crashes, refuses forged callers at
+  TLS, keeps the last good bundle, answers no 5xx without a logged decision, logs every answer
+  it gives in a record of bounded size, denies every deny-worthy job, and the decision log
+  verifies afterwards;
 - a certificate renewed (``certs.issue.renew``) while several clients keep sending requests:
   no request fails and new connections get the new certificate.
 
@@ -20,6 +23,7 @@ import multiprocessing
 import random
 import socket
 import ssl
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -28,6 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+import trustme
 from cryptography import x509
 
 from certs.issue import issue, renew
@@ -61,6 +66,7 @@ class Case:
     deny: bool = False  # well-formed and deny-worthy: /validate must refuse it
     allow: bool = False  # a clean allowed job (control: proves the server is not refusing everything)
     oversize: bool = False  # over the body limit: a 413 or a closed connection is the right answer
+    forged: bool = False  # sent without the API server's client certificate: refused at TLS, no record
 
 
 def _text(rng: random.Random, size: int = 12) -> str:
@@ -216,6 +222,13 @@ def hostile_case(index: int) -> Case:
                                                  {"oldObject": rng.choice([obj, [], "x"])}, {"dryRun": "yes"},
                                                  {"userInfo": rng.choice(["root", {"groups": {"a": 1}}])}]))
         return Case(index, "wrong-types", endpoint, json.dumps(review).encode())
+    if roll < 0.775:  # a name that makes a backtracking regex run for hours: RE2 answers in linear time
+        obj.setdefault("metadata", {})["name"] = "a" * rng.randint(28, 250) + "!"
+        review = _review(rng, obj)
+        return Case(index, "redos", endpoint, json.dumps(review).encode(), review["request"]["uid"])
+    if roll < 0.7775:  # a forged caller: a well-formed review without the API server's certificate
+        review = _review(rng, _deny_worthy(rng))
+        return Case(index, "forged-caller", "/validate", json.dumps(review).encode(), forged=True)
     if roll < 0.78:  # a forged identity of megabytes: answered, and its record stays small
         review = _review(rng, obj, userInfo={"username": "u" * rng.randint(200_000, 1_500_000),
                                              "groups": [_text(rng, 20) for _ in range(rng.randint(100, 5000))]})
@@ -269,14 +282,22 @@ class Answer:
     error: str = ""
 
 
-def send_cases(port: int, ca_pem: str, indices: list[int]) -> list[Answer]:
+def send_cases(port: int, ca_pem: str, client_pem: bytes, indices: list[int]) -> list[Answer]:
     """One client process: its cases in turn over one keep-alive HTTPS connection, as the API
-    server holds them. Separate processes, so the clients do not share the server's GIL."""
+    server holds them, with the API server's client certificate (``client_pem``: key and chain).
+    Separate processes, so the clients do not share the server's GIL."""
     context = ssl.create_default_context(cadata=ca_pem)
+    with tempfile.NamedTemporaryFile(suffix=".pem") as pem:
+        pem.write(client_pem)
+        pem.flush()
+        context.load_cert_chain(pem.name)
     conn: http.client.HTTPSConnection | None = None
     answers = []
     for index in indices:
         case = hostile_case(index)
+        if case.forged:
+            answers.append(_forged(port, ca_pem, case))
+            continue
         if conn is None or case.oversize:
             conn = http.client.HTTPSConnection("localhost", port, context=context, timeout=60)
         try:
@@ -301,22 +322,84 @@ def send_cases(port: int, ca_pem: str, indices: list[int]) -> list[Answer]:
     return answers
 
 
+def _forged(port: int, ca_pem: str, case: Case) -> Answer:
+    """``case`` sent without a client certificate: the status is None unless the server answered."""
+    conn = http.client.HTTPSConnection("localhost", port, context=ssl.create_default_context(cadata=ca_pem),
+                                       timeout=30)
+    try:
+        conn.request("POST", case.endpoint, body=case.body, headers={"Content-Type": "application/json"})
+        reply = conn.getresponse()
+        return Answer(replace(case, body=b""), reply.status, reply.read().decode(errors="replace"))
+    except (ConnectionError, http.client.HTTPException, socket.timeout, ssl.SSLError) as exc:
+        return Answer(replace(case, body=b""), None, None, f"{type(exc).__name__}: {exc}")
+    finally:
+        conn.close()
+
+
+# An admin's rule that runs a regex over the submitter's name on every review (ReDoS bait: with
+# a backtracking engine, 'a'*28+'!' against it stalls for seconds).
+REGEX_BUNDLE = """apiVersion: policy.trainjob-admission.io/v1alpha1
+kind: PolicyBundle
+metadata: {name: admin-regex}
+spec:
+  validations:
+    - name: name-scan
+      expression: "size(object.metadata.name.find('^([a-z0-9]+)*$')) >= 0"
+      message: never fails; runs the regex
+"""
+YAML_BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+    f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n" for i in range(9))
+
+
+@pytest.fixture
+def hostile_server(tmp_path: Path):
+    """The server as deployed for hostile traffic: the API server's client CA required, the
+    default bundle plus an admin bundle whose regex rule reads the submitter's name."""
+    client_ca = trustme.CA()
+    client_ca.cert_pem.write_to_path(str(tmp_path / "client-ca.crt"))
+    rules = tmp_path / "admin-regex.yaml"
+    rules.write_text(REGEX_BUNDLE)
+    running, thread = start_server(tmp_path, ["builtin:default", str(rules)], client_ca_file=tmp_path / "client-ca.crt",
+                                   probe_port=0)
+    running.client_pem = client_ca.issue_cert("kube-apiserver").private_key_and_cert_chain_pem.bytes()
+    running.client_pem_file = tmp_path / "apiserver-client.pem"
+    running.client_pem_file.write_bytes(running.client_pem)
+    running.rules_file = rules
+    yield running
+    stop_server(running, thread)
+
+
 def _decision_id(answer: Answer) -> str | None:
     body = answer.body if isinstance(answer.body, dict) else {}
     response = body.get("response") if isinstance(body.get("response"), dict) else {}
     return (response.get("auditAnnotations") or {}).get("decision-id") or body.get("decisionId")
 
 
-def test_ten_thousand_hostile_payloads(webhook_server: Running):
+def test_ten_thousand_hostile_payloads(hostile_server: Running):
+    webhook_server = hostile_server
     started = time.monotonic()
     chunks = [list(range(start, min(start + 250, CASES))) for start in range(0, CASES, 250)]
     ca_pem = webhook_server.ca.cert_pem.bytes().decode()
+    # Halfway through, someone replaces the admin bundle with a YAML bomb: rejected, the last good kept.
+    bomb = threading.Timer(3.0, webhook_server.rules_file.write_text, [YAML_BOMB])
+    bomb.start()
     with ProcessPoolExecutor(CLIENTS, mp_context=multiprocessing.get_context("spawn")) as pool:
-        answers = [a for chunk in pool.map(send_cases, [webhook_server.port] * len(chunks), [ca_pem] * len(chunks),
-                                           chunks) for a in chunk]
+        n = len(chunks)
+        answers = [a for chunk in pool.map(send_cases, [webhook_server.port] * n, [ca_pem] * n,
+                                           [webhook_server.client_pem] * n, chunks) for a in chunk]
+    bomb.join()
     elapsed = time.monotonic() - started
-    status, body = webhook_server.get("/healthz")
-    assert (status, body) == (200, "ok"), "the server stopped answering"
+    assert str(webhook_server.rules_file) in webhook_server.server.registry.errors, "the bomb was never read"
+    assert "admin-regex" in {b.name for b in webhook_server.server.registry.active}, "the last good bundle is gone"
+    assert _forged(webhook_server.port, ca_pem, replace(hostile_case(0), forged=True)).status is None, \
+        "a caller without the client certificate was answered"
+    context = webhook_server.client_context()
+    context.load_cert_chain(webhook_server.client_pem_file)
+    conn = http.client.HTTPSConnection("localhost", webhook_server.port, context=context, timeout=10)
+    conn.request("GET", "/healthz")
+    assert conn.getresponse().read() == b"ok", "the server stopped answering"
+    conn.close()
 
     kinds = Counter(a.case.kind for a in answers)
     statuses = Counter(a.status for a in answers)
@@ -324,14 +407,19 @@ def test_ten_thousand_hostile_payloads(webhook_server: Running):
           f"statuses {dict(statuses)}")
     records = {r["id"]: r for r in webhook_server.records()}
 
+    # Forged callers were refused at TLS: no answer, no record.
+    assert kinds["forged-caller"] > 10 and all(a.status is None for a in answers if a.case.forged)
     # No request went unanswered, except oversize bodies, which may be cut off mid-upload.
-    dropped = [(a.case.index, a.case.kind, a.error) for a in answers if a.status is None and not a.case.oversize]
+    dropped = [(a.case.index, a.case.kind, a.error) for a in answers
+               if a.status is None and not a.case.oversize and not a.case.forged]
     assert not dropped, f"connections dropped without an answer: {dropped[:5]}"
     # No 5xx without a logged decision.
     bad_5xx = [(a.case.index, a.status) for a in answers if a.status and a.status >= 500 and _decision_id(a) not in records]
     assert not bad_5xx, f"5xx answers with no logged decision: {bad_5xx[:5]}"
     for a in answers:
         where = f"case {a.case.index} ({a.case.kind}): {a.status} {str(a.body)[:300]}"
+        if a.case.forged:
+            continue  # refused at TLS: checked above
         if a.case.oversize:
             assert a.status in (413, None), where
             if a.status == 413:  # refused before parsing, and still logged
@@ -352,9 +440,12 @@ def test_ten_thousand_hostile_payloads(webhook_server: Running):
         if a.case.allow:
             assert a.status == 200 and a.body["response"]["allowed"] is True, f"clean job refused: {where}"
     # One record per answered review, none extra, none twice.
-    answered = [_decision_id(a) for a in answers if a.status in (200, 400, 413, 429) and a.case.kind != "other-route"]
+    answered = [_decision_id(a) for a in answers if a.status in (200, 400, 413, 429) and a.case.kind != "other-route"
+                and not a.case.forged]
     assert len(answered) == len(set(answered)) == len(records)
-    assert kinds["deny-worthy"] > 2000 and kinds["allowed"] > 400 and kinds["huge-user"] > 50
+    assert kinds["deny-worthy"] > 2000 and kinds["allowed"] > 400 and kinds["huge-user"] > 10 and kinds["redos"] > 20
+    redos = [records[_decision_id(a)] for a in answers if a.case.kind == "redos" and a.status == 200]
+    assert redos and all(any(r["rule"] == "name-scan" and r["result"] == "pass" for r in rec["rules"]) for rec in redos)
     # Records stay small whatever the request held (a forged identity could rotate the log away).
     huge_users = [records[_decision_id(a)] for a in answers if a.case.kind == "huge-user" and a.status == 200]
     assert huge_users and all(len(json.dumps(r)) < 16_384 and r["user"].endswith(" chars]") for r in huge_users)

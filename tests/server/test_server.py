@@ -104,6 +104,26 @@ def test_body_over_limit_is_refused_and_logged(webhook_server):
     assert record["decision"] == "error" and record["httpStatus"] == 413 and record["allowed"] is False
 
 
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "br"])
+def test_compressed_body_is_refused_unread_and_logged(webhook_server, encoding):
+    """A 3.5 KB gzip body that inflates to 3 MB would slip past the size and in-flight bounds,
+    which count the bytes sent."""
+    import gzip
+    import http.client
+
+    body = gzip.compress(json.dumps({"x": "a" * 3_000_000}).encode())
+    conn = http.client.HTTPSConnection("localhost", webhook_server.port, context=webhook_server.client_context(),
+                                       timeout=10)
+    conn.request("POST", "/validate", body=body, headers={"Content-Type": "application/json",
+                                                          "Content-Encoding": encoding})
+    reply = conn.getresponse()
+    payload = json.loads(reply.read())
+    conn.close()
+    assert reply.status == 415 and "send the AdmissionReview uncompressed" in payload["error"]
+    (record,) = [r for r in webhook_server.records() if r["id"] == payload["decisionId"]]
+    assert record["httpStatus"] == 415 and record["allowed"] is False
+
+
 def test_tls_1_1_client_is_refused(webhook_server):
     context = webhook_server.client_context()
     context.minimum_version = ssl.TLSVersion.TLSv1

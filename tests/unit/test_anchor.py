@@ -129,7 +129,44 @@ def test_replaced_by_records_of_another_replica(tmp_path, keys):
     path.unlink()
     write(path, 10, replica="pod-b")
     report = verify([path], checkpoint)
-    assert kinds(report) == ["truncated"] and "no records of replica pod-a" in str(report), report
+    assert kinds(report) == ["unanchored", "truncated"] and "no records of replica pod-a" in str(report), report
+
+
+def forge(path: Path, replica: str = "vm-7f9c", n: int = 2) -> bytes:
+    """Records of a made-up replica, chained from the genesis digest as anyone can write them."""
+    write(path.with_name("forged.jsonl"), n, replica=replica)
+    return path.with_name("forged.jsonl").read_bytes()
+
+
+@pytest.mark.parametrize("where", ["end", "start"])
+def test_records_of_another_replica_in_the_service_files_are_inserted(tmp_path, keys, where):
+    path = tmp_path / "d.jsonl"
+    log = write(path, 10)
+    forged = forge(path)
+    path.write_bytes(path.read_bytes() + forged if where == "end" else forged + path.read_bytes())
+    report = verify([path])
+    assert kinds(report) == ["inserted"] and "replica vm-7f9c (seq 0..1)" in str(report), report
+    anchored = verify([path], anchors(keys, log))
+    assert kinds(anchored) == ["inserted"] and "in the files of replica pod-a" in str(anchored), anchored
+
+    result = run("decisions", "query", "--log", str(path))
+    assert result.returncode == 1 and b"NOT INTACT" in result.stderr, result
+
+
+def test_a_replica_no_checkpoint_anchors_fails(tmp_path, keys):
+    a = tmp_path / "a.jsonl"
+    log = write(a, 5)
+    stream = a.read_bytes() + forge(a)
+    assert verify_stream(stream).ok  # a log store merges replicas: without checkpoints, any chain passes
+    report = verify_stream(stream, anchors=anchors(keys, log))
+    assert kinds(report) == ["unanchored"] and "replica vm-7f9c: FAILED" in str(report), report
+
+
+def test_a_list_of_every_replica_checkpoint_anchors_one_replica_files(tmp_path, keys):
+    log_a, log_b = write(tmp_path / "a.jsonl", 5), write(tmp_path / "b.jsonl", 3, replica="pod-b")
+    assert verify([tmp_path / "a.jsonl"], anchors(keys, log_a, log_b)).ok
+    report = verify([tmp_path / "a.jsonl"], anchors(keys, log_b))
+    assert kinds(report) == ["unanchored", "truncated"], report
 
 
 def test_a_checkpoint_signed_by_another_key_is_forged(tmp_path, keys):

@@ -175,3 +175,27 @@ def _same_cel(a, b) -> bool:
                     max_leaves=20))
 def test_to_cel_converts_like_the_library(value):
     assert _same_cel(to_cel(value), celpy.json_to_cel(value))
+
+
+SECRET_ENV = "hf_RUNTIMESECRETabcdef123456-and-some-more-of-it"
+
+
+@pytest.mark.parametrize("expression", [
+    "object.spec.trainer.env.all(e, !isQuantity(e.value) || quantity(e.value) <= quantity('64Gi'))",
+    "object.spec.trainer.env.all(e, isQuantity(e.value) && quantity(e.value).isGreaterThan(quantity('64Gi')) "
+    "|| true)",
+    "true || quantity(object.spec.trainer.env[0].value).asInteger() > 0",
+])
+def test_a_function_error_is_a_cel_error_value_that_or_and_and_absorb(expression):
+    """CEL's `true || error` is true: a custom function's failure on the request's data must be
+    an error value, not a Python exception that fails the whole rule (and echoes the value)."""
+    obj = {"spec": {"trainer": {"env": [{"name": "HF_TOKEN", "value": SECRET_ENV}, {"name": "M", "value": "8Gi"}]}}}
+    assert run(expression, object=obj) is True
+
+
+def test_function_errors_name_long_values_by_length_only():
+    with pytest.raises(CelEvalError, match="a 48-character value is not a Kubernetes quantity") as info:
+        run("quantity(object.v) <= quantity('1')", object={"v": SECRET_ENV})
+    assert SECRET_ENV[:10] not in str(info.value)
+    with pytest.raises(CelEvalError, match="'lots' is not a Kubernetes quantity"):
+        run("quantity('lots') <= quantity('1')")

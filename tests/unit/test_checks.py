@@ -60,6 +60,17 @@ def test_quota_example_over_quota_gives_numbers_and_fix(example_job, example_sta
     assert finding.remediation == "reduce spec.trainer.numNodes to 2 or ask your admin to raise the quota"
 
 
+@pytest.mark.parametrize("value", ["1e20", "lots"])
+def test_a_quota_value_beyond_counting_leaves_the_rest_of_the_quota_checked(build, value):
+    """requests.storage: 1e20 is a valid quota (the API server keeps it exactly); it once switched
+    off the whole quota, so an over-quota job was admitted with no warning."""
+    job = job_of(build, numNodes=4, resourcesPerNode=per_node(gpus=2))  # 8 GPUs
+    quota = build.quota({"requests.nvidia.com/gpu": "4", "requests.storage": value},
+                        {"requests.nvidia.com/gpu": "0", "requests.storage": "0"})
+    (finding,) = quota_check(job, [quota])
+    assert "job needs 8 nvidia.com/gpu" in finding.message
+
+
 def test_quota_used_is_subtracted(build):
     job = job_of(build, numNodes=4, resourcesPerNode=per_node(gpus=2))  # 4 nodes x 2 = 8 GPUs
     assert quota_check(job, [build.quota({"requests.nvidia.com/gpu": "8"}, {"requests.nvidia.com/gpu": "0"})]) == []
@@ -188,6 +199,16 @@ def test_gpu_per_job(build):
     assert finding.message == "job requests 20 GPUs (5 workers x 4); the limit is 16 per job"
     assert finding.remediation.startswith("reduce workers to 4 (spec.trainer.numNodes)")
     assert gpu.check(CheckContext(job), GpuCheck(maxPerJob=20)) == []
+
+
+def test_gpu_per_pod_limit_holds_for_jobs_a_patch_adds_under_another_name(build):
+    """16 GPUs in a 'helper' replicated job added by a runtimePatch once escaped maxPerWorker 8."""
+    helper = {"name": "helper", "template": {"spec": {"template": {"spec": build.pod_spec(gpus=16)}}}}
+    job = job_of(build, numNodes=2, runtime_patches=[
+        {"manager": "test.io/x", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [helper]}}}}])
+    (finding,) = gpu.check(CheckContext(job), GpuCheck(maxPerWorker=8))
+    assert finding.message == "helper pods request 16 nvidia.com/gpu; the limit is 8 per pod"
+    assert "replicatedJobs[helper]" in finding.remediation
 
 
 def test_gpu_allowed_resource_names(build):

@@ -387,3 +387,12 @@ def test_serve_start_up_errors_are_one_line_with_the_fix(tmp_path: Path) -> None
             lines = result.stderr.strip().splitlines()
             assert result.returncode == code and len(lines) == 1 and lines[0].startswith("error: "), (args, result.stderr)
             assert cause in lines[0] and fix in lines[0], (args, lines[0])
+
+
+def test_lint_prints_a_lone_surrogate_escaped_not_a_traceback(tmp_path: Path) -> None:
+    bundle = tmp_path / "b.yaml"
+    bundle.write_text('apiVersion: policy.trainjob-admission.io/v1alpha1\nkind: PolicyBundle\nmetadata: {name: b}\n'
+                      'spec:\n  validations:\n    - name: "\\ud800"\n      expression: "true"\n')
+    result = run("policy", "lint", str(bundle))
+    assert b"Traceback" not in result.stderr and result.returncode in (0, 2), result
+    assert b"\\ud800" in result.stdout + result.stderr

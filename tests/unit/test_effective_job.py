@@ -324,6 +324,41 @@ def test_num_nodes_must_be_a_positive_integer_not_coerced(build, value, why):
         assert str(info.value).startswith(f"spec.trainer.{field} must be an integer") and why in str(info.value)
 
 
+def _patched_jobs(*replicated_jobs: dict) -> list[dict]:
+    return [{"manager": "test.io/x", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": list(replicated_jobs)}}}}]
+
+
+@pytest.mark.parametrize("field, value", [("replicas", -6), ("replicas", "-6"), ("parallelism", -6),
+                                          ("parallelism", "abc"), ("replicas", 2.5)])
+def test_counts_in_runtime_patches_are_integers_too(build, pod_spec_gpus, field, value):
+    """A negative 'ghost' job would subtract its GPUs from the totals the quota check compares."""
+    ghost: dict = {"name": "ghost", "template": {"spec": {"template": {"spec": pod_spec_gpus}}}}
+    if field == "replicas":
+        ghost["replicas"] = value
+    else:
+        ghost["template"]["spec"]["parallelism"] = value
+    with pytest.raises(JobModelError, match=rf"^replicatedJobs\[ghost\]\.(template\.spec\.)?{field} must be an integer"):
+        _job(build, build.runtime(), numNodes=2, runtime_patches=_patched_jobs(ghost))
+
+
+@pytest.fixture
+def pod_spec_gpus(build) -> dict:
+    return build.pod_spec(gpus=4)
+
+
+def test_zero_replicas_is_no_pods(build, pod_spec_gpus):
+    job = _job(build, build.runtime(), numNodes=2, runtime_patches=_patched_jobs(
+        {"name": "idle", "replicas": 0, "template": {"spec": {"template": {"spec": pod_spec_gpus}}}}))
+    assert next(p for p in job.pod_sets if p.name == "idle").count == 0
+
+
+def test_many_replicated_jobs_are_refused_before_any_work(build, pod_spec_gpus):
+    """Three patches of 1000 jobs each (every list under the input limit) once took 1.3 GB."""
+    jobs = [{"name": f"j{i}", "template": {"spec": {"template": {"spec": pod_spec_gpus}}}} for i in range(40)]
+    with pytest.raises(JobModelError, match="42 replicated jobs, more than 32"):  # the runtime's 2 and 40
+        _job(build, build.runtime(), numNodes=2, runtime_patches=_patched_jobs(*jobs))
+
+
 @pytest.mark.parametrize("field, value", [("replicas", "5"), ("replicas", -1), ("replicas", True)])
 def test_mpijob_counts_are_integers_too(example_job, example_state, field, value):
     obj = example_job("legacy-mpijob")

@@ -209,3 +209,19 @@ def test_review_denies_with_exit_1_and_no_traceback(build, tmp_path, capsys):
 def test_a_bundle_with_an_absurd_quantity_is_refused(make_bundle):
     with pytest.raises(BundleError, match="larger than any resource Kubernetes can hold"):
         make_bundle({"checks": {"shape": {"minWorkerCpu": "1e600000"}}})
+
+
+@pytest.mark.parametrize("text", ["wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "9" * 30 + "x", "1e" + "9" * 40,
+                                  "1" * 2000])
+def test_errors_name_a_long_value_by_its_length_not_a_prefix(text):
+    """Redaction replaces whole values only: an echoed prefix of a secret would get past it."""
+    with pytest.raises(QuantityError, match=f"a {len(text)}-character value") as info:
+        to_decimal(text)
+    assert text[:8] not in str(info.value)
+
+
+def test_errors_quote_a_short_value_whole():
+    with pytest.raises(QuantityError, match="^'lots' is not a Kubernetes quantity"):
+        to_decimal("lots")
+    with pytest.raises(QuantityError, match=r"^a 5-character value is not"):
+        to_decimal("1\x1b[2J")  # not printable: not repeated

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 from policies.redaction import echoable_values, scrub
+from policies.state import ClusterState
+from tests.support.objects import bare_trainjob, mpi_runtime, pod_spec
 
 SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 
@@ -23,3 +25,30 @@ def test_env_values_and_annotations_anywhere_in_the_job_longest_first():
 
 def test_hostile_shapes_are_ignored():
     assert echoable_values({"env": "x" * 20, "annotations": ["y" * 20], "spec": {"env": [None, 3, {"value": 5}]}}) == []
+
+
+def test_values_the_runtime_and_the_namespace_hold_are_redacted_too(make_bundle, review):
+    """A rule may echo what the submitter never wrote: an env value the runtime sets (containers
+    and initContainers of every pod set) or a namespace annotation."""
+    node = pod_spec()
+    node["containers"][0]["env"] = [{"name": "HF_TOKEN", "value": "hf_RUNTIMESECRETabcdef123456"}]
+    launcher = pod_spec()
+    launcher["initContainers"] = [{"name": "fetch", "image": "busybox",
+                                   "env": [{"name": "S3_KEY", "value": "s3-INITSECRET-0987654321"}]}]
+    namespace = {"apiVersion": "v1", "kind": "Namespace",
+                 "metadata": {"name": "team-a", "labels": {"cost-center": "cc-4711-long-label"},
+                              "annotations": {"vault.example.com/token": "s.NAMESPACESECRETxyz123"}}}
+    state = ClusterState.from_objects([mpi_runtime(node=node, launcher=launcher), namespace])
+    bundle = make_bundle({"validations": [
+        {"name": "env", "expression": "false", "messageExpression":
+            "job.podSets.map(p, p.pod.spec.containers.map(c, has(c.env) ? c.env.map(e, e.value).join(',') : '')"
+            ".join(';') + '|' + (has(p.pod.spec.initContainers) ? p.pod.spec.initContainers.map(c, "
+            "c.env.map(e, e.value).join(',')).join(';') : '')).join(' ')"},
+        {"name": "ns", "expression": "false", "messageExpression":
+            "namespaceObject.metadata.annotations.map(k, namespaceObject.metadata.annotations[k]).join(',') + ' ' + "
+            "namespaceObject.metadata.labels['cost-center']"},
+    ]})
+    text = " ".join(m["message"] for m in review(bare_trainjob(numNodes=2), [bundle], state).messages)
+    for secret in ("hf_RUNTIMESECRETabcdef123456", "s3-INITSECRET-0987654321", "s.NAMESPACESECRETxyz123"):
+        assert secret not in text, text
+    assert text.count("[redacted]") >= 3 and "cc-4711-long-label" in text, "labels are not secret: kept"

@@ -134,9 +134,40 @@ def verify_stream(data: bytes, name: str = "<stdin>", anchors: Anchors | None = 
 
 
 def _verify(lines: Iterable[tuple[Path, int, bytes]], anchors: Anchors | None, *, whole_files: bool) -> VerifyReport:
-    """One walk per replica, each held against that replica's checkpoints. A record without
-    `replica` (written before records named it) or a malformed line belongs to the chain of the
-    record before it; those at the very start, to the first named chain."""
+    """One walk per replica, each held against that replica's checkpoints. With checkpoints, a
+    replica none of them anchors fails (`unanchored`): anyone who can write the log can start a
+    chain from the genesis digest under a made-up name. The service's own files (``whole_files``)
+    hold one replica's chain, so there the records of any other replica are `inserted`."""
+    chains = _chains(lines)
+    checkpoints = list(anchors.checkpoints) if anchors else []
+    inserted: list[Problem] = []
+    extra = 0
+    if whole_files and len(chains) > 1:
+        owner = _owner(chains, checkpoints)
+        inserted = [_inserted(name, entries, owner) for name, entries in chains.items() if name != owner]
+        extra = sum(len(entries) for name, entries in chains.items() if name != owner)
+        chains = {owner: chains[owner]}
+    parts = [_anchored(_Walk(entries).run(), entries, name, checkpoints, anchors, whole_files)
+             for name, entries in chains.items()]
+    # The service's files are one replica's: the checkpoints of the others (a List of every
+    # replica's Lease) anchor other files, unless none anchors this one.
+    others_ok = whole_files and any(cp.replica in chains for cp in checkpoints)
+    stray = [cp for cp in checkpoints if cp.replica not in chains and None not in chains and not others_ok]
+    missing = [Problem("truncated", Path(f"{anchors.source} (replica {cp.replica})"), 0, cp.seq,
+                       f"no records of replica {cp.replica}, but its checkpoint of {cp.time} says seq {cp.seq} "
+                       "was written") for cp in stray] if anchors else []
+    if not parts:
+        return VerifyReport(0, missing, None, None)
+    if len(parts) == 1:
+        return replace(parts[0], records=parts[0].records + extra, problems=inserted + parts[0].problems + missing)
+    return VerifyReport(sum(p.records for p in parts), [q for p in parts for q in p.problems] + missing,
+                        None, None, parts=tuple(parts))
+
+
+def _chains(lines: Iterable[tuple[Path, int, bytes]]) -> dict[str | None, list[_Entry]]:
+    """The lines by replica, in order of first appearance. A record without `replica` (written
+    before records named it) or a malformed line belongs to the chain of the record before it;
+    those at the very start, to the first named chain."""
     chains: dict[str | None, list[_Entry]] = {}
     replica: str | None = None
     for path, number, raw in lines:
@@ -151,19 +182,23 @@ def _verify(lines: Iterable[tuple[Path, int, bytes]], anchors: Anchors | None, *
                 chains[named] = chains.pop(None)
             replica = named if isinstance(named, str) else replica
         chains.setdefault(replica, []).append(entry)
-    checkpoints = list(anchors.checkpoints) if anchors else []
-    parts = [_anchored(_Walk(entries).run(), entries, name, checkpoints, anchors, whole_files)
-             for name, entries in chains.items()]
-    stray = [cp for cp in checkpoints if cp.replica not in chains and None not in chains]
-    missing = [Problem("truncated", Path(f"{anchors.source} (replica {cp.replica})"), 0, cp.seq,
-                       f"no records of replica {cp.replica}, but its checkpoint of {cp.time} says seq {cp.seq} "
-                       "was written") for cp in stray] if anchors else []
-    if not parts:
-        return VerifyReport(0, missing, None, None)
-    if len(parts) == 1:
-        return replace(parts[0], problems=parts[0].problems + missing)
-    return VerifyReport(sum(p.records for p in parts), [q for p in parts for q in p.problems] + missing,
-                        None, None, parts=tuple(parts))
+    return chains
+
+
+def _owner(chains: dict[str | None, list[_Entry]], checkpoints: list[Checkpoint]) -> str | None:
+    """Whose files these are: the replica a checkpoint names, else the one with most records
+    (without a checkpoint nothing tells a made-up chain from the real one; both are reported)."""
+    anchored = [name for name in chains if any(cp.replica == name for cp in checkpoints)]
+    return anchored[0] if anchored else max(chains, key=lambda name: len(chains[name]))
+
+
+def _inserted(replica: str | None, entries: list[_Entry], owner: str | None) -> Problem:
+    first = next((e for e in entries if e.record is not None), entries[0])
+    seqs = sorted(e.record["seq"] for e in entries if e.record is not None)
+    span = f"seq {seqs[0]}..{seqs[-1]}" if seqs else "no seq"
+    return Problem("inserted", first.file, first.line, first.record["seq"] if first.record else None,
+                   f"{len(entries)} line(s) of replica {replica} ({span}) in the files of replica {owner}: the "
+                   "service's files hold only its own chain, so these were added by someone else")
 
 
 def _anchored(report: VerifyReport, entries: list[_Entry], replica: str | None, checkpoints: list[Checkpoint],
@@ -172,7 +207,7 @@ def _anchored(report: VerifyReport, entries: list[_Entry], replica: str | None, 
     without replica names)."""
     mine = [cp for cp in checkpoints if replica is None or cp.replica == replica]
     if anchors is None or not mine:
-        return replace(report, replica=replica)
+        return replace(report, replica=replica, problems=report.problems + _unanchored(entries, replica, anchors))
     records = [e for e in entries if e.record is not None]
     digests: dict[int, list[str]] = {}
     for e in records:
@@ -187,6 +222,18 @@ def _anchored(report: VerifyReport, entries: list[_Entry], replica: str | None, 
                      for f in findings]
         phrases += [phrase] if phrase else []
     return replace(report, problems=problems, replica=replica, anchored="; ".join(phrases))
+
+
+def _unanchored(entries: list[_Entry], replica: str | None, anchors: Anchors | None) -> list[Problem]:
+    """With checkpoints given, a replica whose records none of them anchors: such a chain proves
+    nothing (it may be made up), so it fails."""
+    first = next((e for e in entries if e.record is not None), None)
+    if anchors is None or first is None:
+        return []
+    return [Problem("unanchored", first.file, first.line, first.record["seq"] if first.record else None,
+                    f"records of replica {replica}, but {anchors.source} holds no checkpoint of it: a chain no "
+                    "checkpoint anchors could have been written by anyone who can write the log; give that "
+                    "replica's checkpoint too (the List of every replica's Lease)")]
 
 
 class _Walk:
