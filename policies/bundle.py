@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from importlib import resources
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .cel import CelCompileError, CompiledExpression, compile_expression
-from .resources import QuantityError, to_decimal
+from .resources import DEFAULT_ACCELERATORS, QuantityError, to_decimal
 
 API_VERSION = "policy.trainjob-admission.io/v1alpha1"
 KIND = "PolicyBundle"
@@ -91,8 +91,12 @@ class GpuCheck(Strict):
     enabled: bool = True
     maxPerWorker: int | None = Field(default=None, ge=0)
     maxPerJob: int | None = Field(default=None, ge=0)
-    allowedResources: list[str] = ["nvidia.com/gpu", "amd.com/gpu", "intel.com/gpu"]
+    allowedResources: list[str] = ["nvidia.com/gpu", "amd.com/gpu"]
     allowOnLauncher: bool = False
+    # What counts as a GPU (fnmatch patterns of device-plugin resources): job totals, these limits,
+    # quota messages, the CEL job.totals.gpus. Device counts only, never shares such as millicores.
+    accelerators: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(
+        default=list(DEFAULT_ACCELERATORS), max_length=64)
 
 
 class ShapeCheck(Strict):
@@ -112,9 +116,32 @@ class ShapeCheck(Strict):
 
 class PodSecurityCheck(Strict):
     enabled: bool = True
-    level: Literal["privileged", "baseline", "restricted"] = "restricted"
+    # For a namespace without a pod-security.kubernetes.io/enforce label (Kubernetes' own default
+    # there is privileged); for every namespace when honorNamespaceLabel is false.
+    defaultLevel: Literal["privileged", "baseline", "restricted"] = "baseline"
     honorNamespaceLabel: bool = True  # pod-security.kubernetes.io/enforce on the namespace wins
-    openshiftSCC: bool = True  # also the restricted-v2 SCC constraints
+    # restricted-v2 SCC: auto where the namespace carries openshift.io/sa.scc.uid-range.
+    openshiftSCC: Literal["auto", "always", "never"] = "auto"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        """Bundles written before these fields changed keep their meaning: a PolicyBundle that
+        stopped compiling on upgrade would leave its namespaces with no policy at all."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if "level" in data:
+            if "defaultLevel" in data:
+                raise ValueError("`level` is the old name of `defaultLevel`: keep only `defaultLevel`")
+            data["defaultLevel"] = data.pop("level")
+        if isinstance(data.get("openshiftSCC"), bool):  # the old true checked every namespace
+            data["openshiftSCC"] = "always" if data["openshiftSCC"] else "never"
+        return data
+
+
+class LimitRangeCheck(Strict):
+    enabled: bool = True
 
 
 class Checks(Strict):
@@ -122,6 +149,7 @@ class Checks(Strict):
     gpu: GpuCheck | None = None
     shape: ShapeCheck | None = None
     podSecurity: PodSecurityCheck | None = None
+    limitRange: LimitRangeCheck | None = None
 
 
 class IstioMutation(Strict):
@@ -195,6 +223,16 @@ def merged(model: type[Section], sections: Sequence[Section]) -> Section:
     return model.model_construct(**{
         name: next((value for section in sections if (value := getattr(section, name)) is not None), None)
         for name in model.model_fields})
+
+
+def accelerators(bundles: Sequence["Bundle"]) -> tuple[str, ...]:
+    """The accelerator families of the matching bundles that have a GPU check (their union: one
+    effective job serves them all), else the default list."""
+    found: dict[str, None] = {}
+    for bundle in bundles:
+        if bundle.spec.checks.gpu is not None:
+            found.update(dict.fromkeys(bundle.spec.checks.gpu.accelerators))
+    return tuple(found) if found else DEFAULT_ACCELERATORS
 
 
 class BundleSpec(Strict):

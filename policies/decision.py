@@ -82,6 +82,9 @@ class Decision:
     job: EffectiveJob | None
     mutated: dict
     injection_settings: Injections | None = None  # what the injector renders the plans with
+    # Checks that ran without the cluster objects they read ({"check", "reason"}): online the
+    # watched state is the truth, offline (review --cluster-state) it may be state left out.
+    unchecked: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def allowed(self) -> bool:
@@ -138,4 +141,5 @@ class Decision:
             "patch": self.patch,
             "injections": self.injections,
             "job": self.job.totals if self.job else None,
+            "unchecked": self.unchecked,
         }

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import redaction, smp
-from .resources import QuantityError, is_accelerator, numbers
+from . import limitranger, redaction, smp
+from .resources import DEFAULT_ACCELERATORS, QuantityError, is_accelerator, numbers
 from .state import TRAINER_GROUP, ClusterState
 
 MPIJOB_GROUP = "kubeflow.org"
@@ -28,6 +28,14 @@ _JSON_TYPES = {str: "string", bool: "boolean", float: "number", list: "list", di
 
 class JobModelError(ValueError):
     """The object cannot be turned into an effective job (its runtime is missing, a value is bad)."""
+
+
+class RuntimeNotFound(JobModelError):
+    """The runtime the TrainJob names is not in the state: offline, state the reviewer left out."""
+
+    def __init__(self, message: str, missing: str):
+        super().__init__(message)
+        self.missing = missing  # "no ClusterTrainingRuntime 'x'", for Decision.unchecked
 
 
 @dataclass
@@ -207,12 +215,12 @@ def pod_resources(pod_spec: dict) -> tuple[dict[str, int], dict[str, int]]:
     return requests, limits
 
 
-def _finish(pod_set: PodSet) -> PodSet:
+def _finish(pod_set: PodSet, accelerators: tuple[str, ...]) -> PodSet:
     try:
         pod_set.requests, pod_set.limits = pod_resources(pod_set.pod.get("spec") or {})
     except QuantityError as exc:
         raise JobModelError(f"{pod_set.source}: {exc}") from exc
-    pod_set.gpus = {name: amount for name, amount in pod_set.requests.items() if is_accelerator(name)}
+    pod_set.gpus = {name: amount for name, amount in pod_set.requests.items() if is_accelerator(name, accelerators)}
     return pod_set
 
 
@@ -224,18 +232,33 @@ def _upsert_env(container: dict, env: list[dict]) -> None:
     container["env"] = smp.merge(container.get("env") or [], env, "env")
 
 
-def build(obj: dict, state: ClusterState) -> EffectiveJob:
-    """Dispatch on apiVersion/kind; raises JobModelError with a message for the submitter."""
+def build(obj: dict, state: ClusterState, accelerators: tuple[str, ...] = DEFAULT_ACCELERATORS) -> EffectiveJob:
+    """Dispatch on apiVersion/kind; raises JobModelError with a message for the submitter.
+    ``accelerators``: the resource patterns counted as GPUs (PodSet.gpus, totals["gpus"])."""
     kind = obj.get("kind")
     group = str(obj.get("apiVersion", "")).split("/")[0]
     if kind == "TrainJob" and group == TRAINER_GROUP:
-        return from_trainjob(obj, state)
+        return _with_limit_ranges(from_trainjob(obj, state, accelerators), state, accelerators)
     if kind == "MPIJob" and group == MPIJOB_GROUP:
-        return from_mpijob(obj)
+        return _with_limit_ranges(from_mpijob(obj, accelerators), state, accelerators)
     raise JobModelError(f"unsupported object {obj.get('apiVersion')}/{kind}: expected trainer.kubeflow.org TrainJob or kubeflow.org MPIJob")
 
 
-def from_trainjob(trainjob: dict, state: ClusterState) -> EffectiveJob:
+def _with_limit_ranges(job: EffectiveJob, state: ClusterState, accelerators: tuple[str, ...]) -> EffectiveJob:
+    """Each pod as the API server will create it in the job's namespace: requests defaulted from
+    limits, then the LimitRange defaults (policies/limitranger.py), counted again. Nothing to do
+    (and nothing spent) in a namespace without a LimitRange."""
+    limit_ranges = state.namespace_limit_ranges(job.namespace)
+    if limit_ranges:
+        defaults = limitranger.container_defaults(limit_ranges)
+        for pod_set in job.pod_sets:
+            limitranger.apply(pod_set.pod["spec"], defaults)
+            _finish(pod_set, accelerators)
+    return job
+
+
+def from_trainjob(trainjob: dict, state: ClusterState,
+                  accelerators: tuple[str, ...] = DEFAULT_ACCELERATORS) -> EffectiveJob:
     meta = trainjob.get("metadata") or {}
     name, namespace = meta.get("name") or meta.get("generateName") or "", meta.get("namespace", "")
     spec = trainjob.get("spec") or {}
@@ -244,9 +267,10 @@ def from_trainjob(trainjob: dict, state: ClusterState) -> EffectiveJob:
     runtime = state.runtime(namespace, ref)
     if runtime is None:
         where = f" in namespace {namespace}" if ref_kind == "TrainingRuntime" else ""
-        raise JobModelError(
+        raise RuntimeNotFound(
             f"runtime {ref_kind} {ref.get('name')!r} not found{where}: "
-            "set spec.runtimeRef to an installed runtime (kubectl get clustertrainingruntimes,trainingruntimes)"
+            "set spec.runtimeRef to an installed runtime (kubectl get clustertrainingruntimes,trainingruntimes)",
+            f"no {ref_kind} {ref.get('name')!r}{where}",
         )
     runtime_spec = runtime.get("spec") or {}
     ml_policy = runtime_spec.get("mlPolicy") or {}
@@ -330,7 +354,8 @@ def from_trainjob(trainjob: dict, state: ClusterState) -> EffectiveJob:
         if mpi_policy is None and ancestor == ANCESTOR_TRAINER:
             role = "worker"
         source = f"{runtime.get('kind')} {runtime.get('metadata', {}).get('name')}, replicatedJobs[{rjob_name}] pod template"
-        pod_sets.append(_finish(PodSet(rjob_name, role, replicas * count, pod, source, frozenset(from_trainer))))
+        pod_sets.append(_finish(PodSet(rjob_name, role, replicas * count, pod, source, frozenset(from_trainer)),
+                                accelerators))
 
     mpi: dict[str, Any] = {}
     if mpi_policy is not None:
@@ -340,7 +365,8 @@ def from_trainjob(trainjob: dict, state: ClusterState) -> EffectiveJob:
             slots = count_field(trainer["numProcPerNode"], "spec.trainer.numProcPerNode")
         elif slots == 1:
             node_set = next((ps for ps in pod_sets if ps.role == "worker"), None)
-            gpus = per_node_gpus if per_node_gpus is not None else (node_set.gpu_count if node_set else 0)
+            gpus = per_node_gpus if per_node_gpus is not None else (
+                _trainer_gpus(node_set.requests, node_set.limits) if node_set else 0)
             slots = gpus if gpus > 1 else 1
         mpi = {
             "implementation": mpi_policy.get("mpiImplementation") or "OpenMPI",
@@ -379,11 +405,17 @@ def _gpus_in(resources: dict) -> int:
         limits = numbers(resources.get("limits"), "spec.trainer.resourcesPerNode.limits")
     except QuantityError as exc:
         raise JobModelError(str(exc)) from exc
-    found = sum(v for k, v in requests.items() if is_accelerator(k))
-    return found or sum(v for k, v in limits.items() if is_accelerator(k))
+    return _trainer_gpus(requests, limits)
 
 
-def from_mpijob(mpijob: dict) -> EffectiveJob:
+def _trainer_gpus(requests: dict[str, int], limits: dict[str, int]) -> int:
+    """GPUs per node as Trainer's MPI plugin counts them for slots: resources whose name contains
+    "gpu" (runtime.GetNumGPUPerNode), not the service's accelerator families (resources.py)."""
+    found = sum(v for k, v in requests.items() if "gpu" in k.lower())
+    return found or sum(v for k, v in limits.items() if "gpu" in k.lower())
+
+
+def from_mpijob(mpijob: dict, accelerators: tuple[str, ...] = DEFAULT_ACCELERATORS) -> EffectiveJob:
     """Legacy kubeflow.org/v2beta1 MPIJob: Launcher and Worker replica specs, slotsPerWorker."""
     meta = mpijob.get("metadata") or {}
     name, namespace = meta.get("name") or "", meta.get("namespace", "")
@@ -401,7 +433,7 @@ def from_mpijob(mpijob: dict) -> EffectiveJob:
         replicas = replica.get("replicas")
         count = 1 if replicas is None else count_field(replicas, f"spec.mpiReplicaSpecs.{key}.replicas", minimum=0)
         source = f"MPIJob {name}, spec.mpiReplicaSpecs.{key}.template"
-        pod_sets.append(_finish(PodSet(role, role, count, pod, source)))
+        pod_sets.append(_finish(PodSet(role, role, count, pod, source), accelerators))
     return EffectiveJob(
         kind="MPIJob",
         name=name,

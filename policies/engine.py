@@ -10,12 +10,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from . import effective_job, injections, limits, mutations, redaction
-from .bundle import Bundle, Injections, Mutations, merged
+from .bundle import Bundle, Injections, Mutations, accelerators, merged
 from .cel import Budget, CelEvalError, CompiledExpression, Fields, prune, to_cel, to_python
 from .checks.base import CheckContext, Finding
 from .checks.registry import CHECKS
 from .decision import Decision, Effect, Result, RuleResult, allows
-from .effective_job import EffectiveJob, JobModelError
+from .effective_job import EffectiveJob, JobModelError, RuntimeNotFound
 from .state import ClusterState
 
 DEPRECATION_WARNING = (
@@ -158,7 +158,7 @@ def _old_job(request: AdmissionInput, state: ClusterState, active: list[Bundle])
     if not any(c.needs_old_job and c.settings(b.spec.checks) is not None for b in active for c in CHECKS):
         return None
     try:
-        return effective_job.build(request.old_object, state)
+        return effective_job.build(request.old_object, state, accelerators(active))
     except JobModelError:
         return None
 
@@ -196,11 +196,28 @@ def _oversized(request: AdmissionInput, active: list[Bundle]) -> list[RuleResult
                        [limits.REMEDIATION] * len(messages)) for bundle in active]
 
 
+def _unchecked(request: AdmissionInput, state: ClusterState, active: list[Bundle],
+               missing_runtime: RuntimeNotFound | None) -> list[dict[str, str]]:
+    """What the decision read that the state does not hold. Online the watched cluster is the
+    truth and this is not shown; offline it names the state a reviewer left out (review --strict)."""
+    name = request.namespace
+    unchecked = []
+    if missing_runtime is not None:
+        unchecked.append({"check": "every check of the job", "reason": missing_runtime.missing})
+    if name not in state.namespaces:
+        # Its labels (Pod Security level, bundles' namespaceSelector) were taken as none.
+        unchecked.append({"check": "namespace labels", "reason": f"no Namespace {name}"})
+    if not state.quotas.get(name) and any(b.spec.checks.quota and b.spec.checks.quota.enabled for b in active):
+        unchecked.append({"check": "quota", "reason": f"no ResourceQuota for {name}"})
+    return unchecked
+
+
 def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState,
-             budget: Budget | None = None, *, mutate: bool = True) -> Decision:
+             budget: Budget | None = None, *, mutate: bool = True, report_unchecked: bool = False) -> Decision:
     """``budget`` bounds the CEL work (a fresh :class:`~policies.cel.Budget` if None); the server
     gives it a deadline and a cancel flag, so an evaluation nobody waits for stops. ``mutate=False``
-    judges the object as it is, without the bundles' mutations (policies/stored.py)."""
+    judges the object as it is, without the bundles' mutations (policies/stored.py).
+    ``report_unchecked`` fills Decision.unchecked (offline review; the webhook does not pay for it)."""
     budget = budget or Budget()
     obj = request.object
     namespace = state.namespace(request.namespace)
@@ -210,22 +227,25 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
     warnings = [DEPRECATION_WARNING] if request.kind == "MPIJob" else []
 
     job: EffectiveJob | None = None
+    missing_runtime: RuntimeNotFound | None = None
     patch: list[dict] = []
     mutated = obj
     budget.check()
     results: list[RuleResult] = _oversized(request, active) if active else []
     if not results:  # else too large to evaluate: denied as it is, unmutated
         try:
-            job = effective_job.build(obj, state)
+            families = accelerators(active)
+            job = effective_job.build(obj, state, families)
             if mutate and request.operation == "CREATE" and enforcing:
                 settings = merged(Mutations, [b.spec.mutations for b in enforcing])
                 base = mutations.without_own_patch(obj)  # planned on the pods as the runtime and user made them
-                patch, patched = mutations.plan(obj, job if base is None else effective_job.build(base, state),
+                patch, patched = mutations.plan(obj, job if base is None else effective_job.build(base, state, families),
                                                 settings, namespace)
                 if patch:
                     mutated = patched
-                    job = effective_job.build(mutated, state)
+                    job = effective_job.build(mutated, state, families)
         except JobModelError as exc:
+            missing_runtime = exc if isinstance(exc, RuntimeNotFound) else None
             for bundle in active:
                 results.append(RuleResult(bundle.name, "job-model", Result.FAIL, Effect.DENY, [str(exc)], [""]))
             job = None
@@ -240,7 +260,8 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
             "job": current_job.as_cel,
         })
         context = CheckContext(job, namespace, state.namespace_quotas(request.namespace),
-                               _old_job(request, state, active), mutated, request.old_object)
+                               _old_job(request, state, active), mutated, request.old_object,
+                               state.namespace_limit_ranges(request.namespace))
         for bundle in active:
             budget.check()
             results += _checks(bundle, context)
@@ -271,4 +292,5 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
         job=job,
         mutated=mutated,
         injection_settings=injection_settings,
+        unchecked=_unchecked(request, state, active, missing_runtime) if report_unchecked else [],
     )

@@ -84,9 +84,7 @@ def plan(obj: dict, job: EffectiveJob, settings: Mutations, namespace: dict) -> 
         mutated.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
     if job.kind == "TrainJob":
         replicated = []
-        for ps in job.pod_sets:
-            if ps.role not in ("launcher", "worker"):
-                continue
+        for ps in job.pod_sets:  # every pod the job creates: launcher, nodes and initializers alike
             pod_patch: dict = {}
             if metadata:
                 pod_patch["metadata"] = smp.clone(metadata)

@@ -55,4 +55,5 @@ def explain_text(decision: Decision) -> str:
 
 def explain_json(decision: Decision) -> dict:
     """``policy explain -o json``: every rule's result and the ``job`` variable the CEL rules saw."""
-    return {"results": [r.as_dict() for r in decision.results], "job": decision.job.as_cel() if decision.job else None}
+    return {"results": [r.as_dict() for r in decision.results], "job": decision.job.as_cel() if decision.job else None,
+            "unchecked": decision.unchecked}

@@ -9,16 +9,22 @@ costs microseconds whatever the input.
 """
 from __future__ import annotations
 
+import fnmatch
 import functools
 import math
 import re
 from decimal import MAX_EMAX, MIN_EMIN, ROUND_UP, Context, Decimal
-from typing import Mapping
+from typing import Callable, Mapping
 
 from . import redaction
 
-# Device-plugin resources that are accelerators without "gpu" in their name.
-NON_GPU_ACCELERATORS = ("habana.ai/", "aws.amazon.com/neuron")
+# The device plugins' accelerator resources (fnmatch patterns): what the service counts as GPUs
+# (job totals, GPU limits, quota messages). Families, not a substring: gpu.intel.com/millicores and
+# gpu.intel.com/memory.max are shares of a device, not devices. A bundle may replace the list
+# (spec.checks.gpu.accelerators). Trainer's own slots-per-node rule is different (effective_job.py).
+DEFAULT_ACCELERATORS = ("nvidia.com/gpu", "nvidia.com/mig-*", "nvidia.com/gpu.shared", "amd.com/gpu",
+                        "gpu.intel.com/i915", "gpu.intel.com/xe", "habana.ai/gaudi", "aws.amazon.com/neuron*",
+                        "google.com/tpu")
 
 # maxAllowed (math.go): ParseQuantity caps binary-suffixed values at it, and Value()/MilliValue(),
 # which the scheduler and kubelet use, are int64; a larger decimal value is kept but overflows them.
@@ -126,11 +132,16 @@ def resource_base(name: str) -> str:
     return name
 
 
-def is_accelerator(resource: str) -> bool:
-    """Accelerator resources. Like Trainer's GetNumGPUPerNode, any name containing "gpu" counts;
-    MIG slices (nvidia.com/mig-*) and the non-GPU accelerators above count too."""
-    name = resource_base(resource).lower()
-    return "gpu" in name or "/mig-" in name or name.startswith(NON_GPU_ACCELERATORS)
+def is_accelerator(resource: str, patterns: tuple[str, ...] = DEFAULT_ACCELERATORS) -> bool:
+    """Whether the resource is a device count of one of the accelerator families ``patterns``."""
+    return _matcher(patterns)(resource_base(resource)) is not None
+
+
+@functools.lru_cache(maxsize=64)
+def _matcher(patterns: tuple[str, ...]) -> Callable[[str], re.Match[str] | None]:
+    """One compiled regex per pattern list (a bundle's list, or the default): a match per resource
+    name costs what the old substring test did. Case-sensitive, as resource names are."""
+    return re.compile("|".join(fnmatch.translate(p) for p in patterns) or "(?!)").match
 
 
 def format_amount(resource: str, amount: int) -> str:

@@ -1,4 +1,4 @@
-"""The cluster objects a decision depends on: runtimes, the Namespace, ResourceQuotas, Nodes.
+"""The cluster objects a decision depends on: runtimes, the Namespace, ResourceQuotas, LimitRanges, Nodes.
 
 The server fills a :class:`ClusterState` from watches; ``review --cluster-state`` fills one from a
 file of objects as ``kubectl get -o yaml`` prints them, so both decide from the same inputs.
@@ -16,8 +16,9 @@ import yaml
 TRAINER_GROUP = "trainer.kubeflow.org"
 # kind -> the ClusterState attribute holding it
 _ATTR = {"ClusterTrainingRuntime": "cluster_runtimes", "TrainingRuntime": "runtimes", "Namespace": "namespaces",
-         "ResourceQuota": "quotas", "Node": "nodes"}
+         "ResourceQuota": "quotas", "LimitRange": "limit_ranges", "Node": "nodes"}
 KINDS = tuple(_ATTR)
+_PER_NAMESPACE = ("ResourceQuota", "LimitRange")  # kept as {namespace: {name: object}}
 
 
 class StateError(ValueError):
@@ -34,6 +35,7 @@ class ClusterState:
     runtimes: dict[tuple[str, str], dict] = field(default_factory=dict)
     namespaces: dict[str, dict] = field(default_factory=dict)
     quotas: dict[str, dict[str, dict]] = field(default_factory=dict)
+    limit_ranges: dict[str, dict[str, dict]] = field(default_factory=dict)
     nodes: dict[str, dict] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -50,7 +52,7 @@ class ClusterState:
         key = _key(kind, obj)
         with self._lock:
             items = dict(getattr(self, _ATTR[kind]))
-            if kind == "ResourceQuota":  # {namespace: {name: quota}}
+            if kind in _PER_NAMESPACE:
                 inner = dict(items.get(key[0], {}))
                 _put(inner, key[1], obj, keep)
                 _put(items, key[0], inner, bool(inner))
@@ -66,7 +68,7 @@ class ClusterState:
         items: dict = {}
         for obj in objects:
             key = _key(kind, obj)
-            if kind == "ResourceQuota":
+            if kind in _PER_NAMESPACE:
                 items.setdefault(key[0], {})[key[1]] = obj
             else:
                 items[key] = obj
@@ -88,8 +90,10 @@ class ClusterState:
         return self.namespaces.get(name) or {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
 
     def namespace_quotas(self, namespace: str) -> list[dict]:
-        quotas = self.quotas.get(namespace, {})
-        return [quotas[n] for n in sorted(quotas)]
+        return _by_name(self.quotas.get(namespace, {}))
+
+    def namespace_limit_ranges(self, namespace: str) -> list[dict]:
+        return _by_name(self.limit_ranges.get(namespace, {}))
 
     @classmethod
     def from_objects(cls, objects: Iterable[dict]) -> "ClusterState":
@@ -110,7 +114,11 @@ class ClusterState:
 def _key(kind: str, obj: dict) -> Any:
     meta = obj.get("metadata") or {}
     name, namespace = meta.get("name", ""), meta.get("namespace", "")
-    return (namespace, name) if kind in ("TrainingRuntime", "ResourceQuota") else name
+    return (namespace, name) if kind in ("TrainingRuntime",) + _PER_NAMESPACE else name
+
+
+def _by_name(objects: dict[str, dict]) -> list[dict]:
+    return [objects[n] for n in sorted(objects)]
 
 
 def _put(items: dict, key: Any, value: Any, keep: bool) -> None:

@@ -18,9 +18,11 @@ import yaml
 from policies import report
 from policies.bundle import BUILTIN_PREFIX, BundleError, builtin_names, load_bundles
 from policies.cases import CaseError, load_cases, run_case
+from policies.decision import Decision
+from policies.effective_job import MPIJOB_GROUP
 from policies.engine import AdmissionInput, evaluate
 from policies.lint import lint
-from policies.state import ClusterState, StateError, load_objects
+from policies.state import TRAINER_GROUP, ClusterState, StateError, load_objects
 
 from .cli_errors import EXIT_DENIED, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_OK, EXIT_UNREACHABLE, CliError
 from .commands import register_server_commands
@@ -111,16 +113,42 @@ def _request(obj: dict, args: argparse.Namespace) -> AdmissionInput:
     return AdmissionInput(obj, operation=args.operation, username=args.user, groups=args.group or [])
 
 
+def _reviewable(objects: list[dict], path: str) -> list[dict]:
+    """Only TrainJobs and MPIJobs: any other object would be judged on a job model it has not."""
+    for obj in objects:
+        group = str(obj.get("apiVersion", "")).split("/")[0]
+        if (obj.get("kind"), group) not in (("TrainJob", TRAINER_GROUP), ("MPIJob", MPIJOB_GROUP)):
+            raise CliError(f"{path}: {obj.get('apiVersion')} {obj.get('kind')} is not a "
+                           f"{TRAINER_GROUP} TrainJob or {MPIJOB_GROUP} MPIJob; nothing to review")
+    return objects
+
+
+def _evaluate(obj: dict, args: argparse.Namespace, bundles: list, state: Callable[[str], ClusterState]) -> Decision:
+    """The webhook's decision, and offline the checks the given state could not feed (stderr)."""
+    request = _request(obj, args)
+    offline = not getattr(args, "kubeconfig", None)  # a live cluster's state is the truth
+    decision = evaluate(request, bundles, state(request.namespace), report_unchecked=offline)
+    for item in decision.unchecked:
+        print(f"not checked: {item['check']} ({item['reason']} in --cluster-state)", file=sys.stderr)
+    return decision
+
+
+def _strict(code: int, decisions: list[Decision], args: argparse.Namespace) -> int:
+    if args.strict and any(d.unchecked for d in decisions):
+        print("--strict: the cluster state lacks what the checks above read", file=sys.stderr)
+        return EXIT_INVALID
+    return code
+
+
 def cmd_review(args: argparse.Namespace) -> int:
-    objects = _objects(args.file)
+    objects = _reviewable(_objects(args.file), args.file)
     bundles = _review_bundles(args)
     if not objects:
         raise CliError(f"{args.file}: no object to review")
     code, outputs = EXIT_OK, []
     state = _states(args)
-    for obj in objects:
-        request = _request(obj, args)
-        decision = evaluate(request, bundles, state(request.namespace))
+    decisions = [_evaluate(obj, args, bundles, state) for obj in objects]
+    for obj, decision in zip(objects, decisions):
         outputs.append(decision.as_json() if args.output == "json" else report.decision_text(obj, decision))
         if not decision.allowed:
             code = EXIT_DENIED
@@ -128,7 +156,7 @@ def cmd_review(args: argparse.Namespace) -> int:
         print(json.dumps(outputs[0] if len(outputs) == 1 else outputs, indent=2))
     else:
         print("\n\n".join(outputs))
-    return code
+    return _strict(code, decisions, args)
 
 
 def cmd_policy_lint(args: argparse.Namespace) -> int:
@@ -169,17 +197,17 @@ def cmd_policy_test(args: argparse.Namespace) -> int:
 
 
 def cmd_policy_explain(args: argparse.Namespace) -> int:
-    objects = _objects(args.file)
+    objects = _reviewable(_objects(args.file), args.file)
     bundles = _review_bundles(args)
     state = _states(args)
+    decisions = []
     for obj in objects:
-        request = _request(obj, args)
-        decision = evaluate(request, bundles, state(request.namespace))
+        decisions.append(decision := _evaluate(obj, args, bundles, state))
         if args.output == "json":
             print(json.dumps(report.explain_json(decision), indent=2))
         else:
             print(report.explain_text(decision))
-    return EXIT_OK
+    return _strict(EXIT_OK, decisions, args)
 
 
 def _add_review_inputs(parser: argparse.ArgumentParser) -> None:
@@ -190,8 +218,9 @@ def _add_review_inputs(parser: argparse.ArgumentParser) -> None:
                              "a file winning over a PolicyBundle of the same name, as in serve")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--cluster-state", action="append", metavar="F",
-                        help="objects as `kubectl get -o yaml` prints them: runtimes, Namespace, ResourceQuotas (repeatable)")
-    source.add_argument("--kubeconfig", metavar="K", help="read runtimes, namespace, quotas and PolicyBundles from a "
+                        help="objects as `kubectl get -o yaml` prints them: runtimes, Namespace, ResourceQuotas, "
+                             "LimitRanges (repeatable)")
+    source.add_argument("--kubeconfig", metavar="K", help="read runtimes, namespace, quotas, LimitRanges and PolicyBundles from a "
                                                           "live cluster (read-only), as serve does")
     parser.add_argument("--bundle-selector", metavar="SEL",
                         help="with --kubeconfig: only PolicyBundles with these labels, as serve's --bundle-selector")
@@ -200,6 +229,9 @@ def _add_review_inputs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--user", default="cli-user", help="request.userInfo.username seen by rules")
     parser.add_argument("--group", action="append", help="request.userInfo.groups (repeatable)")
     parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    parser.add_argument("--strict", action="store_true",
+                        help="exit 2 when --cluster-state lacks what a check reads (the Namespace, its "
+                             "ResourceQuotas or LimitRanges, the runtime), printed as 'not checked: ...'; for CI")
 
 
 EPILOG = """examples:

@@ -213,7 +213,7 @@ def register_server_commands(commands: argparse._SubParsersAction) -> None:
                        help="also serve /healthz, /readyz and /metrics on this port, without client certificates "
                             "(default 8444 with --client-ca, else none)")
     cluster = serve.add_mutually_exclusive_group()
-    cluster.add_argument("--kubeconfig", metavar="K", help="read runtimes, namespaces, quotas and PolicyBundles from this "
+    cluster.add_argument("--kubeconfig", metavar="K", help="read runtimes, namespaces, quotas, LimitRanges and PolicyBundles from this "
                                                            "cluster, inject Secrets/NetworkPolicies into it")
     cluster.add_argument("--in-cluster", action="store_true", help="the same with the pod's service account")
     serve.add_argument("--bundle-selector", metavar="SEL",

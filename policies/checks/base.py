@@ -27,6 +27,7 @@ class CheckContext:
     old_job: EffectiveJob | None = None  # on UPDATE, for checks registered with needs_old_job
     object: dict = field(default_factory=dict)  # the TrainJob/MPIJob as it will be stored (e.g. spec.suspend)
     old_object: dict | None = None  # on UPDATE, the stored object before the change
+    limit_ranges: list[dict] = field(default_factory=list)  # the namespace's LimitRanges
 
 
 Check = Callable[[CheckContext, Any], list[Finding]]  # (context, the check's settings model) -> findings

@@ -2,7 +2,9 @@
 restricted-v2 SCC constraints, checked on the pods the job will create, before they exist.
 
 Each violation names the pod, the field path inside its template and what to set instead.
-The rules follow https://kubernetes.io/docs/concepts/security/pod-security-standards/.
+The rules follow https://kubernetes.io/docs/concepts/security/pod-security-standards/. The SCC
+model is OpenShift's restricted-v2 as shipped (openshift/cluster-kube-apiserver-operator,
+bindata/bootkube/scc-manifests/0000_20_kube-apiserver-operator_00_scc-restricted-v2.yaml).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from .base import CheckContext, Finding
 LEVELS = ("privileged", "baseline", "restricted")
 NAMESPACE_LEVEL_LABEL = "pod-security.kubernetes.io/enforce"
 SCC_UID_RANGE = "openshift.io/sa.scc.uid-range"
+SCC_GROUP_RANGE = "openshift.io/sa.scc.supplemental-groups"  # fsGroup's range; absent: the UID range
 
 BASELINE_CAPABILITIES = frozenset({
     "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE",
@@ -36,10 +39,12 @@ Violation = tuple[str, str, str]  # (field path, what is wrong, what to set)
 
 
 def effective_level(settings: PodSecurityCheck, namespace: dict) -> str:
+    """The namespace's enforce label, as the PodSecurity admission plugin reads it; without one,
+    the bundle's defaultLevel (not Kubernetes' own privileged, which would check nothing)."""
     label = ((namespace.get("metadata") or {}).get("labels") or {}).get(NAMESPACE_LEVEL_LABEL)
     if settings.honorNamespaceLabel and label in LEVELS:
         return label
-    return settings.level
+    return settings.defaultLevel
 
 
 def _containers(spec: dict) -> Iterator[tuple[str, dict, dict]]:
@@ -143,13 +148,19 @@ def restricted(spec: dict, metadata: dict) -> Iterator[Violation]:
                 "add only NET_BIND_SERVICE"
 
 
-def scc_restricted_v2(spec: dict, metadata: dict, uid_range: tuple[int, int] | None,
+Span = tuple[int, int]
+
+
+def scc_restricted_v2(spec: dict, metadata: dict, uids: Span | None, groups: Span | None,
                       covered: str = "privileged") -> Iterator[Violation]:
-    """OpenShift restricted-v2. Its admission fills in a UID from the namespace range, drop ALL
-    and allowPrivilegeEscalation: false where a pod is silent, so only explicit contradictions
-    are violations: privilege, host namespaces, hostPath, extra capabilities, escalation, root
-    or out-of-range UIDs, volume types outside its list. ``covered`` is the Pod Security level
-    already checked on the same pod, whose (identical) findings are not produced again."""
+    """OpenShift restricted-v2. SCC admission fills in what a pod leaves unset, so silence is no
+    violation: runAsUser from the namespace's UID range (runAsUser MustRunAsRange), fsGroup from
+    its group range (MustRunAs), allowPrivilegeEscalation false, drop ALL
+    (requiredDropCapabilities), seccomp runtime/default (seccompProfiles). It refuses what a pod
+    sets against it: privileged, host namespaces and ports, hostPath and volume types outside
+    its list, capabilities beyond NET_BIND_SERVICE, allowPrivilegeEscalation true, another
+    seccomp profile, a runAsUser or fsGroup outside the ranges. ``covered`` is the Pod Security
+    level already checked on the same pod, whose (identical) findings are not produced again."""
     if covered == "privileged":
         yield from baseline(spec, metadata)
     if covered != "restricted":
@@ -162,23 +173,38 @@ def scc_restricted_v2(spec: dict, metadata: dict, uid_range: tuple[int, int] | N
         extra = set((sc.get("capabilities") or {}).get("add") or []) - {"NET_BIND_SERVICE"}
         if extra:
             yield f"{path}.capabilities.add", f"adds {', '.join(sorted(extra))}", "add only NET_BIND_SERVICE"
-        for field in ("runAsUser", "fsGroup"):
-            value = sc.get(field)
-            if field == "runAsUser" and value == 0:
-                yield f"{path}.runAsUser", "runs as root (runAsUser: 0)", "remove runAsUser (OpenShift assigns one)"
-            elif uid_range and isinstance(value, int) and value and not uid_range[0] <= value <= uid_range[1]:
-                low, high = uid_range
-                yield f"{path}.{field}", f"{field} {value} is outside the namespace's UID range {low}-{high}", \
-                    f"remove {field} (OpenShift assigns one) or pick one in {low}-{high}"
+        if (sc.get("seccompProfile") or {}).get("type") not in (None, "RuntimeDefault", "Unconfined"):
+            yield f"{path}.seccompProfile.type", f"seccomp is {sc['seccompProfile']['type']} (the SCC allows " \
+                "only runtime/default)", "use RuntimeDefault or remove seccompProfile"  # Unconfined: baseline's
+        if sc.get("runAsUser") == 0:
+            yield f"{path}.runAsUser", "runs as root (runAsUser: 0)", "remove runAsUser (OpenShift assigns one)"
+        yield from _outside(path, "runAsUser", sc.get("runAsUser"), uids, "UID")
+        yield from _outside(path, "fsGroup", sc.get("fsGroup"), groups or uids, "group")
 
 
-def uid_range(namespace: dict) -> tuple[int, int] | None:
-    """openshift.io/sa.scc.uid-range: "1000680000/10000" -> (1000680000, 1000689999)."""
-    value = ((namespace.get("metadata") or {}).get("annotations") or {}).get(SCC_UID_RANGE, "")
-    start, _, size = value.partition("/")
+def _outside(path: str, field: str, value: object, span: Span | None, what: str) -> Iterator[Violation]:
+    if span and isinstance(value, int) and value and not span[0] <= value <= span[1]:
+        low, high = span
+        yield f"{path}.{field}", f"{field} {value} is outside the namespace's {what} range {low}-{high}", \
+            f"remove {field} (OpenShift assigns one) or pick one in {low}-{high}"
+
+
+def uid_range(namespace: dict, annotation: str = SCC_UID_RANGE) -> Span | None:
+    """openshift.io/sa.scc.uid-range: "1000680000/10000" -> (1000680000, 1000689999); the first
+    block of a comma-separated list (supplemental-groups may carry several)."""
+    value = ((namespace.get("metadata") or {}).get("annotations") or {}).get(annotation, "")
+    start, _, size = value.split(",")[0].strip().partition("/")
     if start.isdigit() and size.isdigit():
         return int(start), int(start) + int(size) - 1
     return None
+
+
+def on_openshift(settings: PodSecurityCheck, namespace: dict) -> bool:
+    """Whether restricted-v2 applies: forced by the bundle, or (auto) the namespace carries the
+    UID range that OpenShift's namespace controller writes on every project."""
+    if settings.openshiftSCC == "auto":
+        return uid_range(namespace) is not None
+    return settings.openshiftSCC == "always"
 
 
 def check(context: CheckContext, settings: PodSecurityCheck) -> list[Finding]:
@@ -190,9 +216,9 @@ def check(context: CheckContext, settings: PodSecurityCheck) -> list[Finding]:
         rules.append((f'Pod Security "{level}"', baseline))
     elif level == "restricted":
         rules.append((f'Pod Security "{level}"', restricted))
-    if settings.openshiftSCC:
-        span = uid_range(namespace)
-        rules.append(("OpenShift SCC restricted-v2", lambda s, m: scc_restricted_v2(s, m, span, level)))
+    if on_openshift(settings, namespace):
+        uids, groups = uid_range(namespace), uid_range(namespace, SCC_GROUP_RANGE)
+        rules.append(("OpenShift SCC restricted-v2", lambda s, m: scc_restricted_v2(s, m, uids, groups, level)))
     findings: list[Finding] = []
     for ps in context.job.pod_sets:
         findings.extend(_pod_findings(ps, rules))

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..bundle import Checks
-from . import gpu, podsecurity, quota, shape
+from . import gpu, limitrange, podsecurity, quota, shape
 from .base import Check
 
 
@@ -28,4 +28,5 @@ CHECKS: tuple[BuiltinCheck, ...] = (
     BuiltinCheck("gpu-limits", "gpu", gpu.check),
     BuiltinCheck("job-shape", "shape", shape.check),
     BuiltinCheck("pod-security", "podSecurity", podsecurity.check),
+    BuiltinCheck("limit-range", "limitRange", limitrange.check),
 )

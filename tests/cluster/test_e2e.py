@@ -275,7 +275,7 @@ DENIED = {
     "too-many-gpus": (lambda ns: trainjob("too-many-gpus", ns, nodes=1, gpus=9),
                       ["requests 9 nvidia.com/gpu; the limit is 8 per worker", "to 8 or less"]),
     "privileged": (lambda ns: trainjob("privileged", ns, nodes=2, gpus=0, runtime="mpi-privileged"),
-                   ['violates Pod Security "restricted"', "privileged is true", ": remove privileged: true"]),
+                   ['violates Pod Security "baseline"', "privileged is true", ": remove privileged: true"]),
 }
 
 
@@ -384,7 +384,7 @@ def test_sdk_train_is_admitted_and_injected(e2e):
 SDK_DENIED = {
     "over-quota": (dict(nodes=9, gpus=4), (), [f"allows {QUOTA_GPUS}", "36", "reduce spec.trainer.numNodes"]),
     "too-many-gpus": (dict(nodes=1, gpus=9), (), ["requests 9 nvidia.com/gpu; the limit is 8 per worker"]),
-    "privileged": (dict(nodes=2, gpus=0), "privileged", ['violates Pod Security "restricted"', "privileged is true"]),
+    "privileged": (dict(nodes=2, gpus=0), "privileged", ['violates Pod Security "baseline"', "privileged is true"]),
 }
 
 

@@ -237,6 +237,7 @@ def test_base_rbac_is_least_privilege(base):
         ("kubeflow.org", "mpijobs"): {"get", "list", "watch"},
         ("", "namespaces"): {"get", "list", "watch"},
         ("", "resourcequotas"): {"get", "list", "watch"},
+        ("", "limitranges"): {"get", "list", "watch"},
         ("policy.trainjob-admission.io", "policybundles"): {"get", "list", "watch"},
         ("policy.trainjob-admission.io", "policybundles/status"): {"patch"},
     }
@@ -545,7 +546,7 @@ def test_service_account_has_least_privilege(installed, kubectl):
     allowed = [("list", "clustertrainingruntimes.trainer.kubeflow.org"),
                ("watch", "trainingruntimes.trainer.kubeflow.org", "-A"),
                ("watch", "trainjobs.trainer.kubeflow.org", "-A"), ("get", "mpijobs.kubeflow.org", "-n", "team-a"),
-               ("list", "resourcequotas", "-A"), ("watch", "namespaces"),
+               ("list", "resourcequotas", "-A"), ("watch", "limitranges", "-A"), ("watch", "namespaces"),
                ("watch", "policybundles.policy.trainjob-admission.io"),
                ("patch", "policybundles.policy.trainjob-admission.io", "--subresource=status"),
                ("create", "secrets", "-n", "team-a"), ("delete", "secrets", "-n", "team-a"),

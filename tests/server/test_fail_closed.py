@@ -23,7 +23,7 @@ metadata: {name: restricted}
 spec:
   mode: enforce
   checks:
-    podSecurity: {level: restricted}
+    podSecurity: {defaultLevel: restricted}
   mutations:
     securityDefaults: {enabled: true}
 """

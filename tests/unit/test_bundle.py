@@ -29,7 +29,8 @@ def test_default_bundle_settings(default):
     assert spec.mode == "enforce"
     assert spec.checks.gpu.maxPerWorker == 8
     assert spec.checks.shape.maxWorkers == 64
-    assert spec.checks.podSecurity.level == "restricted"
+    assert spec.checks.podSecurity.defaultLevel == "baseline"  # Kubernetes' own is privileged
+    assert spec.checks.podSecurity.openshiftSCC == "auto"
     assert spec.injections.sshKey.type == "ecdsa-p521"
     assert [r.rule.name for r in bundle.rules] == ["max-job-gpus"]
     assert "kube-system" in spec.match.excludeNamespaces
@@ -96,7 +97,8 @@ def test_schema_error_inside_a_rule_names_the_rule(build):
 @pytest.mark.parametrize("spec, field", [
     ({"checks": {"shape": {"minWorkerCpu": "lots"}}}, "spec.checks.shape.minWorkerCpu"),
     ({"checks": {"gpu": {"maxPerWorker": -1}}}, "spec.checks.gpu.maxPerWorker"),
-    ({"checks": {"podSecurity": {"level": "strict"}}}, "spec.checks.podSecurity.level"),
+    ({"checks": {"podSecurity": {"defaultLevel": "strict"}}}, "spec.checks.podSecurity.defaultLevel"),
+    ({"checks": {"podSecurity": {"openshiftSCC": "maybe"}}}, "spec.checks.podSecurity.openshiftSCC"),
     ({"injections": {"networkPolicy": {"sshPort": 70000}}}, "spec.injections.networkPolicy.sshPort"),
     ({"match": {"operations": ["DELETE"]}}, "spec.match.operations[0]"),
 ])
@@ -104,6 +106,22 @@ def test_invalid_settings_are_rejected(build, spec, field):
     with pytest.raises(BundleError) as info:
         compile_document(build.bundle_document(spec), "inline")
     assert [p.field for p in info.value.problems] == [field]
+
+
+@pytest.mark.parametrize("old, new", [({"level": "restricted"}, {"defaultLevel": "restricted"}),
+                                      ({"openshiftSCC": True}, {"openshiftSCC": "always"}),
+                                      ({"openshiftSCC": False}, {"openshiftSCC": "never"})])
+def test_old_pod_security_fields_keep_their_meaning(build, old, new):
+    """A PolicyBundle written before defaultLevel/auto still compiles after an upgrade, to what
+    it meant: had it stopped compiling, its namespaces would have had no policy at all."""
+    checks = compile_document(build.bundle_document({"checks": {"podSecurity": old}}), "inline").spec.checks
+    assert {key: getattr(checks.podSecurity, key) for key in new} == new
+
+
+def test_old_and_new_level_together_are_refused(build):
+    with pytest.raises(BundleError, match="old name of `defaultLevel`"):
+        compile_document(build.bundle_document({"checks": {"podSecurity": {"level": "baseline",
+                                                                           "defaultLevel": "restricted"}}}), "inline")
 
 
 def test_wrong_api_version_and_kind(build):

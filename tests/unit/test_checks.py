@@ -35,7 +35,7 @@ def test_every_check_setting_has_one_registered_check():
     """A settings section on bundle.Checks without its registry line (or the reverse) fails here."""
     assert sorted(c.setting for c in CHECKS) == sorted(Checks.model_fields)
     # rule names are in decision logs, queries and admins' notes: they never change
-    assert {"quota", "gpu-limits", "job-shape", "pod-security"} <= {c.rule for c in CHECKS}
+    assert {"quota", "gpu-limits", "job-shape", "pod-security", "limit-range"} <= {c.rule for c in CHECKS}
 
 
 @pytest.mark.parametrize("checks, builds", [({"quota": {}}, 2), ({"gpu": {}, "shape": {}}, 1), ({"quota": {"enabled": False}}, 1)])
@@ -44,7 +44,7 @@ def test_the_old_job_is_built_only_for_a_check_that_needs_it(build, make_bundle,
 
     state = build.state(build.runtime())
     calls = []
-    monkeypatch.setattr(engine.effective_job, "build", lambda obj, st: calls.append(obj) or effective(obj, st))
+    monkeypatch.setattr(engine.effective_job, "build", lambda obj, st, *more: calls.append(obj) or effective(obj, st, *more))
     review(build.trainjob(numNodes=2), [make_bundle({"checks": checks})], state, operation="UPDATE",
            old=build.trainjob(numNodes=1))
     assert len(calls) == builds
@@ -296,7 +296,7 @@ def test_shape_required_labels(build):
 
 # --- pod security -----------------------------------------------------------------------------
 
-PSS_ONLY = {"openshiftSCC": False, "honorNamespaceLabel": False}
+PSS_ONLY = {"openshiftSCC": "never", "honorNamespaceLabel": False}
 
 
 def _psa(build, node=None, launcher=None, namespace=None, **settings):
@@ -308,13 +308,13 @@ def _psa(build, node=None, launcher=None, namespace=None, **settings):
 
 
 def test_conformant_runtime_passes_restricted(build):
-    assert _psa(build, level="restricted", **PSS_ONLY)[2] == []
+    assert _psa(build, defaultLevel="restricted", **PSS_ONLY)[2] == []
 
 
 def test_silent_pod_passes_baseline_but_not_restricted(build):
     silent = build.pod_spec(secure=False)
-    assert _psa(build, node=silent, launcher=copy.deepcopy(silent), level="baseline", **PSS_ONLY)[2] == []
-    _, text, findings = _psa(build, node=silent, launcher=copy.deepcopy(silent), level="restricted", **PSS_ONLY)
+    assert _psa(build, node=silent, launcher=copy.deepcopy(silent), defaultLevel="baseline", **PSS_ONLY)[2] == []
+    _, text, findings = _psa(build, node=silent, launcher=copy.deepcopy(silent), defaultLevel="restricted", **PSS_ONLY)
     assert len(findings) == 2  # one per pod set, each listing every violation
     for path in ("spec.containers[node].securityContext.allowPrivilegeEscalation",
                  "spec.containers[node].securityContext.runAsNonRoot",
@@ -347,7 +347,7 @@ def test_silent_pod_passes_baseline_but_not_restricted(build):
 def test_baseline_violations_have_field_paths(build, mutate, path, level):
     node = build.pod_spec()
     mutate(node)
-    _, text, findings = _psa(build, node=node, level=level, **PSS_ONLY)
+    _, text, findings = _psa(build, node=node, defaultLevel=level, **PSS_ONLY)
     assert path in text
     assert all(f.message.startswith("node pod") for f in findings)  # the launcher is fine
 
@@ -361,70 +361,134 @@ def test_restricted_only_violations(build):
     ]:
         node = build.pod_spec()
         mutate(node)
-        assert _psa(build, node=node, level="baseline", **PSS_ONLY)[2] == []
-        assert path in _psa(build, node=node, level="restricted", **PSS_ONLY)[1]
+        assert _psa(build, node=node, defaultLevel="baseline", **PSS_ONLY)[2] == []
+        assert path in _psa(build, node=node, defaultLevel="restricted", **PSS_ONLY)[1]
 
 
 def test_container_run_as_non_root_false_overrides_pod(build):
     node = build.pod_spec()
     node["containers"][0]["securityContext"]["runAsNonRoot"] = False
-    assert "securityContext.runAsNonRoot" in _psa(build, node=node, level="restricted", **PSS_ONLY)[1]
+    assert "securityContext.runAsNonRoot" in _psa(build, node=node, defaultLevel="restricted", **PSS_ONLY)[1]
 
 
 def test_namespace_label_honoured_or_ignored(build):
     silent = build.pod_spec(secure=False)
     ns = build.namespace(labels={"pod-security.kubernetes.io/enforce": "baseline"})
     level, _, findings = _psa(build, node=silent, launcher=copy.deepcopy(silent), namespace=ns,
-                              level="restricted", openshiftSCC=False, honorNamespaceLabel=True)
+                              defaultLevel="restricted", openshiftSCC="never", honorNamespaceLabel=True)
     assert level == "baseline" and findings == []
     level, _, findings = _psa(build, node=silent, launcher=copy.deepcopy(silent), namespace=ns,
-                              level="restricted", openshiftSCC=False, honorNamespaceLabel=False)
+                              defaultLevel="restricted", openshiftSCC="never", honorNamespaceLabel=False)
     assert level == "restricted" and findings
     # A stricter namespace label also wins over a looser bundle level.
     strict = build.namespace(labels={"pod-security.kubernetes.io/enforce": "restricted"})
-    level, _, findings = _psa(build, node=silent, namespace=strict, level="baseline", openshiftSCC=False)
+    level, _, findings = _psa(build, node=silent, namespace=strict, defaultLevel="baseline", openshiftSCC="never")
     assert level == "restricted" and findings
     # A bogus label value is ignored.
     bogus = build.namespace(labels={"pod-security.kubernetes.io/enforce": "yes-please"})
-    assert _psa(build, namespace=bogus, level="baseline", openshiftSCC=False)[0] == "baseline"
+    assert _psa(build, namespace=bogus, defaultLevel="baseline", openshiftSCC="never")[0] == "baseline"
 
 
 def test_privileged_level_skips_pss(build):
     node = build.pod_spec()
     node["containers"][0]["securityContext"]["privileged"] = True
-    assert _psa(build, node=node, level="privileged", **PSS_ONLY)[2] == []
+    assert _psa(build, node=node, defaultLevel="privileged", **PSS_ONLY)[2] == []
 
 
 def test_openshift_scc_uid_range(build):
     ns = build.namespace(annotations={"openshift.io/sa.scc.uid-range": "1000680000/10000"})
     assert podsecurity.uid_range(ns) == (1000680000, 1000689999)
     # pod_spec() sets runAsUser 1000: outside the namespace range.
-    _, text, findings = _psa(build, namespace=ns, level="privileged", openshiftSCC=True, honorNamespaceLabel=False)
+    _, text, findings = _psa(build, namespace=ns, defaultLevel="privileged", openshiftSCC="auto", honorNamespaceLabel=False)
     assert "spec.securityContext.runAsUser" in text
     assert "runAsUser 1000 is outside the namespace's UID range 1000680000-1000689999" in text
     assert "OpenShift SCC restricted-v2" in text
     inside = build.pod_spec()
     inside["securityContext"]["runAsUser"] = 1000685000
-    assert _psa(build, node=inside, launcher=copy.deepcopy(inside), namespace=ns, level="privileged",
-                openshiftSCC=True)[2] == []
-    # No annotation: no range to check; SCC off: not checked at all.
-    assert _psa(build, level="privileged", openshiftSCC=True)[2] == []
-    assert _psa(build, namespace=ns, level="privileged", openshiftSCC=False)[2] == []
+    assert _psa(build, node=inside, launcher=copy.deepcopy(inside), namespace=ns, defaultLevel="privileged",
+                openshiftSCC="auto")[2] == []
+    # Not on OpenShift (no annotation): auto skips the SCC; never skips it everywhere.
+    assert _psa(build, defaultLevel="privileged", openshiftSCC="auto")[2] == []
+    assert _psa(build, namespace=ns, defaultLevel="privileged", openshiftSCC="never")[2] == []
+    # always: the SCC's refusals even without the annotation (no range to compare UIDs with).
+    root = build.pod_spec(secure=False)
+    root["securityContext"] = {"runAsUser": 0}
+    assert "runs as root" in _psa(build, node=root, defaultLevel="privileged", openshiftSCC="always")[1]
+    assert _psa(build, node=root, defaultLevel="privileged", openshiftSCC="auto")[2] == []
+
+
+def test_openshift_fs_group_range_from_supplemental_groups(build):
+    ns = build.namespace(annotations={"openshift.io/sa.scc.uid-range": "1000680000/10000",
+                                      "openshift.io/sa.scc.supplemental-groups": "2000/100,5000/10"})
+    node = build.pod_spec(secure=False)
+    node["securityContext"] = {"fsGroup": 2050}
+    silent = build.pod_spec(secure=False)
+    assert _psa(build, node=node, launcher=silent, namespace=ns, defaultLevel="privileged")[2] == []
+    node["securityContext"] = {"fsGroup": 1000685000}  # in the UID range, not the group range
+    assert "fsGroup 1000685000 is outside the namespace's group range 2000-2099" in \
+        _psa(build, node=node, namespace=ns, defaultLevel="privileged")[1]
+
+
+OPENSHIFT = {"openshift.io/sa.scc.uid-range": "1000680000/10000"}
 
 
 def test_openshift_scc_rejects_explicit_contradictions_only(build):
+    ns = build.namespace(annotations=OPENSHIFT)
     silent = build.pod_spec(secure=False)  # SCC admission would fill these in: fine
-    assert _psa(build, node=silent, launcher=copy.deepcopy(silent), level="privileged", openshiftSCC=True)[2] == []
+    assert _psa(build, node=silent, launcher=copy.deepcopy(silent), namespace=ns, defaultLevel="privileged")[2] == []
     node = build.pod_spec(secure=False)
     node["containers"][0]["securityContext"] = {"allowPrivilegeEscalation": True, "runAsUser": 0,
-                                                "capabilities": {"add": ["NET_ADMIN"]}}
+                                                "capabilities": {"add": ["NET_ADMIN"]},
+                                                "seccompProfile": {"type": "Localhost", "localhostProfile": "x"}}
     node["volumes"] = [{"name": "host", "hostPath": {"path": "/"}}]
-    _, text, _ = _psa(build, node=node, level="privileged", openshiftSCC=True)
+    _, text, _ = _psa(build, node=node, namespace=ns, defaultLevel="privileged")
     for path in ("spec.containers[node].securityContext.allowPrivilegeEscalation",
                  "spec.containers[node].securityContext.runAsUser",
                  "spec.containers[node].securityContext.capabilities.add",
+                 "spec.containers[node].securityContext.seccompProfile.type",
                  "spec.volumes[host].hostPath"):
         assert path in text
+
+
+# --- the default bundle on stock-shaped jobs ----------------------------------------------------
+
+def _stock(build, review, default, namespace: dict, node: dict | None = None):
+    """A job as Trainer's stock runtimes and the SDK build them: no securityContext at all."""
+    silent = build.pod_spec(secure=False)
+    runtime = build.runtime(node=node or silent, launcher=copy.deepcopy(silent))
+    decision = review(build.trainjob(numNodes=2), default, build.state(runtime, namespace))
+    return decision, [m for m in decision.messages if m["rule"] == "default/pod-security"]
+
+
+def test_stock_job_admitted_in_unlabelled_namespace(build, review, default):
+    decision, denials = _stock(build, review, default, build.namespace())
+    assert denials == [] and decision.allowed, decision.messages
+
+
+def test_stock_job_denied_under_restricted_label_with_the_field(build, review, default):
+    ns = build.namespace(labels={"pod-security.kubernetes.io/enforce": "restricted"})
+    decision, (denial, *_) = _stock(build, review, default, ns)
+    assert not decision.allowed
+    assert 'violates Pod Security "restricted"' in denial["message"]
+    assert "spec.containers[node].securityContext.runAsNonRoot" in denial["message"]
+
+
+def test_stock_job_on_openshift_admitted_when_only_scc_defaults_are_missing(build, review, default):
+    decision, denials = _stock(build, review, default, build.namespace(annotations=OPENSHIFT))
+    assert denials == [] and decision.allowed, decision.messages
+
+
+@pytest.mark.parametrize("securityContext, path", [
+    ({"runAsUser": 1000}, "spec.containers[node].securityContext.runAsUser"),
+    ({"privileged": True}, "spec.containers[node].securityContext.privileged"),
+])
+def test_stock_job_on_openshift_denied_for_what_the_scc_refuses(build, review, default, securityContext, path):
+    node = build.pod_spec(secure=False)
+    node["containers"][0]["securityContext"] = securityContext
+    decision, (denial,) = _stock(build, review, default, build.namespace(annotations=OPENSHIFT), node)
+    assert not decision.allowed and path in denial["message"]
+    if "runAsUser" in securityContext:
+        assert "OpenShift SCC restricted-v2" in denial["message"] and "1000680000-1000689999" in denial["message"]
 
 
 def test_example_privileged_runtime_is_denied_with_paths(example_job, example_state, default, review):

@@ -51,6 +51,12 @@ CALLS: dict[str, list[str]] = {
     "serve-namespace-alone": ["serve", "--insecure-http", "--port", "0", "--reconcile-namespace", "team-a"],
     "explain": ["policy", "explain", "-f", "examples/jobs/over-quota.yaml", *STATE],
     "explain-json": ["policy", "explain", "-f", "examples/jobs/allowed.yaml", *STATE, "-o", "json"],
+    "review-not-a-job": ["review", "-f", "examples/cluster-state.yaml", *STATE],
+    "review-no-state": ["review", "-f", "examples/jobs/allowed.yaml", *STATE[2:]],
+    "review-no-state-strict": ["review", "-f", "examples/jobs/allowed.yaml", *STATE[2:], "--strict", "-o", "json"],
+    "review-strict": ["review", "-f", "examples/jobs/allowed.yaml", *STATE, "--strict"],
+    "explain-no-runtime-strict": ["policy", "explain", "-f", "examples/jobs/allowed.yaml", *STATE[:2], "--strict",
+                                  "-o", "json"],
 }
 
 
@@ -87,7 +93,8 @@ def test_review_allowed_json_has_the_istio_and_queue_patch(cli):
     result = cli["allowed-json"]
     assert result.returncode == 0, out(result)
     body = json.loads(result.stdout)  # only JSON on stdout
-    assert set(body) == {"allowed", "decision", "messages", "warnings", "patch", "injections", "job"}
+    assert set(body) == {"allowed", "decision", "messages", "warnings", "patch", "injections", "job", "unchecked"}
+    assert body["unchecked"] == []
     assert body["allowed"] is True and body["decision"] == "allow" and body["messages"] == []
     ops = {op["path"]: op for op in body["patch"]}
     assert ops["/metadata/labels"]["value"] == {"kueue.x-k8s.io/queue-name": "default"}
@@ -101,6 +108,33 @@ def test_review_allowed_json_has_the_istio_and_queue_patch(cli):
         assert meta["annotations"]["sidecar.istio.io/inject"] == "false"
     assert body["job"]["gpus"] == 4 and body["job"]["pods"] == 4
     assert [i["kind"] for i in body["injections"]] == ["Secret", "NetworkPolicy"]
+
+
+def test_review_refuses_what_is_not_a_job(cli):
+    result = cli["review-not-a-job"]
+    assert result.returncode == 2, out(result)
+    assert "v1 Namespace is not a trainer.kubeflow.org TrainJob or kubeflow.org MPIJob" in result.stderr
+
+
+def test_review_names_what_the_state_lacks(cli):
+    result = cli["review-no-state"]
+    assert result.returncode == 0, out(result)  # decided as the webhook would, but not silently
+    assert "not checked: quota (no ResourceQuota for team-a in --cluster-state)" in result.stderr
+    assert "not checked: namespace labels (no Namespace team-a in --cluster-state)" in result.stderr
+
+
+def test_strict_makes_missing_state_exit_2(cli):
+    result = cli["review-no-state-strict"]
+    assert result.returncode == 2, out(result)
+    assert json.loads(result.stdout)["unchecked"] == [
+        {"check": "namespace labels", "reason": "no Namespace team-a"},
+        {"check": "quota", "reason": "no ResourceQuota for team-a"},
+    ]
+    assert cli["review-strict"].returncode == 0, out(cli["review-strict"])  # complete state: as without --strict
+    explain = cli["explain-no-runtime-strict"]
+    assert explain.returncode == 2, out(explain)
+    assert json.loads(explain.stdout)["unchecked"] == [
+        {"check": "every check of the job", "reason": "no ClusterTrainingRuntime 'mpi-openmpi'"}]
 
 
 @pytest.mark.parametrize("name, rule, numbers", [
@@ -236,10 +270,10 @@ def test_policy_test_wrong_expectation_fails_and_names_it(cli):
 def test_explain_lists_every_rule_with_its_result(cli):
     result = cli["explain"]
     assert result.returncode == 0, out(result)
-    rows = [line.split(None, 4) for line in result.stdout.splitlines()[1:6]]
+    rows = [line.split(None, 4) for line in result.stdout.splitlines()[1:7]]
     assert [(r[1], r[2], r[3]) for r in rows] == [
         ("quota", "fail", "deny"), ("gpu-limits", "pass", "allow"), ("job-shape", "pass", "allow"),
-        ("pod-security", "pass", "allow"), ("max-job-gpus", "pass", "allow")]
+        ("pod-security", "pass", "allow"), ("limit-range", "pass", "allow"), ("max-job-gpus", "pass", "allow")]
     assert "24 are in use" in rows[0][4]
 
 
@@ -247,7 +281,8 @@ def test_explain_json(cli):
     result = cli["explain-json"]
     assert result.returncode == 0
     body = json.loads(result.stdout)
-    assert [r["rule"] for r in body["results"]] == ["quota", "gpu-limits", "job-shape", "pod-security", "max-job-gpus"]
+    assert [r["rule"] for r in body["results"]] == ["quota", "gpu-limits", "job-shape", "pod-security", "limit-range",
+                                                    "max-job-gpus"]
     assert body["job"]["totals"]["gpus"] == 4 and body["job"]["numNodes"] == 4
 
 

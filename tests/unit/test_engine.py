@@ -21,7 +21,8 @@ def test_allowed_example(example_job, example_state, default, review):
     assert decision.allowed and decision.decision == "allow" and decision.warnings == []
     assert decision.bundles == [default[0].ref]
     assert {r.result for r in decision.results} == {"pass"}
-    assert [r.rule for r in decision.results] == ["quota", "gpu-limits", "job-shape", "pod-security", "max-job-gpus"]
+    assert [r.rule for r in decision.results] == ["quota", "gpu-limits", "job-shape", "pod-security", "limit-range",
+                                                  "max-job-gpus"]
     totals = decision.as_json()["job"]
     assert totals["gpus"] == 4 and totals["pods"] == 4 and totals["cpu"] == 8000 and totals["memory"] == 32 << 30
 
@@ -302,3 +303,55 @@ def test_inline_case_object(build, default, example_job):
                                            "messages": ["65 workers"]}})
     result = run_case(build.fixtures / "cases" / "inline.yaml", case, default)
     assert result.passed, result.failures
+
+
+# --- accelerator families (issue 11 point 3) ---------------------------------------------------
+
+def _intel_job(build, resources: dict) -> tuple[dict, object]:
+    node = build.pod_spec()
+    node["containers"][0]["resources"] = {"requests": {"cpu": "1", "memory": "1Gi", **resources},
+                                          "limits": dict(resources)}
+    return build.trainjob(numNodes=2), build.state(build.runtime(node=node), build.namespace())
+
+
+def test_device_shares_are_never_gpus(build, make_bundle, review):
+    """gpu.intel.com/millicores contains "gpu" but is a share of a device, not a device."""
+    job, state = _intel_job(build, {"gpu.intel.com/i915": "1", "gpu.intel.com/millicores": "500",
+                                    "gpu.intel.com/memory.max": "1000"})
+    decision = review(job, [make_bundle({"checks": {"gpu": {"maxPerJob": 2, "allowedResources": []}}})], state)
+    assert decision.allowed, decision.messages
+    assert decision.job.totals["gpusByResource"] == {"gpu.intel.com/i915": 1}  # 1 node pod
+
+
+def test_accelerator_families_come_from_the_bundle(build, make_bundle, review):
+    job, state = _intel_job(build, {"example.com/fpga": "3"})
+    counted = make_bundle({"checks": {"gpu": {"maxPerWorker": 2, "allowedResources": [],
+                                              "accelerators": ["example.com/*"]}}})
+    (message,) = review(job, [counted], state).messages
+    assert "requests 3 example.com/fpga; the limit is 2 per worker" in message["message"]
+    assert review(job, [make_bundle({"checks": {"gpu": {"maxPerWorker": 2}}})], state).allowed  # not by default
+
+
+def test_default_accelerator_families():
+    from policies.resources import is_accelerator
+    for name in ("nvidia.com/gpu", "nvidia.com/mig-1g.5gb", "nvidia.com/gpu.shared", "amd.com/gpu",
+                 "gpu.intel.com/xe", "habana.ai/gaudi", "aws.amazon.com/neuroncore", "google.com/tpu",
+                 "requests.nvidia.com/gpu"):
+        assert is_accelerator(name), name
+    for name in ("gpu.intel.com/millicores", "gpu.intel.com/memory.max", "intel.com/gpu", "cpu", "nvidia.com/gpus"):
+        assert not is_accelerator(name), name
+
+
+# --- what offline state lacks (issue 11 point 14) ----------------------------------------------
+
+def test_unchecked_names_missing_state_only_when_asked(build, default):
+    from policies.engine import AdmissionInput, evaluate
+    job = build.trainjob(numNodes=2)
+    empty = build.state()
+    decision = evaluate(AdmissionInput(job), default, empty, report_unchecked=True)
+    assert decision.unchecked == [{"check": "every check of the job", "reason": "no ClusterTrainingRuntime 'rt'"},
+                                  {"check": "namespace labels", "reason": "no Namespace team-a"},
+                                  {"check": "quota", "reason": "no ResourceQuota for team-a"}]
+    assert evaluate(AdmissionInput(job), default, empty).unchecked == []  # the webhook's path
+    full = build.state(build.runtime(), build.namespace(), build.quota({"requests.cpu": "100"}))
+    assert evaluate(AdmissionInput(job), default, full, report_unchecked=True).unchecked == []

@@ -13,7 +13,7 @@ from policies.state import ClusterState
 from webhook.bundles import BundleRegistry
 from webhook.cli import main
 from webhook.clusterbundles import ClusterBundles, _with_transition_times
-from webhook.kube.resources import NAMESPACES, RESOURCE_QUOTAS, TRAINING_RUNTIMES
+from webhook.kube.resources import LIMIT_RANGES, NAMESPACES, RESOURCE_QUOTAS, STATE_RESOURCES, TRAINING_RUNTIMES
 from webhook.kube.state import StateSink
 
 GOOD = yaml.safe_load((Path(__file__).parent / "fixtures" / "bundles" / "good.yaml").read_text())
@@ -47,6 +47,8 @@ def test_replace_drops_what_is_gone_for_that_kind_only():
 def test_resource_paths():
     assert NAMESPACES.path(name="team-a") == "/api/v1/namespaces/team-a"
     assert RESOURCE_QUOTAS.path("team-a") == "/api/v1/namespaces/team-a/resourcequotas"
+    assert LIMIT_RANGES.path("team-a") == "/api/v1/namespaces/team-a/limitranges"
+    assert LIMIT_RANGES in STATE_RESOURCES  # watched by serve, read by review --kubeconfig
     assert TRAINING_RUNTIMES.path() == "/apis/trainer.kubeflow.org/v1alpha1/trainingruntimes"
 
 

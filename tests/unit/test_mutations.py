@@ -96,7 +96,7 @@ def test_no_queue_without_a_default(build, make_bundle, review):
 def test_security_defaults_make_a_silent_runtime_pass_restricted(build, make_bundle, review):
     silent = build.pod_spec(secure=False)
     state = build.state(build.runtime(node=silent, launcher=copy.deepcopy(silent)))
-    checks = {"podSecurity": {"level": "restricted", "openshiftSCC": False}}
+    checks = {"podSecurity": {"defaultLevel": "restricted", "openshiftSCC": "never"}}
     denied = review(build.trainjob(numNodes=2), [make_bundle({"checks": checks})], state)
     assert not denied.allowed and denied.patch == []
     bundle = make_bundle({"checks": checks, "mutations": {"securityDefaults": {"enabled": True}}})
@@ -113,12 +113,33 @@ def test_security_defaults_make_a_silent_runtime_pass_restricted(build, make_bun
     assert again.allowed and again.patch == [], again.messages
 
 
+def test_security_defaults_cover_initializer_pods(build, make_bundle, review):
+    """Every pod the job creates is patched, the dataset initializer too: without it a restricted
+    namespace refuses a stock runtime at its first pod, whatever the mutation did to the others."""
+    silent = build.pod_spec(secure=False)
+    runtime = build.runtime(node=silent, launcher=copy.deepcopy(silent))
+    initializer = build.pod_spec(secure=False, name="dataset-initializer")
+    runtime["spec"]["template"]["spec"]["replicatedJobs"].insert(0, {"name": "dataset-initializer", "template": {
+        "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "dataset-initializer"}},
+        "spec": {"template": {"spec": initializer}}}})
+    state = build.state(runtime)
+    checks = {"podSecurity": {"defaultLevel": "restricted", "openshiftSCC": "never"}}
+    denied = review(build.trainjob(numNodes=2), [make_bundle({"checks": checks})], state)
+    assert "dataset-initializer pod violates" in " ".join(m["message"] for m in denied.messages)
+    bundle = make_bundle({"checks": checks, "mutations": {"securityDefaults": {"enabled": True}}})
+    decision = review(build.trainjob(numNodes=2), [bundle], state)
+    assert decision.allowed, decision.messages
+    template = pod_patches(decision.mutated)["dataset-initializer"]
+    assert template["spec"]["containers"] == [{"name": "dataset-initializer", "securityContext": {
+        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}]
+
+
 def test_security_defaults_only_fill_missing_fields(build, make_bundle, review):
     node = build.pod_spec(secure=False)
     node["securityContext"] = {"runAsNonRoot": False}
     node["containers"][0]["securityContext"] = {"allowPrivilegeEscalation": True, "capabilities": {"drop": ["NET_RAW"]}}
     state = build.state(build.runtime(node=node))
-    bundle = make_bundle({"checks": {"podSecurity": {"level": "restricted", "openshiftSCC": False}},
+    bundle = make_bundle({"checks": {"podSecurity": {"defaultLevel": "restricted", "openshiftSCC": "never"}},
                           "mutations": {"securityDefaults": {"enabled": True}}})
     decision = review(build.trainjob(numNodes=2), [bundle], state)
     assert not decision.allowed  # explicit choices are not overridden, so restricted still refuses

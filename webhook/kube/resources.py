@@ -22,8 +22,9 @@ CLUSTER_TRAINING_RUNTIMES = Resource("ClusterTrainingRuntime", "trainer.kubeflow
 TRAINING_RUNTIMES = Resource("TrainingRuntime", "trainer.kubeflow.org/v1alpha1", "trainingruntimes")
 NAMESPACES = Resource("Namespace", "v1", "namespaces")
 RESOURCE_QUOTAS = Resource("ResourceQuota", "v1", "resourcequotas")
+LIMIT_RANGES = Resource("LimitRange", "v1", "limitranges")
 # What evaluate reads. Nodes are not watched: no check uses them (ClusterState keeps the slot).
-STATE_RESOURCES = (CLUSTER_TRAINING_RUNTIMES, TRAINING_RUNTIMES, NAMESPACES, RESOURCE_QUOTAS)
+STATE_RESOURCES = (CLUSTER_TRAINING_RUNTIMES, TRAINING_RUNTIMES, NAMESPACES, RESOURCE_QUOTAS, LIMIT_RANGES)
 
 POLICY_BUNDLES = Resource("PolicyBundle", "policy.trainjob-admission.io/v1alpha1", "policybundles")
 

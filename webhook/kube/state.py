@@ -5,7 +5,8 @@ from __future__ import annotations
 from policies.state import ClusterState
 
 from .client import ApiError, ClusterUnreachable, KubeApi, api_client, call_json, clean, list_all
-from .resources import (CLUSTER_TRAINING_RUNTIMES, NAMESPACES, RESOURCE_QUOTAS, STATE_RESOURCES, TRAINING_RUNTIMES)
+from .resources import (CLUSTER_TRAINING_RUNTIMES, LIMIT_RANGES, NAMESPACES, RESOURCE_QUOTAS, STATE_RESOURCES,
+                        TRAINING_RUNTIMES)
 from .watch import Watcher
 
 
@@ -30,11 +31,12 @@ def state_watchers(api: KubeApi, state: ClusterState) -> list[Watcher]:
 
 
 def read_state(kubeconfig: str, namespace: str) -> ClusterState:
-    """The runtimes, the Namespace and its ResourceQuotas, read once (each call with a timeout)."""
+    """The runtimes, the Namespace, its ResourceQuotas and LimitRanges, read once (each call with a timeout)."""
     api = api_client(kubeconfig)
     try:
         objects: list[dict] = []
-        for resource, ns in ((CLUSTER_TRAINING_RUNTIMES, None), (TRAINING_RUNTIMES, namespace), (RESOURCE_QUOTAS, namespace)):
+        for resource, ns in ((CLUSTER_TRAINING_RUNTIMES, None), (TRAINING_RUNTIMES, namespace), (RESOURCE_QUOTAS, namespace),
+                             (LIMIT_RANGES, namespace)):
             try:
                 objects += list_all(api, resource, namespace=ns)[0]
             except ApiError as exc:
@@ -48,7 +50,7 @@ def read_state(kubeconfig: str, namespace: str) -> ClusterState:
     except ApiError as exc:
         raise ClusterUnreachable(
             f"the Kubernetes API server at {api.describe()} refused a read: {exc}. "
-            "Use a kubeconfig whose user may list runtimes and resourcequotas and get the namespace, "
+            "Use a kubeconfig whose user may list runtimes, resourcequotas and limitranges and get the namespace, "
             "or export them with kubectl and pass --cluster-state") from None
     finally:
         api.close()
