@@ -207,7 +207,8 @@ def _unchecked(request: AdmissionInput, state: ClusterState, active: list[Bundle
     if name not in state.namespaces:
         # Its labels (Pod Security level, bundles' namespaceSelector) were taken as none.
         unchecked.append({"check": "namespace labels", "reason": f"no Namespace {name}"})
-    if not state.quotas.get(name) and any(b.spec.checks.quota and b.spec.checks.quota.enabled for b in active):
+    quota = next(c for c in CHECKS if c.rule == "quota")
+    if not state.quotas.get(name) and any(quota.settings(b.spec.checks) is not None for b in active):
         unchecked.append({"check": "quota", "reason": f"no ResourceQuota for {name}"})
     return unchecked
 
