@@ -6,16 +6,20 @@ v2.3.0; each step cites the upstream file it mirrors.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+import functools
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
 
-from . import limitranger, redaction, smp
+from . import limitranger, phases, podvalidation, redaction, runtimepatch, smp
 from .resources import DEFAULT_ACCELERATORS, QuantityError, is_accelerator, numbers
 from .state import TRAINER_GROUP, ClusterState
 
 MPIJOB_GROUP = "kubeflow.org"
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"  # pkg/constants/constants.go
 ANCESTOR_TRAINER = "trainer"
+INITIALIZERS = ("dataset-initializer", "model-initializer")  # ancestors Trainer runs with 1 replica
+FLUX_INSTALLER = "flux-installer"  # pkg/constants FluxInstallerContainerName
+FLUX_INSTALLER_IMAGE = "ghcr.io/converged-computing/flux-view-ubuntu:tag-jammy"  # pkg/constants FluxInstallerImage
 LAUNCHER = "launcher"  # replicated job names the MPI plugin keys on (pkg/constants)
 NODE = "node"  # both the worker replicated job and the trainer container are named "node"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"  # jobset v0.12 api/jobset/v1alpha2
@@ -43,7 +47,7 @@ class PodSet:
     """One replicated job: ``count`` identical pods built from ``pod``."""
 
     name: str
-    role: str  # launcher | worker | other
+    role: str  # launcher | worker (every replicated job that trains) | initializer
     count: int
     pod: dict  # {"metadata": {...}, "spec": {...}} after all overrides
     source: str  # where the pod template lives, for field paths in messages
@@ -53,6 +57,10 @@ class PodSet:
     requests: dict[str, int] = field(default_factory=dict)  # per pod, cpu in millicores
     limits: dict[str, int] = field(default_factory=dict)
     gpus: dict[str, int] = field(default_factory=dict)  # per pod, accelerator name -> count
+    depends_on: tuple[tuple[str, str], ...] = ()  # JobSet dependsOn: (replicated job, "Ready"|"Complete")
+    # Containers Trainer adds to the pod (Flux's installer): judged, but no runtimePatch can name them.
+    added_containers: frozenset[str] = frozenset()
+    replicas: int = 1  # the batch Jobs JobSet creates for it, one per replica (object-count quotas)
 
     @property
     def gpu_count(self) -> int:
@@ -71,6 +79,7 @@ class PodSet:
             "gpus": self.gpu_count,
             "gpusByResource": self.gpus,
             "images": images_of(self.pod.get("spec", {})),
+            "dependsOn": [{"name": name, "status": status} for name, status in self.depends_on],
         }
 
 
@@ -84,6 +93,10 @@ class EffectiveJob:
     mpi: dict  # {"implementation", "numProcPerNode", "runLauncherAsNode", "sshAuthMountPath"}
     pod_sets: list[PodSet]
     pod_selector: dict[str, str]  # labels every pod of this job will carry
+    # The JobSet's own objects (policies/objectcounts.py): PVC templates of its volumeClaimPolicies,
+    # and whether it gets a headless Service (network.enableDNSHostnames, defaulted to true).
+    volume_claims: list[dict] = field(default_factory=list)
+    headless_service: bool = False
 
     def role(self, role: str) -> PodSet | None:
         return next((ps for ps in self.pod_sets if ps.role == role), None)
@@ -94,15 +107,44 @@ class EffectiveJob:
 
     @property
     def workers(self) -> PodSet | None:
+        """The first replicated job that trains (the one numNodes sets): messages name it."""
         return self.role("worker")
 
     @property
-    def num_nodes(self) -> int:
-        workers = self.workers.count if self.workers else 0
-        return workers + (1 if self.mpi.get("runLauncherAsNode") and self.launcher else 0)
+    def worker_sets(self) -> list[PodSet]:
+        """Every replicated job that trains and has pods, whatever the runtime calls it."""
+        return [ps for ps in self.with_pods if ps.role == "worker"]
 
     @property
+    def with_pods(self) -> list[PodSet]:
+        """The pod sets that create pods: per-pod rules have nothing to judge in a set of 0
+        (an MPIJob's Worker without replicas, parallelism: 0)."""
+        return [ps for ps in self.pod_sets if ps.count]
+
+    @property
+    def num_nodes(self) -> int:
+        workers = sum(ps.count for ps in self.worker_sets)
+        return workers + (1 if self.mpi.get("runLauncherAsNode") and self.launcher else 0)
+
+    def peak(self, amount: Callable[[PodSet], int]) -> tuple[int, list[PodSet]]:
+        """The most of ``amount`` per pod the job holds at one moment: replicated jobs chained by
+        dependsOn Complete never run together (policies/phases.py)."""
+        return phases.peak(self.pod_sets, amount, self._concurrent)
+
+    @property
+    def all_concurrent(self) -> bool:
+        """No dependsOn Complete orders the pod sets: every peak is the sum (the common case)."""
+        return len(self._concurrent) == 1 and len(self._concurrent[0]) == len(self.pod_sets)
+
+    @functools.cached_property
+    def _concurrent(self) -> list[tuple[int, ...]]:
+        """phases.groups, once per job: the quota check and ``job.peak`` ask for many resources."""
+        return phases.groups(self.pod_sets)
+
+    @functools.cached_property
     def totals(self) -> dict[str, Any]:
+        """Sums over all pods; kept once asked (checks, CEL and messages ask often): the pod sets
+        are final when build returns. Read only."""
         requests: dict[str, int] = {}
         limits: dict[str, int] = {}
         gpus: dict[str, int] = {}
@@ -122,6 +164,20 @@ class EffectiveJob:
             "limits": limits,
         }
 
+    @property
+    def peak_totals(self) -> dict[str, Any]:
+        """``peak`` of the pods and of every resource requested or limited (CEL ``job.peak``)."""
+        if self.all_concurrent:
+            totals = self.totals
+            return {"pods": totals["pods"], "requests": totals["requests"], "limits": totals["limits"]}
+        requests = {r for ps in self.pod_sets for r in ps.requests}
+        limits = {r for ps in self.pod_sets for r in ps.limits}
+        return {
+            "pods": self.peak(lambda ps: 1)[0],
+            "requests": {r: self.peak(lambda ps, r=r: ps.requests.get(r, 0))[0] for r in sorted(requests)},
+            "limits": {r: self.peak(lambda ps, r=r: ps.limits.get(r, 0))[0] for r in sorted(limits)},
+        }
+
     def as_cel(self) -> dict:
         """The CEL variable ``job``; plain JSON types only."""
         launcher, workers = self.launcher, self.workers
@@ -135,10 +191,11 @@ class EffectiveJob:
             "numNodes": self.num_nodes,
             "launcher": launcher.as_cel() if launcher else None,
             "worker": workers.as_cel() if workers else None,
-            "workers": workers.count if workers else 0,
+            "workers": sum(ps.count for ps in self.worker_sets),
             "podSets": [ps.as_cel() for ps in self.pod_sets],
             "images": sorted({image for ps in self.pod_sets for image in images_of(ps.pod.get("spec", {}))}),
             "totals": self.totals,
+            "peak": self.peak_totals,
         }
 
 
@@ -210,9 +267,39 @@ def pod_resources(pod_spec: dict) -> tuple[dict[str, int], dict[str, int]]:
     for total, peak in ((requests, init_peak_requests), (limits, init_peak_limits)):
         for name, amount in peak.items():
             total[name] = max(total.get(name, 0), amount)
+    _apply_pod_level(pod_spec, requests, limits)
+    # Overhead (set from the RuntimeClass) adds to the requests, and to the limits that are set.
     for name, amount in numbers(pod_spec.get("overhead"), "spec.overhead").items():
         requests[name] = requests.get(name, 0) + amount
+        if limits.get(name):
+            limits[name] += amount
     return requests, limits
+
+
+def _apply_pod_level(pod_spec: dict, requests: dict[str, int], limits: dict[str, int]) -> None:
+    """Pod-level ``spec.resources`` (PodLevelResources, on by default since 1.34) replaces the
+    containers' sum for cpu, memory and hugepages (PodRequests/PodLimits); its requests default
+    from the containers' requests, else from its limits (defaultPodRequests in
+    pkg/apis/core/v1/defaults.go)."""
+    pod_level = pod_spec.get("resources")
+    if not pod_level or not isinstance(pod_level, dict):
+        return
+    pod_limits = {k: v for k, v in numbers(pod_level.get("limits"), "spec.resources.limits").items()
+                  if _pod_level_resource(k)}
+    pod_requests = {k: v for k, v in numbers(pod_level.get("requests"), "spec.resources.requests").items()
+                    if _pod_level_resource(k)}
+    if pod_limits:
+        for name in ("cpu", "memory"):
+            if name not in pod_requests and name in requests:
+                pod_requests[name] = requests[name]
+        for name, amount in pod_limits.items():
+            pod_requests.setdefault(name, amount)
+    requests.update(pod_requests)
+    limits.update(pod_limits)
+
+
+def _pod_level_resource(name: str) -> bool:
+    return name in ("cpu", "memory") or name.startswith("hugepages-")
 
 
 def _finish(pod_set: PodSet, accelerators: tuple[str, ...]) -> PodSet:
@@ -229,7 +316,18 @@ def _container(pod_spec: dict, name: str) -> dict | None:
 
 
 def _upsert_env(container: dict, env: list[dict]) -> None:
-    container["env"] = smp.merge(container.get("env") or [], env, "env")
+    """Trainer's apply.UpsertEnvVars: an entry replaces the one of its name whole (a value
+    replaces a valueFrom, not merged into it), others are appended in order."""
+    merged = [dict(e) for e in container.get("env") or [] if isinstance(e, dict)]
+    for entry in env:
+        if not isinstance(entry, dict):
+            continue
+        at = next((i for i, e in enumerate(merged) if e.get("name") == entry.get("name")), None)
+        if at is None:
+            merged.append(smp.clone(entry))
+        else:
+            merged[at] = smp.clone(entry)
+    container["env"] = merged
 
 
 def build(obj: dict, state: ClusterState, accelerators: tuple[str, ...] = DEFAULT_ACCELERATORS) -> EffectiveJob:
@@ -238,23 +336,66 @@ def build(obj: dict, state: ClusterState, accelerators: tuple[str, ...] = DEFAUL
     kind = obj.get("kind")
     group = str(obj.get("apiVersion", "")).split("/")[0]
     if kind == "TrainJob" and group == TRAINER_GROUP:
-        return _with_limit_ranges(from_trainjob(obj, state, accelerators), state, accelerators)
+        return _as_admitted(from_trainjob(obj, state, accelerators), state, accelerators)
     if kind == "MPIJob" and group == MPIJOB_GROUP:
-        return _with_limit_ranges(from_mpijob(obj, accelerators), state, accelerators)
+        return _as_admitted(from_mpijob(obj, accelerators), state, accelerators)
     raise JobModelError(f"unsupported object {obj.get('apiVersion')}/{kind}: expected trainer.kubeflow.org TrainJob or kubeflow.org MPIJob")
 
 
-def _with_limit_ranges(job: EffectiveJob, state: ClusterState, accelerators: tuple[str, ...]) -> EffectiveJob:
-    """Each pod as the API server will create it in the job's namespace: requests defaulted from
-    limits, then the LimitRange defaults (policies/limitranger.py), counted again. Nothing to do
-    (and nothing spent) in a namespace without a LimitRange."""
+def _as_admitted(job: EffectiveJob, state: ClusterState, accelerators: tuple[str, ...]) -> EffectiveJob:
+    """Each pod as the API server will store it in the job's namespace: the default
+    PriorityClass (Priority admission), the RuntimeClass's overhead (RuntimeClass admission),
+    requests defaulted from limits, then the LimitRange defaults (policies/limitranger.py),
+    counted again; then refused if the API server would refuse it (policies/podvalidation.py).
+    Nothing is recounted (or spent) without overhead or LimitRange. The runtime's PVCs get the
+    default StorageClass (DefaultStorageClass admission)."""
     limit_ranges = state.namespace_limit_ranges(job.namespace)
-    if limit_ranges:
-        defaults = limitranger.container_defaults(limit_ranges)
-        for pod_set in job.pod_sets:
-            limitranger.apply(pod_set.pod["spec"], defaults)
+    defaults = limitranger.container_defaults(limit_ranges) if limit_ranges else None
+    priority_class, storage_class = state.default_priority_class(), state.default_storage_class()
+    for claim in job.volume_claims:
+        claim_spec = claim.get("spec")
+        if storage_class and isinstance(claim_spec, dict) and claim_spec.get("storageClassName") is None:
+            claim["spec"] = {**claim_spec, "storageClassName": storage_class}  # not in place: the runtime is shared
+    for pod_set in job.pod_sets:
+        pod_spec = pod_set.pod["spec"]
+        if priority_class and not pod_spec.get("priorityClassName"):
+            pod_spec["priorityClassName"] = priority_class  # the Priority admission plugin
+        overhead = _runtime_class_overhead(pod_spec, state)
+        if overhead is not None:
+            pod_spec["overhead"] = overhead
+        if defaults is not None:
+            limitranger.apply(pod_spec, defaults)
+        if overhead is not None or defaults is not None:
             _finish(pod_set, accelerators)
+        refused = podvalidation.refusals(pod_spec)
+        if not refused and pod_spec.get("resources"):
+            containers_only = {k: v for k, v in pod_spec.items() if k not in ("resources", "overhead")}
+            refused = podvalidation.pod_level_refusals(pod_spec, pod_resources(containers_only)[0])
+        if refused:
+            raise JobModelError(_refusal_message(job, pod_set, refused))
     return job
+
+
+def _runtime_class_overhead(pod_spec: dict, state: ClusterState) -> dict | None:
+    """overhead.podFixed of the pod's RuntimeClass, which admission copies into spec.overhead."""
+    name = pod_spec.get("runtimeClassName")
+    runtime_class = state.runtime_class(name) if isinstance(name, str) and name else None
+    fixed = ((runtime_class or {}).get("overhead") or {}).get("podFixed")
+    return dict(fixed) if isinstance(fixed, dict) and fixed else None
+
+
+def _refusal_message(job: EffectiveJob, pod_set: PodSet, refused: list[tuple[str, str]]) -> str:
+    """The first refusal, at the field the submitter sets: spec.trainer.resourcesPerNode for the
+    node container Trainer fills from it, else the pod template."""
+    field, problem = refused[0]
+    if job.kind == "TrainJob" and "resources" in pod_set.from_trainer and field.startswith(f"containers[name={NODE}]"):
+        where = "spec.trainer.resourcesPerNode" + field.split(".resources", 1)[1]
+    elif job.kind == "TrainJob":
+        where = f"{field} in {pod_set.source} (the runtime sets it; spec.runtimePatches cannot change resources)"
+    else:
+        where = f"spec.mpiReplicaSpecs.{pod_set.name.capitalize()}.template.spec.{field}"
+    more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+    return f"{pod_set.name} pods would be refused by Kubernetes: {where}: {problem}{more}"
 
 
 def from_trainjob(trainjob: dict, state: ClusterState,
@@ -273,38 +414,60 @@ def from_trainjob(trainjob: dict, state: ClusterState,
             f"no {ref_kind} {ref.get('name')!r}{where}",
         )
     runtime_spec = runtime.get("spec") or {}
+    runtime_name = f"{runtime.get('kind')} {(runtime.get('metadata') or {}).get('name')}"
+    # A present mlPolicy, even {}, makes Trainer apply numNodes and resourcesPerNode (non-nil in Go).
+    has_ml_policy = runtime_spec.get("mlPolicy") is not None
     ml_policy = runtime_spec.get("mlPolicy") or {}
     mpi_policy = ml_policy.get("mpi")
     trainer = spec.get("trainer") or {}
     run_launcher_as_node = bool(mpi_policy and mpi_policy.get("runLauncherAsNode"))
     per_node = trainer.get("resourcesPerNode")
     # Read before it merges into the runtime's pods, so that a bad quantity is reported at its field.
-    per_node_gpus = _gpus_in(per_node) if per_node else None
+    per_node_gpus = _gpus_in(per_node, "spec.trainer.resourcesPerNode") if per_node else None
+    node_resources: dict | None = None  # the first node/trainer job's "node" container (ExtractResourcePerNodeFromRuntime)
     requested = (count_field(trainer["numNodes"], "spec.trainer.numNodes") if trainer.get("numNodes") is not None
                  else None)
 
-    # 1. runtimePatches merge into the JobSet spec in list order (core/trainingruntime.go, mergeRuntimePatches).
+    # 1. runtimePatches merge into the JobSet spec in list order (core/trainingruntime.go,
+    #    mergeRuntimePatches), each pruned to the fields the CRD keeps (policies/runtimepatch.py).
     #    Read only (merge copies what it changes); each pod below is cloned before it is changed.
     jobset_spec = (runtime_spec.get("template") or {}).get("spec") or {}
-    for patch in spec.get("runtimePatches") or []:
-        patch_spec = (((patch or {}).get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec")
-        if patch_spec:
-            jobset_spec = smp.merge(jobset_spec, patch_spec)
+    patches = spec.get("runtimePatches") or []
+    containers_by_job = {
+        rjob.get("name", ""): {c.get("name", "") for _, c in containers_of(_pod_template(rjob).get("spec") or {})}
+        for rjob in jobset_spec.get("replicatedJobs") or []
+    } if patches else {}
+    patched_by: dict[str, list[str]] = {}  # replicated job -> the patches that change its pods, for messages
+    for index, patch in enumerate(patches):
+        template = runtimepatch.template_patch(patch)
+        try:
+            runtimepatch.check_names(template, containers_by_job, index)
+        except runtimepatch.PatchError as exc:
+            raise JobModelError(str(exc)) from exc
+        if template.get("spec"):
+            jobset_spec = smp.merge(jobset_spec, template["spec"])
+            for rjob in template["spec"].get("replicatedJobs") or []:
+                patched_by.setdefault(rjob.get("name", ""), []).append(f"spec.runtimePatches[{index}]")
     replicated_jobs = jobset_spec.get("replicatedJobs") or []
+    if not replicated_jobs:
+        raise JobModelError(f"runtime {runtime_name} has no replicatedJobs, so Trainer would create no pods: "
+                            "set spec.runtimeRef to a runtime that runs your training")
     if len(replicated_jobs) > MAX_REPLICATED_JOBS:
         # Bounds the work below (each job's pod is cloned, and trainer.env copied into each
-        # trainer job): a few patches of many small jobs must not multiply into gigabytes.
-        raise JobModelError(f"the runtime with spec.runtimePatches has {len(replicated_jobs)} replicated jobs, "
+        # trainer job): a runtime of many small jobs must not multiply into gigabytes.
+        raise JobModelError(f"runtime {runtime_name} has {len(replicated_jobs)} replicated jobs, "
                             f"more than {MAX_REPLICATED_JOBS}: training runtimes have a handful (initializers, "
-                            "launcher, node); remove the extra replicatedJobs from spec.runtimePatches")
+                            "launcher, node)")
 
     pod_sets: list[PodSet] = []
+    first_trainer = next((rjob.get("name") for rjob in replicated_jobs if _ancestor(rjob) == ANCESTOR_TRAINER), None)
+    first_node = next((rjob.get("name") for rjob in replicated_jobs if rjob.get("name") == NODE), None)
     for rjob in replicated_jobs:
         rjob_name = rjob.get("name", "")
         job_template = rjob.get("template") or {}
-        ancestor = ((job_template.get("metadata") or {}).get("labels") or {}).get(ANCESTOR_LABEL)
-        is_trainer = ancestor == ANCESTOR_TRAINER and bool(ml_policy)
-        pod = smp.clone((job_template.get("spec") or {}).get("template") or {})
+        ancestor = _ancestor(rjob)
+        is_trainer = ancestor == ANCESTOR_TRAINER and has_ml_policy
+        pod = smp.clone(_pod_template(rjob))
         pod.setdefault("metadata", {})
         pod_spec = pod.setdefault("spec", {})
 
@@ -324,37 +487,45 @@ def from_trainjob(trainjob: dict, state: ClusterState,
             from_trainer.add("resources")
             if trainer.get("resourcesPerNode"):
                 node_container["resources"] = smp.merge(node_container.get("resources") or {}, trainer["resourcesPerNode"])
+        if node_resources is None and node_container is not None and (rjob_name == NODE or ancestor == ANCESTOR_TRAINER):
+            node_resources = node_container.get("resources") or {}
 
-        # 4. numNodes: the MPI plugin sets the "node" job (minus one when the launcher is a node,
-        #    plugins/mpi/mpi.go EnforceMLPolicy); other policies set the trainer ancestor (plugins/plainml).
+        # 4. numNodes: the MPI plugin sets the first "node" job (minus one when the launcher is a
+        #    node, plugins/mpi/mpi.go EnforceMLPolicy); the others set the first trainer ancestor
+        #    (FindPodSetByAncestor in plugins/plainml, torch, jax, xgboost).
         if requested is not None:
-            if mpi_policy is not None and rjob_name == NODE:
+            if mpi_policy is not None and rjob_name == first_node:
                 count = max(requested - 1, 1) if run_launcher_as_node else requested
-            elif mpi_policy is None and ancestor == ANCESTOR_TRAINER:
+            elif mpi_policy is None and rjob_name == first_trainer:
                 count = requested
 
         # 5. image/command/args go to the trainer ancestor's "node" container, env also to the
-        #    launcher-as-node "node" job (plugins/jobset/builder.go, Trainer); replicas become 1.
+        #    launcher-as-node "node" job (plugins/jobset/builder.go, Trainer); the replicas of the
+        #    trainer and initializer jobs become 1 (builder.go Trainer, Initializer).
         replicas = 1 if rjob.get("replicas") is None else count_field(rjob["replicas"], f"{where}.replicas", minimum=0)
-        if ancestor == ANCESTOR_TRAINER:
+        if ancestor == ANCESTOR_TRAINER or ancestor in INITIALIZERS:
             replicas = 1
-            if node_container is not None:
-                from_trainer.add("image")
-                for key in ("image", "command", "args"):
-                    if trainer.get(key) is not None:
-                        node_container[key] = smp.clone(trainer[key])
+        if ancestor == ANCESTOR_TRAINER and node_container is not None:
+            from_trainer.add("image")
+            for key in ("image", "command", "args"):
+                if trainer.get(key) is not None:
+                    node_container[key] = smp.clone(trainer[key])
         if node_container is not None and trainer.get("env") and (
             ancestor == ANCESTOR_TRAINER or (run_launcher_as_node and rjob_name == NODE)
         ):
             _upsert_env(node_container, trainer["env"])
+        added: frozenset[str] = frozenset()
+        if ml_policy.get("flux") is not None and rjob_name == NODE:
+            added = frozenset({_add_flux_installer(pod_spec, node_container)})
 
         # JobSet labels every pod with the JobSet name, which is the TrainJob's name.
         pod["metadata"]["labels"] = {**(pod["metadata"].get("labels") or {}), JOBSET_NAME_LABEL: name}
-        role = "launcher" if rjob_name == LAUNCHER else "worker" if rjob_name == NODE else "other"
-        if mpi_policy is None and ancestor == ANCESTOR_TRAINER:
-            role = "worker"
-        source = f"{runtime.get('kind')} {runtime.get('metadata', {}).get('name')}, replicatedJobs[{rjob_name}] pod template"
-        pod_sets.append(_finish(PodSet(rjob_name, role, replicas * count, pod, source, frozenset(from_trainer)),
+        source = f"{runtime_name}, replicatedJobs[{rjob_name}] pod template"
+        if rjob_name in patched_by:
+            source += f" with {', '.join(patched_by[rjob_name])}"
+        pod_sets.append(_finish(PodSet(rjob_name, _role(rjob_name, ancestor, mpi_policy is not None),
+                                       replicas * count, pod, source, frozenset(from_trainer),
+                                       depends_on=_depends_on(rjob), replicas=replicas, added_containers=added),
                                 accelerators))
 
     mpi: dict[str, Any] = {}
@@ -364,9 +535,8 @@ def from_trainjob(trainjob: dict, state: ClusterState,
         if trainer.get("numProcPerNode") is not None:
             slots = count_field(trainer["numProcPerNode"], "spec.trainer.numProcPerNode")
         elif slots == 1:
-            node_set = next((ps for ps in pod_sets if ps.role == "worker"), None)
             gpus = per_node_gpus if per_node_gpus is not None else (
-                _trainer_gpus(node_set.requests, node_set.limits) if node_set else 0)
+                _gpus_in(node_resources, f"{runtime_name} node container resources") if node_resources else 0)
             slots = gpus if gpus > 1 else 1
         mpi = {
             "implementation": mpi_policy.get("mpiImplementation") or "OpenMPI",
@@ -383,7 +553,66 @@ def from_trainjob(trainjob: dict, state: ClusterState,
         mpi=mpi,
         pod_sets=pod_sets,
         pod_selector={JOBSET_NAME_LABEL: name},
+        volume_claims=[dict(claim) for policy in jobset_spec.get("volumeClaimPolicies") or [] if isinstance(policy, dict)
+                       for claim in policy.get("templates") or [] if isinstance(claim, dict)],  # shallow: read only
+        headless_service=not (isinstance(jobset_spec.get("network"), dict)
+                              and jobset_spec["network"].get("enableDNSHostnames") is False),
     )
+
+
+def _add_flux_installer(pod_spec: dict, node_container: dict | None) -> str:
+    """The init container Trainer's Flux plugin adds to the "node" pods (plugins/flux/flux.go
+    EnforceMLPolicy): its image is FLUX_VIEW_IMAGE from the trainer's env, else Trainer's default;
+    it sets no resources or securityContext, so Pod Security and registries judge it as it is."""
+    image = next((e.get("value") for e in (node_container or {}).get("env") or []
+                  if isinstance(e, dict) and e.get("name") == "FLUX_VIEW_IMAGE" and isinstance(e.get("value"), str)),
+                 FLUX_INSTALLER_IMAGE)
+    pod_spec["initContainers"] = [*(pod_spec.get("initContainers") or []),
+                                  {"name": FLUX_INSTALLER, "image": image,
+                                   "command": ["/bin/bash", "/etc/flux-config/init.sh"]}]
+    return FLUX_INSTALLER
+
+
+def with_patch(job: EffectiveJob, obj: dict, index: int) -> EffectiveJob:
+    """``job``, built from ``obj`` without its ``spec.runtimePatches[index]``, with that patch
+    merged into its pods as Trainer merges it, for a patch of pod metadata and securityContext
+    only (the service's own mutation, policies/mutations.py): such a patch changes no count,
+    resource, role or container, so the pods need not be built again, which would double the
+    cost of every mutated CREATE. tests/unit/test_trainer_rules.py holds it equal to build(obj)."""
+    patch = runtimepatch.template_patch(obj["spec"]["runtimePatches"][index])
+    by_name = {rjob.get("name"): rjob for rjob in (patch.get("spec") or {}).get("replicatedJobs") or []}
+    pod_sets = []
+    for ps in job.pod_sets:
+        pod_patch = _pod_template(by_name[ps.name]) if ps.name in by_name else None
+        if pod_patch:
+            joined = ", " if " with spec.runtimePatches[" in ps.source else " with "
+            ps = replace(ps, pod=smp.merge(ps.pod, pod_patch), source=f"{ps.source}{joined}spec.runtimePatches[{index}]")
+        pod_sets.append(ps)
+    return replace(job, labels=dict((obj.get("metadata") or {}).get("labels") or {}), pod_sets=pod_sets)
+
+
+def _pod_template(rjob: dict) -> dict:
+    return ((rjob.get("template") or {}).get("spec") or {}).get("template") or {}
+
+
+def _ancestor(rjob: dict) -> str | None:
+    return (((rjob.get("template") or {}).get("metadata") or {}).get("labels") or {}).get(ANCESTOR_LABEL)
+
+
+def _role(rjob_name: str, ancestor: str | None, is_mpi: bool) -> str:
+    """What a replicated job does, by Trainer's labels rather than its name: only the MPI plugin's
+    "launcher" coordinates and initializers only fetch; every other job runs the training code
+    (a runtime cannot take its pods out of per-worker limits by naming its job differently)."""
+    if is_mpi and rjob_name == LAUNCHER:
+        return "launcher"
+    if ancestor in INITIALIZERS:
+        return "initializer"
+    return "worker"
+
+
+def _depends_on(rjob: dict) -> tuple[tuple[str, str], ...]:
+    return tuple((str(d.get("name", "")), str(d.get("status", ""))) for d in rjob.get("dependsOn") or []
+                 if isinstance(d, dict))
 
 
 def count_field(value: Any, field: str, minimum: int = 1) -> int:
@@ -399,20 +628,18 @@ def count_field(value: Any, field: str, minimum: int = 1) -> int:
     return value
 
 
-def _gpus_in(resources: dict) -> int:
+def _gpus_in(resources: dict, where: str) -> int:
+    """GPUs per node as Trainer's MPI plugin counts them for slots (runtime.GetNumGPUPerNode): the
+    first resource whose name contains "gpu", in the requests, else in the limits; not the
+    service's accelerator families (resources.py). Go's map order makes "first" arbitrary when a
+    container names two such resources; here it is the order written."""
     try:
-        requests = numbers(resources.get("requests"), "spec.trainer.resourcesPerNode.requests")
-        limits = numbers(resources.get("limits"), "spec.trainer.resourcesPerNode.limits")
+        requests = numbers(resources.get("requests"), f"{where}.requests")
+        limits = numbers(resources.get("limits"), f"{where}.limits")
     except QuantityError as exc:
         raise JobModelError(str(exc)) from exc
-    return _trainer_gpus(requests, limits)
-
-
-def _trainer_gpus(requests: dict[str, int], limits: dict[str, int]) -> int:
-    """GPUs per node as Trainer's MPI plugin counts them for slots: resources whose name contains
-    "gpu" (runtime.GetNumGPUPerNode), not the service's accelerator families (resources.py)."""
-    found = sum(v for k, v in requests.items() if "gpu" in k.lower())
-    return found or sum(v for k, v in limits.items() if "gpu" in k.lower())
+    first = [next((v for k, v in amounts.items() if "gpu" in k.lower()), 0) for amounts in (requests, limits)]
+    return first[0] or first[1]
 
 
 def from_mpijob(mpijob: dict, accelerators: tuple[str, ...] = DEFAULT_ACCELERATORS) -> EffectiveJob:
@@ -422,7 +649,8 @@ def from_mpijob(mpijob: dict, accelerators: tuple[str, ...] = DEFAULT_ACCELERATO
     spec = mpijob.get("spec") or {}
     replica_specs = spec.get("mpiReplicaSpecs") or {}
     pod_sets = []
-    for key, role in (("Launcher", "launcher"), ("Worker", "worker")):
+    # mpi-operator's defaults (pkg/apis/kubeflow/v2beta1/default.go): 1 launcher, 0 workers.
+    for key, role, default_replicas in (("Launcher", "launcher", 1), ("Worker", "worker", 0)):
         replica = replica_specs.get(key)
         if not replica:
             continue
@@ -431,7 +659,8 @@ def from_mpijob(mpijob: dict, accelerators: tuple[str, ...] = DEFAULT_ACCELERATO
         pod.setdefault("spec", {})
         pod["metadata"]["labels"] = {**(pod["metadata"].get("labels") or {}), MPIJOB_NAME_LABEL: name}
         replicas = replica.get("replicas")
-        count = 1 if replicas is None else count_field(replicas, f"spec.mpiReplicaSpecs.{key}.replicas", minimum=0)
+        count = (default_replicas if replicas is None
+                 else count_field(replicas, f"spec.mpiReplicaSpecs.{key}.replicas", minimum=0))
         source = f"MPIJob {name}, spec.mpiReplicaSpecs.{key}.template"
         pod_sets.append(_finish(PodSet(role, role, count, pod, source), accelerators))
     return EffectiveJob(

@@ -9,13 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from . import effective_job, injections, limits, mutations, redaction
+from . import effective_job, injections, limits, mutations, queueing, redaction
 from .bundle import Bundle, Injections, Mutations, accelerators, merged
 from .cel import Budget, CelEvalError, CompiledExpression, Fields, prune, to_cel, to_python
 from .checks.base import CheckContext, Finding
 from .checks.registry import CHECKS
 from .decision import Decision, Effect, Result, RuleResult, allows
 from .effective_job import EffectiveJob, JobModelError, RuntimeNotFound
+from .snapshot import running_state
 from .state import ClusterState
 
 DEPRECATION_WARNING = (
@@ -163,6 +164,29 @@ def _old_job(request: AdmissionInput, state: ClusterState, active: list[Bundle])
         return None
 
 
+def _runtime_gone(request: AdmissionInput, exc: JobModelError) -> bool:
+    """An UPDATE of a job whose runtime and snapshot are both gone, that changes nothing that
+    shapes its pods: the spec is the same apart from spec.suspend (labels, annotations, Kueue's
+    suspend and resume, Trainer's own metadata). Trainer cannot rebuild such a job, so it makes
+    no pods whatever this update says; refusing it would only block Kueue and the Trainer."""
+    if not isinstance(exc, RuntimeNotFound) or request.operation != "UPDATE" or request.old_object is None:
+        return False
+    new, old = request.object.get("spec"), request.old_object.get("spec")
+    if not isinstance(new, dict) or not isinstance(old, dict):
+        return False
+    return {k: v for k, v in new.items() if k != "suspend"} == {k: v for k, v in old.items() if k != "suspend"}
+
+
+def _job_model_error(request: AdmissionInput, exc: JobModelError, active: list[Bundle]) -> list[RuleResult]:
+    """A job that cannot be modelled is denied, except an UPDATE that :func:`_runtime_gone` admits, with a warning."""
+    if not _runtime_gone(request, exc):
+        return [RuleResult(b.name, "job-model", Result.FAIL, Effect.DENY, [str(exc)], [""]) for b in active]
+    message = (f"{exc.missing} and no valid runtime snapshot of this job: this update changes nothing that shapes "
+               "its pods (only metadata or spec.suspend), so it is admitted unchecked; Trainer cannot rebuild the "
+               "job until that runtime exists again")
+    return [RuleResult(b.name, "job-model", Result.FAIL, Effect.WARN, [message], [""]) for b in active]
+
+
 def _audited(results: list[RuleResult], audit: set[str]) -> list[RuleResult]:
     """Audit bundles log and warn, never deny."""
     if not audit:
@@ -197,7 +221,7 @@ def _oversized(request: AdmissionInput, active: list[Bundle]) -> list[RuleResult
 
 
 def _unchecked(request: AdmissionInput, state: ClusterState, active: list[Bundle],
-               missing_runtime: RuntimeNotFound | None) -> list[dict[str, str]]:
+               missing_runtime: RuntimeNotFound | None, job: EffectiveJob | None) -> list[dict[str, str]]:
     """What the decision read that the state does not hold. Online the watched cluster is the
     truth and this is not shown; offline it names the state a reviewer left out (review --strict)."""
     name = request.namespace
@@ -210,6 +234,10 @@ def _unchecked(request: AdmissionInput, state: ClusterState, active: list[Bundle
     quota = next(c for c in CHECKS if c.rule == "quota")
     if not state.quotas.get(name) and any(quota.settings(b.spec.checks) is not None for b in active):
         unchecked.append({"check": "quota", "reason": f"no ResourceQuota for {name}"})
+    classes = {ps.pod["spec"].get("runtimeClassName") for ps in job.pod_sets} if job is not None else set()
+    for runtime_class in sorted(c for c in classes if isinstance(c, str) and c and state.runtime_class(c) is None):
+        # Its pod overhead was counted as none (online, RuntimeClass admission refuses such pods).
+        unchecked.append({"check": "pod overhead", "reason": f"no RuntimeClass {runtime_class}"})
     return unchecked
 
 
@@ -235,21 +263,30 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
     results: list[RuleResult] = _oversized(request, active) if active else []
     if not results:  # else too large to evaluate: denied as it is, unmutated
         try:
+            state, snapshot_warning = running_state(request.operation, obj, state)  # the runtime Trainer runs it with
+            warnings += [snapshot_warning] if snapshot_warning and active else []
             families = accelerators(active)
             job = effective_job.build(obj, state, families)
+            if request.operation == "UPDATE":
+                queueing.check_stays_remote(request.old_object, obj)
             if mutate and request.operation == "CREATE" and enforcing:
                 settings = merged(Mutations, [b.spec.mutations for b in enforcing])
                 base = mutations.without_own_patch(obj)  # planned on the pods as the runtime and user made them
-                patch, patched = mutations.plan(obj, job if base is None else effective_job.build(base, state, families),
-                                                settings, namespace)
+                planned_on = job if base is None else effective_job.build(base, state, families)
+                patch, patched = mutations.plan(obj, planned_on, settings, namespace)
                 if patch:
                     mutated = patched
-                    job = effective_job.build(mutated, state, families)
+                    job = mutations.mutated_job(planned_on, mutated) or effective_job.build(mutated, state, families)
         except JobModelError as exc:
             missing_runtime = exc if isinstance(exc, RuntimeNotFound) else None
-            for bundle in active:
-                results.append(RuleResult(bundle.name, "job-model", Result.FAIL, Effect.DENY, [str(exc)], [""]))
+            results += _job_model_error(request, exc, active)
             job = None
+
+    planned: list[dict] = []  # planned before the checks: object-count quotas count what the server adds
+    injection_settings = None
+    if job is not None and request.operation == "CREATE" and enforcing:
+        injection_settings = merged(Injections, [b.spec.injections for b in enforcing])
+        planned = injections.plan(job, injection_settings, mutated)
 
     if job is not None and active:
         current_job = job
@@ -262,7 +299,7 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
         })
         context = CheckContext(job, namespace, state.namespace_quotas(request.namespace),
                                _old_job(request, state, active), mutated, request.old_object,
-                               state.namespace_limit_ranges(request.namespace))
+                               state.namespace_limit_ranges(request.namespace), planned)
         for bundle in active:
             budget.check()
             results += _checks(bundle, context)
@@ -277,13 +314,8 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
             warnings += [prefix + (f"{m}: {fix}" if fix else m) for m, fix in zip(r.messages, r.remediations)]
 
     allowed = allows(results)
-    planned: list[dict] = []
-    injection_settings = None
-    if allowed and job is not None and request.operation == "CREATE" and enforcing:
-        injection_settings = merged(Injections, [b.spec.injections for b in enforcing])
-        planned = injections.plan(job, injection_settings)
     if not allowed:
-        patch, mutated = [], obj
+        patch, mutated, planned, injection_settings = [], obj, [], None
     return Decision(
         results=results,
         warnings=warnings,
@@ -293,5 +325,5 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
         job=job,
         mutated=mutated,
         injection_settings=injection_settings,
-        unchecked=_unchecked(request, state, active, missing_runtime) if report_unchecked else [],
+        unchecked=_unchecked(request, state, active, missing_runtime, job) if report_unchecked else [],
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from .bundle import Injections, NetworkPolicyInjection
 from .effective_job import EffectiveJob
+from .queueing import runs_elsewhere
 
 SSH_SECRET_SUFFIX = "-mpi-ssh-auth"  # the name Trainer's MPI plugin looks for (plugins/mpi/mpi.go)
 NETWORK_POLICY_SUFFIX = "-mpi-isolation"
@@ -15,13 +16,17 @@ JOB_ANNOTATION = "trainjob-admission.io/job"  # "<kind>/<name>", how the reconci
 JOB_UID_ANNOTATION = "trainjob-admission.io/job-uid"  # the uid the API server gave the job at admission
 
 
-def plan(job: EffectiveJob, settings: Injections) -> list[dict]:
-    """What the server will create for this job, as {"kind", "name", ...details}."""
+def plan(job: EffectiveJob, settings: Injections, obj: dict) -> list[dict]:
+    """What the server will create for this job (``obj``, as it will be stored), as {"kind",
+    "name", ...details}. Nothing for a job MultiKueue runs on another cluster: neither Trainer nor
+    its pods ever use a Secret or NetworkPolicy here (policies/queueing.py)."""
+    if runs_elsewhere(obj):
+        return []
     plans: list[dict] = []
     if settings.sshKey and settings.sshKey.enabled and job.kind == "TrainJob" and job.mpi:
-        plans.append({"kind": "Secret", "name": job.name + SSH_SECRET_SUFFIX, "keyType": settings.sshKey.type})
+        plans.append({"kind": "Secret", "name": f"{job.name}{SSH_SECRET_SUFFIX}", "keyType": settings.sshKey.type})
     if settings.networkPolicy and settings.networkPolicy.template != "none" and job.pod_sets:
-        plans.append({"kind": "NetworkPolicy", "name": job.name + NETWORK_POLICY_SUFFIX,
+        plans.append({"kind": "NetworkPolicy", "name": f"{job.name}{NETWORK_POLICY_SUFFIX}",
                       "template": settings.networkPolicy.template})
     return plans
 
@@ -48,7 +53,7 @@ def network_policy(job: EffectiveJob, settings: NetworkPolicyInjection) -> dict:
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": metadata(job, job.name + NETWORK_POLICY_SUFFIX),
+        "metadata": metadata(job, f"{job.name}{NETWORK_POLICY_SUFFIX}"),
         "spec": {
             "podSelector": {"matchLabels": dict(job.pod_selector)},
             "policyTypes": ["Ingress"],

@@ -7,9 +7,11 @@ their replica templates directly.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import jsonpatch
 
-from . import smp
+from . import effective_job, smp
 from .bundle import Mutations
 from .effective_job import EffectiveJob, all_containers
 
@@ -46,9 +48,10 @@ def pod_metadata(settings: Mutations, cost_labels: dict[str, str]) -> dict:
     return metadata
 
 
-def security_defaults(pod_spec: dict) -> dict:
+def security_defaults(pod_spec: dict, added: frozenset[str] = frozenset()) -> dict:
     """The smallest pod-spec patch that makes a silent pod restricted-conformant; never
-    overrides a value the runtime or the user set."""
+    overrides a value the runtime or the user set. ``added``: containers Trainer adds itself,
+    which a runtimePatch cannot name (PodSet.added_containers): left as they are."""
     patch: dict = {}
     pod_sc = pod_spec.get("securityContext") or {}
     wanted_pod: dict = {}
@@ -59,7 +62,7 @@ def security_defaults(pod_spec: dict) -> dict:
     if wanted_pod:
         patch["securityContext"] = wanted_pod
     for key, _, container in all_containers(pod_spec):
-        if key == "ephemeralContainers":
+        if key == "ephemeralContainers" or container.get("name") in added:
             continue
         sc = container.get("securityContext") or {}
         wanted: dict = {}
@@ -88,7 +91,7 @@ def plan(obj: dict, job: EffectiveJob, settings: Mutations, namespace: dict) -> 
             pod_patch: dict = {}
             if metadata:
                 pod_patch["metadata"] = smp.clone(metadata)
-            spec_patch = security_defaults(ps.pod.get("spec") or {}) if defaults else {}
+            spec_patch = security_defaults(ps.pod.get("spec") or {}, ps.added_containers) if defaults else {}
             if spec_patch:
                 pod_patch["spec"] = spec_patch
             if pod_patch:
@@ -109,6 +112,20 @@ def plan(obj: dict, job: EffectiveJob, settings: Mutations, namespace: dict) -> 
             if defaults:
                 template["spec"] = _merge_defaults(template.get("spec") or {})
     return _minimal_patch(obj, mutated), mutated
+
+
+def mutated_job(planned_on: EffectiveJob, mutated: dict) -> EffectiveJob | None:
+    """The effective job of ``mutated`` from the job its mutation was planned on, without building
+    it again (effective_job.with_patch): for a TrainJob, whose mutation is labels and one
+    runtimePatch of pod metadata and securityContext. None for an MPIJob (its templates change:
+    build it)."""
+    if planned_on.kind != "TrainJob":
+        return None
+    patches = (mutated.get("spec") or {}).get("runtimePatches") or []
+    own = next((i for i, p in enumerate(patches) if isinstance(p, dict) and p.get("manager") == MANAGER), None)
+    if own is None:
+        return replace(planned_on, labels=dict((mutated.get("metadata") or {}).get("labels") or {}))
+    return effective_job.with_patch(planned_on, mutated, own)
 
 
 def without_own_patch(obj: dict) -> dict | None:

@@ -118,10 +118,18 @@ def _too_large(shown: str) -> QuantityError:
 def to_number(resource: str, value: object) -> int:
     """cpu -> millicores, other resources -> units, rounded up as the API does (MilliValue, Value).
     Cheap for any input: to_decimal's value is below 2**63 with at most 9 decimals."""
+    milli = resource_base(resource) == "cpu"
+    if isinstance(value, str) and len(value) <= 32:
+        return _number_cached(milli, value)  # the same few strings, in every pod of every request
+    return _number(milli, value)
+
+
+def _number(milli: bool, value: object) -> int:
     quantity = to_decimal(value)
-    if resource_base(resource) == "cpu":
-        quantity = quantity.scaleb(3, _EXACT)
-    return math.ceil(quantity)
+    return math.ceil(quantity.scaleb(3, _EXACT) if milli else quantity)
+
+
+_number_cached = functools.lru_cache(maxsize=4096)(_number)
 
 
 def resource_base(name: str) -> str:
@@ -149,7 +157,7 @@ def format_amount(resource: str, amount: int) -> str:
     base = resource_base(resource)
     if base == "cpu":
         return f"{amount // 1000}" if amount % 1000 == 0 else f"{amount}m"
-    if base in ("memory", "ephemeral-storage"):
+    if base in ("memory", "ephemeral-storage", "storage") or base.startswith("hugepages-"):
         for suffix, factor in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
             if amount and amount % factor == 0:
                 return f"{amount // factor}{suffix}"

@@ -1,4 +1,6 @@
-"""The cluster objects a decision depends on: runtimes, the Namespace, ResourceQuotas, LimitRanges, Nodes.
+"""The cluster objects a decision depends on: runtimes, the Namespace, ResourceQuotas, LimitRanges,
+RuntimeClasses (pod overhead), Nodes,
+and Trainer's runtime snapshots (ConfigMaps ``<job>-runtime-snapshot``; no other ConfigMap is kept).
 
 The server fills a :class:`ClusterState` from watches; ``review --cluster-state`` fills one from a
 file of objects as ``kubectl get -o yaml`` prints them, so both decide from the same inputs.
@@ -7,18 +9,26 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable
 
 import yaml
 
 TRAINER_GROUP = "trainer.kubeflow.org"
+# Trainer names a job's runtime snapshot <job> + this (pkg/runtime/core/snapshot.go, runtimeSnapshotSuffix).
+SNAPSHOT_SUFFIX = "-runtime-snapshot"
 # kind -> the ClusterState attribute holding it
 _ATTR = {"ClusterTrainingRuntime": "cluster_runtimes", "TrainingRuntime": "runtimes", "Namespace": "namespaces",
-         "ResourceQuota": "quotas", "LimitRange": "limit_ranges", "Node": "nodes"}
+         "ResourceQuota": "quotas", "LimitRange": "limit_ranges", "Node": "nodes", "ConfigMap": "snapshots",
+         "RuntimeClass": "runtime_classes", "PriorityClass": "priority_classes", "StorageClass": "storage_classes"}
 KINDS = tuple(_ATTR)
 _PER_NAMESPACE = ("ResourceQuota", "LimitRange")  # kept as {namespace: {name: object}}
+_NAMESPACED = ("TrainingRuntime", "ConfigMap")  # kept as {(namespace, name): object}
+
+
+DEFAULT_STORAGE_CLASS_ANNOTATIONS = ("storageclass.kubernetes.io/is-default-class",
+                                     "storageclass.beta.kubernetes.io/is-default-class")
 
 
 class StateError(ValueError):
@@ -29,15 +39,21 @@ class StateError(ValueError):
 class ClusterState:
     """Readers (``evaluate`` in worker threads) may run while watches write: every write builds a
     new dict for its kind and swaps it in one assignment, so a reader never sees a dict change
-    under it. Writers are serialised by a lock."""
+    under it. Writers are serialised by a lock. An overlay (:meth:`with_snapshot`,
+    :meth:`with_runtime`) shares the dicts it does not change: a consistent, read-only view for
+    one decision."""
 
     cluster_runtimes: dict[str, dict] = field(default_factory=dict)
     runtimes: dict[tuple[str, str], dict] = field(default_factory=dict)
     namespaces: dict[str, dict] = field(default_factory=dict)
     quotas: dict[str, dict[str, dict]] = field(default_factory=dict)
     limit_ranges: dict[str, dict[str, dict]] = field(default_factory=dict)
+    runtime_classes: dict[str, dict] = field(default_factory=dict)  # pod overhead (RuntimeClass admission)
+    priority_classes: dict[str, dict] = field(default_factory=dict)  # the globalDefault (Priority admission)
+    storage_classes: dict[str, dict] = field(default_factory=dict)  # the default (DefaultStorageClass admission)
     nodes: dict[str, dict] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    snapshots: dict[tuple[str, str], dict] = field(default_factory=dict)  # ConfigMaps named *-runtime-snapshot
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     def upsert(self, obj: dict) -> None:
         self._write(obj, keep=True)
@@ -47,7 +63,7 @@ class ClusterState:
 
     def _write(self, obj: dict, keep: bool) -> None:
         kind = obj.get("kind")
-        if kind not in _ATTR:
+        if kind not in _ATTR or not _kept(kind, obj):
             return
         key = _key(kind, obj)
         with self._lock:
@@ -66,7 +82,7 @@ class ClusterState:
         if kind not in KINDS:
             raise ValueError(f"unknown kind {kind!r}")
         items: dict = {}
-        for obj in objects:
+        for obj in filter(lambda o: _kept(kind, o), objects):
             key = _key(kind, obj)
             if kind in _PER_NAMESPACE:
                 items.setdefault(key[0], {})[key[1]] = obj
@@ -86,6 +102,24 @@ class ClusterState:
             return self.cluster_runtimes.get(ref.get("name", ""))
         return None
 
+    def snapshot(self, namespace: str, name: str) -> dict | None:
+        """The ConfigMap ``name`` in ``namespace`` if it is a runtime snapshot we hold."""
+        return self.snapshots.get((namespace, name))
+
+    def with_snapshot(self, configmap: dict) -> "ClusterState":
+        """This state and one more snapshot (the webhook GETs a job's snapshot instead of watching
+        every ConfigMap of the cluster)."""
+        if not _kept("ConfigMap", configmap):
+            return self
+        return replace(self, snapshots={**self.snapshots, _key("ConfigMap", configmap): configmap})
+
+    def with_runtime(self, namespace: str, ref: dict, runtime: dict) -> "ClusterState":
+        """This state with ``runtime`` where ``ref`` (spec.runtimeRef) resolves in ``namespace``."""
+        kind, name = ref.get("kind") or "ClusterTrainingRuntime", ref.get("name", "")
+        if kind == "TrainingRuntime":
+            return replace(self, runtimes={**self.runtimes, (namespace, name): runtime})
+        return replace(self, cluster_runtimes={**self.cluster_runtimes, name: runtime})
+
     def namespace(self, name: str) -> dict:
         return self.namespaces.get(name) or {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
 
@@ -94,6 +128,26 @@ class ClusterState:
 
     def namespace_limit_ranges(self, namespace: str) -> list[dict]:
         return _by_name(self.limit_ranges.get(namespace, {}))
+
+    def runtime_class(self, name: str) -> dict | None:
+        return self.runtime_classes.get(name)
+
+    def default_priority_class(self) -> str:
+        """The class the Priority admission plugin gives a pod that names none: the globalDefault
+        one, the lowest value if a race made several (plugin/pkg/admission/priority); "" if none."""
+        defaults = [pc for pc in self.priority_classes.values() if pc.get("globalDefault") is True]
+        lowest = min(defaults, key=lambda pc: pc.get("value") if isinstance(pc.get("value"), int) else 0, default=None)
+        return str((lowest or {}).get("metadata", {}).get("name", ""))
+
+    def default_storage_class(self) -> str:
+        """The class DefaultStorageClass admission gives a claim that names none: annotated default,
+        the newest if several, then by name (pkg/volume/util/storageclass.go GetDefaultClass)."""
+        defaults = [sc.get("metadata") or {} for sc in self.storage_classes.values()
+                    if any(((sc.get("metadata") or {}).get("annotations") or {}).get(key) == "true"
+                           for key in DEFAULT_STORAGE_CLASS_ANNOTATIONS)]
+        defaults.sort(key=lambda meta: str(meta.get("name", "")))
+        defaults.sort(key=lambda meta: str(meta.get("creationTimestamp", "")), reverse=True)  # stable: names stay in order
+        return str(defaults[0].get("name", "")) if defaults else ""
 
     @classmethod
     def from_objects(cls, objects: Iterable[dict]) -> "ClusterState":
@@ -114,7 +168,12 @@ class ClusterState:
 def _key(kind: str, obj: dict) -> Any:
     meta = obj.get("metadata") or {}
     name, namespace = meta.get("name", ""), meta.get("namespace", "")
-    return (namespace, name) if kind in ("TrainingRuntime",) + _PER_NAMESPACE else name
+    return (namespace, name) if kind in _NAMESPACED + _PER_NAMESPACE else name
+
+
+def _kept(kind: str, obj: dict) -> bool:
+    """Of ConfigMaps only Trainer's runtime snapshots (a state file may hold any)."""
+    return kind != "ConfigMap" or str((obj.get("metadata") or {}).get("name", "")).endswith(SNAPSHOT_SUFFIX)
 
 
 def _by_name(objects: dict[str, dict]) -> list[dict]:

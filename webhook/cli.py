@@ -219,9 +219,11 @@ def _add_review_inputs(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--cluster-state", action="append", metavar="F",
                         help="objects as `kubectl get -o yaml` prints them: runtimes, Namespace, ResourceQuotas, "
-                             "LimitRanges (repeatable)")
-    source.add_argument("--kubeconfig", metavar="K", help="read runtimes, namespace, quotas, LimitRanges and PolicyBundles from a "
-                                                          "live cluster (read-only), as serve does")
+                             "LimitRanges, RuntimeClasses, PriorityClasses, StorageClasses, a job's "
+                             "<job>-runtime-snapshot ConfigMap for --operation UPDATE (repeatable)")
+    source.add_argument("--kubeconfig", metavar="K", help="read runtimes, namespace, quotas, LimitRanges, the Runtime-, Priority- "
+                                                          "and StorageClasses and PolicyBundles from a live cluster "
+                                                          "(read-only), as serve does")
     parser.add_argument("--bundle-selector", metavar="SEL",
                         help="with --kubeconfig: only PolicyBundles with these labels, as serve's --bundle-selector")
     parser.add_argument("--namespace", default="default", help="namespace when the object has none (default: default)")

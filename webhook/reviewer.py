@@ -18,7 +18,7 @@ from typing import Awaitable, Callable
 
 from policies.cel import Abandoned, Budget
 from policies.decision import Decision, Result
-from policies.engine import evaluate
+from policies.engine import AdmissionInput, evaluate
 from policies.stored import evaluate_stored
 from policies.state import ClusterState
 
@@ -34,6 +34,8 @@ log = logging.getLogger("trainjob_admission.reviewer")
 INLINE_PARSE_BYTES = 64 * 1024
 # What /validate calls for an allowed job: one record per planned object (webhook/injector.py).
 InjectFn = Callable[[admission.ParsedReview, Decision], Awaitable[list[dict]]]
+# The job's runtime snapshot ConfigMap on an UPDATE, or None (webhook/snapshots.py); never raises.
+SnapshotFn = Callable[[AdmissionInput], Awaitable["dict | None"]]
 # The caller of the request being reviewed, for its record (set by review() and refuse()).
 _caller: contextvars.ContextVar[Caller] = contextvars.ContextVar("caller", default=UNKNOWN)
 # The (bundle, rule) of the denial for an existing object the injector refused to use.
@@ -54,11 +56,13 @@ class ReviewerConfig:
 class Reviewer:
     def __init__(self, registry: BundleRegistry, state: ClusterState, decision_log: DecisionLog, metrics: Metrics,
                  config: ReviewerConfig, injector: InjectFn | None = None,
-                 policy_gaps: Callable[[], list[str]] = list):
+                 policy_gaps: Callable[[], list[str]] = list, snapshots: SnapshotFn | None = None):
         """``policy_gaps``: what is missing to decide by policy (no bundle, no cluster sync yet);
-        while it names anything, no job is judged (see :meth:`_no_policy`)."""
+        while it names anything, no job is judged (see :meth:`_no_policy`). ``snapshots``: reads
+        an updated job's runtime snapshot, which ``state`` does not watch."""
         self.registry, self.state, self.log, self.metrics = registry, state, decision_log, metrics
         self.config, self.injector, self.policy_gaps = config, injector, policy_gaps
+        self.snapshots = snapshots
         self.creations = CreationLimit(config.creation_rate, config.creation_burst)
         # Evaluation has its own threads: API calls and SSH key generation (an RSA-4096 pair is
         # about a second of CPU) must never queue in front of a decision.
@@ -118,13 +122,14 @@ class Reviewer:
         if gaps:
             return await self._no_policy(parsed, decision_id, endpoint, started, gaps)
         try:
+            state = self.state if mutate else await self._with_snapshot(parsed.request)
             # The evaluation's own deadline is the answer's: past it, it stops instead of holding a thread.
             limit = deadline.bound(self.config.timeout_seconds)
             budget = Budget(deadline=time.monotonic() + limit, cancelled=self._stopping)
             decision = await asyncio.wait_for(
                 asyncio.get_running_loop().run_in_executor(
                     self._evaluators, evaluate if mutate else evaluate_stored, parsed.request,
-                    list(self.registry.active), self.state, budget),
+                    list(self.registry.active), state, budget),
                 timeout=limit,
             )
         except Exception as exc:  # noqa: BLE001 - a timeout or any failure must still be answered and logged
@@ -152,6 +157,12 @@ class Reviewer:
                                            patch=decision.patch if decision.allowed else None,
                                            decision_id=decision_id)
         return 200, admission.from_decision(parsed.uid, decision, decision_id)
+
+    async def _with_snapshot(self, request: AdmissionInput) -> ClusterState:
+        """The state with the job's runtime snapshot, when an UPDATE's job has one (policies/snapshot.py
+        decides whether it is used). /mutate does not ask: it patches only on CREATE."""
+        configmap = await self.snapshots(request) if self.snapshots is not None else None
+        return self.state.with_snapshot(configmap) if configmap else self.state
 
     async def _failure(self, parsed: admission.ParsedReview, decision_id: str, endpoint: str, started: float,
                        exc: BaseException) -> tuple[int, dict]:

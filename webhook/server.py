@@ -28,7 +28,7 @@ from .decisionlog import DecisionLog
 from .decisionlog.checkpoint import load_private_key
 from .inflight import InFlight
 from .metrics import CONTENT_TYPE, Metrics
-from .reviewer import InjectFn, Reviewer, ReviewerConfig
+from .reviewer import InjectFn, Reviewer, ReviewerConfig, SnapshotFn
 
 log = logging.getLogger("trainjob_admission.server")
 MAX_BODY_BYTES = 3 * 1024 * 1024  # etcd's object limit is 1.5 MiB; an AdmissionReview carries two objects
@@ -67,7 +67,7 @@ class ServerConfig:
 class WebhookServer:
     def __init__(self, config: ServerConfig, state: ClusterState, *, injector: InjectFn | None = None,
                  decision_log: DecisionLog | None = None, state_ready: asyncio.Event | None = None,
-                 checkpoint_store: CheckpointStore | None = None):
+                 checkpoint_store: CheckpointStore | None = None, snapshots: SnapshotFn | None = None):
         self.config = config
         self.metrics = Metrics()
         self.registry = BundleRegistry(list(config.bundle_specs))
@@ -82,7 +82,7 @@ class WebhookServer:
                              if key and store else None)
         self.decision_log.on_write_error = self.metrics.decision_log_write_failures.inc
         self.reviewer = Reviewer(self.registry, state, self.decision_log, self.metrics, config.reviewer, injector,
-                                 policy_gaps=self.policy_gaps)
+                                 policy_gaps=self.policy_gaps, snapshots=snapshots)
         self.in_flight = InFlight()
         self.certs = (CertReloader(config.cert_file, config.key_file, config.client_ca_file)
                       if config.cert_file and config.key_file else None)

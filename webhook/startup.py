@@ -28,6 +28,7 @@ from .kube.watch import Watcher
 from .provenance import Provenance
 from .reconciler import Reconciler
 from .server import ServerConfig, WebhookServer
+from .snapshots import SnapshotReader
 
 log = logging.getLogger("trainjob_admission.startup")
 
@@ -103,7 +104,8 @@ async def _start_with_cluster(config: ServerConfig, options: ClusterOptions,
     checkpoints = (LeaseStore(api, options.checkpoint_namespace or own_namespace(), config.replica)
                    if config.checkpoint_key else None)
     server = WebhookServer(config, state, injector=only_in(options.namespaces, injector) if options.namespaces
-                           else injector, state_ready=ready, checkpoint_store=checkpoints)
+                           else injector, state_ready=ready, checkpoint_store=checkpoints,
+                           snapshots=SnapshotReader(api))
     sync = ClusterSync(api, state, server.registry, bundle_selector=options.bundle_selector)
     log.info("reading state and PolicyBundles%s from %s",
              f" ({options.bundle_selector})" if options.bundle_selector else "", api.describe())

@@ -991,7 +991,14 @@ def _start(t0: float, timeout: float) -> dict:
         (jobset_dir / "config/components/crd/bases").glob("*.yaml"))
     crd_files += _resource_files(trainer_dir / "manifests/base/crds")
     crd_files.append(mpijob_crd_file())
-    apply_objects([d for f in crd_files for d in _yaml_docs(f)], server_side=True)
+    crds = [d for f in crd_files for d in _yaml_docs(f)]
+    apply_objects(crds, server_side=True)
+    # Trainer's manager stops (no error logged: its setup goroutine exits first) when a kind it
+    # watches is not served yet; a busy machine establishes CRDs a second or more after the apply.
+    _wait("the upstream CRDs to be established", lambda: kubectl(
+        "wait", "--for=condition=Established", "--timeout=5s",
+        *[f"crd/{d['metadata']['name']}" for d in crds if d.get("kind") == "CustomResourceDefinition"],
+        check=False, timeout=30).returncode == 0, left(), interval=0.5)
     log(f"up: RBAC, namespaces, {len(NODES)} nodes and {len(crd_files)} upstream CRDs applied "
         f"({time.monotonic() - t0:.1f} s)")
 

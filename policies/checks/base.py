@@ -28,6 +28,7 @@ class CheckContext:
     object: dict = field(default_factory=dict)  # the TrainJob/MPIJob as it will be stored (e.g. spec.suspend)
     old_object: dict | None = None  # on UPDATE, the stored object before the change
     limit_ranges: list[dict] = field(default_factory=list)  # the namespace's LimitRanges
+    injections: list[dict] = field(default_factory=list)  # what the server will create beside it (object-count quotas)
 
 
 Check = Callable[[CheckContext, Any], list[Finding]]  # (context, the check's settings model) -> findings

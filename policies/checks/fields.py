@@ -3,6 +3,7 @@ the field to change, not the pod Trainer will build from it."""
 from __future__ import annotations
 
 from ..effective_job import NODE, EffectiveJob, PodSet
+from ..runtimepatch import CONTAINER_FIELDS
 
 
 def plural(count: int, word: str) -> str:
@@ -19,11 +20,17 @@ def resource_path(section: str, resource: str) -> str:
     return f'{section}["{resource}"]' if "/" in resource or "." in resource else f"{section}.{resource}"
 
 
-def per_worker_field(job: EffectiveJob, section: str, resource: str) -> str:
-    """Where the submitter sets one worker's ``section`` ("requests"/"limits") of ``resource``."""
-    if job.kind == "TrainJob":
-        return f"spec.trainer.resourcesPerNode.{resource_path(section, resource)}"
-    return f"spec.mpiReplicaSpecs.Worker.template.spec.containers[*].resources.{resource_path(section, resource)}"
+def per_worker_field(job: EffectiveJob, section: str, resource: str, worker: PodSet | None = None) -> str:
+    """Where the submitter sets one worker's ``section`` ("requests"/"limits") of ``resource``:
+    spec.trainer.resourcesPerNode only for the pods Trainer applies it to; other pods get theirs
+    from the runtime, which the submitter cannot change (runtimePatches cannot set resources)."""
+    worker = worker or job.workers
+    path = resource_path(section, resource)
+    if job.kind != "TrainJob":
+        return f"spec.mpiReplicaSpecs.{(worker.name if worker else 'worker').capitalize()}.template.spec.containers[*].resources.{path}"
+    if worker is None or "resources" in worker.from_trainer:
+        return f"spec.trainer.resourcesPerNode.{path}"
+    return f"resources.{path} in {worker.source} (a runtime your admin manages; spec.runtimePatches cannot set it)"
 
 
 def container_field(job: EffectiveJob, ps: PodSet, container: str, field: str, key: str = "containers") -> str:
@@ -35,5 +42,8 @@ def container_field(job: EffectiveJob, ps: PodSet, container: str, field: str, k
     section = field.partition(".")[0]
     if key == "containers" and container == NODE and section in ps.from_trainer:
         return "spec.trainer.image" if section == "image" else f"spec.trainer.resourcesPerNode{field[len(section):]}"
-    return (f"{field} of {key}[name={container}] in replicatedJobs[{ps.name}] through spec.runtimePatches "
-            f"(now set by {ps.source})")
+    if section in CONTAINER_FIELDS:
+        return (f"{field} of {key}[name={container}] in replicatedJobs[{ps.name}] through spec.runtimePatches "
+                f"(now set by {ps.source})")
+    return (f"{key}[name={container}].{field} of {ps.source} (only the runtime sets it; spec.runtimePatches "
+            "cannot change it)")

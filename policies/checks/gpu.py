@@ -12,7 +12,7 @@ def check(context: CheckContext, settings: GpuCheck) -> list[Finding]:
     findings: list[Finding] = []
     allowed = set(settings.allowedResources)
     launcher_is_node = bool(job.mpi.get("runLauncherAsNode"))
-    for ps in job.pod_sets:
+    for ps in job.with_pods:
         for resource, amount in sorted(ps.gpus.items()):
             if allowed and resource not in allowed:
                 findings.append(Finding(
@@ -22,33 +22,41 @@ def check(context: CheckContext, settings: GpuCheck) -> list[Finding]:
                 ))
         if ps.role == "launcher" and ps.gpu_count and not launcher_is_node and not settings.allowOnLauncher:
             resources = ", ".join(f"{n} {r}" for r, n in sorted(ps.gpus.items()))
+            if job.kind == "TrainJob" and "resources" in ps.from_trainer:
+                # The runtime labels its launcher as the trainer job: resourcesPerNode lands there.
+                fix = ("remove the GPUs from spec.trainer.resourcesPerNode: in this runtime Trainer applies it to "
+                       "the launcher, not to the workers, whose GPUs come from the runtime itself; for GPU "
+                       "workers use a runtime that gives them GPUs, or ask your admin to allow GPUs on launchers")
+            else:
+                fix = ("remove the GPU request from the launcher (a runtime whose launcher has none, or "
+                       "one with runLauncherAsNode: true) or ask your admin to allow GPUs on launchers")
             findings.append(Finding(
                 f"the launcher pod requests {resources}, but the launcher only starts mpirun and does not "
-                "train; GPUs there sit idle",
-                "remove the GPU request from the launcher (a runtime whose launcher has none, or "
-                "one with runLauncherAsNode: true) or ask your admin to allow GPUs on launchers",
-            ))
+                "train; GPUs there sit idle", fix))
 
-    nodes = [ps for ps in job.pod_sets if ps.role == "worker" or (ps.role == "launcher" and launcher_is_node)]
+    nodes = [ps for ps in job.with_pods if ps.role == "worker" or (ps.role == "launcher" and launcher_is_node)]
     limit = settings.maxPerWorker
     # Every other pod is held to the same per-pod limit: a replicated job that a runtimePatch adds
     # under another name must not carry what a worker may not.
-    for ps in job.pod_sets:
+    for ps in job.with_pods:
         if limit is not None and ps not in nodes and ps.gpu_count > limit:
             resource = max(ps.gpus, key=ps.gpus.get)
             findings.append(Finding(
                 f"{ps.name} pods request {ps.gpu_count} {resource}; the limit is {limit} per pod",
-                f"request {limit} or less in replicatedJobs[{ps.name}] (spec.runtimePatches, or the runtime)"))
+                f"use a runtime whose replicatedJobs[{ps.name}] requests {limit} or less (set by {ps.source}; "
+                "spec.runtimePatches cannot change resources), or ask your admin"))
     over = [ps for ps in nodes if ps.gpu_count > limit] if limit is not None else []
     if over:
         worst = max(over, key=lambda ps: ps.gpu_count)
         resource = max(worst.gpus, key=worst.gpus.get)
         who = "each worker" if all(ps.role == "worker" for ps in over) else "each node (launcher and workers)"
         total = sum(ps.gpu_count * ps.count for ps in nodes)
-        fix = f"set {per_worker_field(job, 'limits', resource)} to {limit} or less"
-        if limit:
+        fix = f"set {per_worker_field(job, 'limits', resource, worst)} to {limit} or less"
+        if limit and (settings.maxPerJob is None or total <= settings.maxPerJob):
+            # Only where the job's total may stand; the quota and maxWorkers are judged on their own.
             needed = -(-total // limit)
-            fix += f" and use more workers (the same {total} GPUs fit in {needed} workers x {limit})"
+            fix += (f" and use more workers (the same {total} GPUs fit in {needed} workers x {limit}, "
+                    "if your quota and worker limit allow)")
         findings.append(Finding(
             f"{who} requests {worst.gpu_count} {resource}; the limit is {limit} per worker", fix))
     total = job.totals["gpus"]

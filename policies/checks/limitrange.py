@@ -5,8 +5,8 @@ with the container, the field to fix and the numbers instead.
 
 The effective job's pods already carry the LimitRange defaults (policies/limitranger.py). Mirrors
 k8s.io/kubernetes v1.36 plugin/pkg/admission/limitranger/admission.go: PodValidateLimitFunc,
-minConstraint, maxConstraint, limitRequestRatioConstraint; plus the pod validation that refuses
-a request above its limit, which a defaulted limit can cause.
+minConstraint, maxConstraint, limitRequestRatioConstraint. A request above a defaulted limit is
+refused earlier, with every other pod the API server refuses (policies/podvalidation.py).
 """
 from __future__ import annotations
 
@@ -80,9 +80,7 @@ def _container_findings(job: EffectiveJob, ps: PodSet, limit_ranges: list[tuple[
             name = container.get("name", "")
             resources = container.get("resources") or {}
             requests, limits = numbers(resources.get("requests")), numbers(resources.get("limits"))
-            problems = [(f"its {r} request {format_amount(r, requests[r])} is above its limit "
-                         f"{format_amount(r, limits[r])} (a LimitRange default limit applies where it sets none)",
-                         "requests", r) for r in sorted(requests) if r in limits and requests[r] > limits[r]]
+            problems: list[tuple[str, str, str]] = []
             for where, container_items in limit_ranges:
                 problems += [(f"{where}: {message}", section, resource)
                              for item in container_items
@@ -103,7 +101,7 @@ def check(context: CheckContext, settings: LimitRangeCheck) -> list[Finding]:
              for lr in context.limit_ranges]
     container_items = [(where, items(lr, "Container")) for where, lr in named]
     findings: list[Finding] = []
-    for ps in job.pod_sets:
+    for ps in job.with_pods:
         if not ps.count:
             continue
         findings += _container_findings(job, ps, container_items)

@@ -220,7 +220,7 @@ def check(context: CheckContext, settings: PodSecurityCheck) -> list[Finding]:
         uids, groups = uid_range(namespace), uid_range(namespace, SCC_GROUP_RANGE)
         rules.append(("OpenShift SCC restricted-v2", lambda s, m: scc_restricted_v2(s, m, uids, groups, level)))
     findings: list[Finding] = []
-    for ps in context.job.pod_sets:
+    for ps in context.job.with_pods:
         findings.extend(_pod_findings(ps, rules))
     return findings
 
@@ -241,7 +241,13 @@ def _pod_findings(ps: PodSet, rules: list[tuple[str, Callable]]) -> list[Finding
         return []
     problems = "; ".join(f"{path} ({problem})" for path, (problem, _) in seen.items())
     fixes = list(dict.fromkeys(fix for _, fix in seen.values()))
+    # A runtimePatch keeps only securityContext of these (policies/runtimepatch.py): other fields
+    # (host namespaces, volumes, ...) come from the runtime alone.
+    unpatchable = [path for path in seen if "securityContext" not in path]
+    where = (f"in a TrainJob through {PATCH_HINT}, or use a runtime that conforms" if not unpatchable else
+             f"use a runtime that conforms ({', '.join(unpatchable)} cannot be changed by spec.runtimePatches; "
+             "ask your admin)")
     return [Finding(
         f"{ps.name} pod violates {' and '.join(standards)}: {problems} [in {ps.source}]",
-        f"{'; '.join(fixes)} — in a TrainJob through {PATCH_HINT}, or use a runtime that conforms",
+        f"{'; '.join(fixes)} — {where}",
     )]

@@ -3,7 +3,7 @@ required labels."""
 from __future__ import annotations
 
 from ..bundle import ShapeCheck
-from ..effective_job import containers_of
+from ..effective_job import EffectiveJob, containers_of
 from ..resources import format_amount, to_number
 from .base import CheckContext, Finding
 from .fields import container_field, per_worker_field, workers_field
@@ -33,21 +33,21 @@ def check(context: CheckContext, settings: ShapeCheck) -> list[Finding]:
     job = context.job
     findings: list[Finding] = []
     if settings.maxWorkers is not None and job.num_nodes > settings.maxWorkers:
-        field = workers_field(job)
-        findings.append(Finding(
-            f"job has {job.num_nodes} workers; the limit is {settings.maxWorkers}",
-            f"set {field} to {settings.maxWorkers} or less, or ask your admin to raise maxWorkers",
-        ))
-    worker = job.workers
+        findings.append(Finding(f"job has {job.num_nodes} workers; the limit is {settings.maxWorkers}",
+                                _fewer_workers(job, settings.maxWorkers)))
     for resource, minimum in (("cpu", settings.minWorkerCpu), ("memory", settings.minWorkerMemory)):
-        if minimum is None or worker is None:
+        if minimum is None:
             continue
-        floor, has = to_number(resource, minimum), worker.requests.get(resource, 0)
-        if has < floor:
+        floor = to_number(resource, minimum)
+        for worker in job.worker_sets:
+            has = worker.requests.get(resource, 0)
+            if has >= floor:
+                continue
             asked = f"requests {format_amount(resource, has)} {resource}" if has else f"requests no {resource}"
+            who = "each worker" if worker is job.workers else f"each {worker.name} pod"
             findings.append(Finding(
-                f"each worker {asked}; the minimum per worker is {format_amount(resource, floor)}",
-                f"set {per_worker_field(job, 'requests', resource)} to at least {format_amount(resource, floor)}",
+                f"{who} {asked}; the minimum per worker is {format_amount(resource, floor)}",
+                f"set {per_worker_field(job, 'requests', resource, worker)} to at least {format_amount(resource, floor)}",
             ))
     if settings.allowedRuntimes and job.kind == "TrainJob" and job.runtime["name"] not in settings.allowedRuntimes:
         findings.append(Finding(
@@ -55,7 +55,7 @@ def check(context: CheckContext, settings: ShapeCheck) -> list[Finding]:
             f"set spec.runtimeRef.name to one of: {', '.join(settings.allowedRuntimes)}",
         ))
     if settings.allowedRegistries:
-        for ps in job.pod_sets:
+        for ps in job.with_pods:
             for key, container in containers_of(ps.pod.get("spec") or {}):
                 image = container.get("image", "")
                 if registry_allowed(image, settings.allowedRegistries):
@@ -72,3 +72,16 @@ def check(context: CheckContext, settings: ShapeCheck) -> list[Finding]:
             "add them under metadata.labels, e.g. " + ", ".join(f"{label}: <value>" for label in missing),
         ))
     return findings
+
+
+def _fewer_workers(job: EffectiveJob, limit: int) -> str:
+    """The worker count the submitter can set (numNodes sets one replicated job; the runtime fixes
+    the others), or the runtime when its fixed workers alone are over the limit."""
+    adjustable = job.workers
+    fixed = job.num_nodes - (adjustable.count if adjustable else 0)
+    if job.mpi.get("runLauncherAsNode") and job.launcher and job.kind == "TrainJob":
+        fixed -= 1  # numNodes counts the launcher node
+    if adjustable is None or limit - fixed < 1:
+        return (f"the runtime itself runs {fixed} worker pods besides those you set; use a smaller runtime "
+                f"or ask your admin to raise maxWorkers")
+    return f"set {workers_field(job)} to {limit - fixed} or less, or ask your admin to raise maxWorkers"

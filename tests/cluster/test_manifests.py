@@ -238,6 +238,10 @@ def test_base_rbac_is_least_privilege(base):
         ("", "namespaces"): {"get", "list", "watch"},
         ("", "resourcequotas"): {"get", "list", "watch"},
         ("", "limitranges"): {"get", "list", "watch"},
+        ("", "configmaps"): {"get"},  # a job's runtime snapshot, by name: never list or watch
+        ("node.k8s.io", "runtimeclasses"): {"get", "list", "watch"},
+        ("scheduling.k8s.io", "priorityclasses"): {"get", "list", "watch"},
+        ("storage.k8s.io", "storageclasses"): {"get", "list", "watch"},
         ("policy.trainjob-admission.io", "policybundles"): {"get", "list", "watch"},
         ("policy.trainjob-admission.io", "policybundles/status"): {"patch"},
     }
@@ -268,6 +272,7 @@ def test_service_rbac_covers_every_call_the_code_makes(tmp_path):
     missing = []
     for res in (*resources.STATE_RESOURCES, resources.POLICY_BUNDLES):
         missing += [(res.plural, v) for v in ("list", "watch") if not granted(rules, group(res.api_version), res.plural, v)]
+    missing += [("configmaps", "get")] * (not granted(rules, "", resources.CONFIG_MAPS.plural, "get"))
     bundle_group = group(resources.POLICY_BUNDLES.api_version)
     missing += [("policybundles/status", "patch")] * (not granted(rules, bundle_group, "policybundles/status", "patch"))
     for job in resources.JOBS.values():  # injector reads the job; reconciler watches TrainJobs
@@ -547,6 +552,8 @@ def test_service_account_has_least_privilege(installed, kubectl):
                ("watch", "trainingruntimes.trainer.kubeflow.org", "-A"),
                ("watch", "trainjobs.trainer.kubeflow.org", "-A"), ("get", "mpijobs.kubeflow.org", "-n", "team-a"),
                ("list", "resourcequotas", "-A"), ("watch", "limitranges", "-A"), ("watch", "namespaces"),
+               ("watch", "runtimeclasses.node.k8s.io"), ("watch", "priorityclasses.scheduling.k8s.io"),
+               ("watch", "storageclasses.storage.k8s.io"),
                ("watch", "policybundles.policy.trainjob-admission.io"),
                ("patch", "policybundles.policy.trainjob-admission.io", "--subresource=status"),
                ("create", "secrets", "-n", "team-a"), ("delete", "secrets", "-n", "team-a"),

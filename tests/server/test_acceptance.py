@@ -107,12 +107,12 @@ def _deny_worthy(rng: random.Random) -> dict:
         obj["spec"]["trainer"]["numNodes"] = rng.randint(65, 100_000)
     elif choice == 3:  # a privileged runtime
         obj = copy.deepcopy(JOBS["privileged.yaml"])
-    elif choice == 4:  # privilege smuggled in through runtimePatches
-        obj = copy.deepcopy(JOBS["allowed.yaml"])
+    elif choice == 4:  # privilege smuggled in through runtimePatches (through fields the CRD keeps:
+        obj = copy.deepcopy(JOBS["allowed.yaml"])  # hostNetwork/hostPID are pruned, test_trainer_rules.py)
         pod_spec = rng.choice([
             {"containers": [{"name": "node", "securityContext": {"privileged": True}}]},
-            {"hostNetwork": True},
-            {"hostPID": True},
+            {"securityContext": {"sysctls": [{"name": "kernel.msgmax", "value": "65536"}]}},
+            {"containers": [{"name": "node", "securityContext": {"seLinuxOptions": {"type": "spc_t"}}}]},
             {"volumes": [{"name": "host", "hostPath": {"path": "/"}}]},
             {"containers": [{"name": "node", "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}]},
         ])

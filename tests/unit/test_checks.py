@@ -107,19 +107,7 @@ def test_quota_keys(build, key, hard, words):
     assert f"allows {hard}" in findings[0].message
 
 
-def test_quota_ignores_resources_a_job_does_not_consume(build):
-    job = job_of(build, numNodes=4)
-    assert quota_check(job, [build.quota({"count/secrets": "1", "services": "0", "requests.storage": "1"},
-                                         {"count/secrets": "5"})]) == []
-
-
-def test_scoped_quotas_are_skipped(build):
-    job = job_of(build, numNodes=4, resourcesPerNode=per_node(gpus=4))
-    tight = {"requests.nvidia.com/gpu": "1"}
-    assert quota_check(job, [build.quota(tight, scopes=["NotBestEffort"])]) == []
-    assert quota_check(job, [build.quota(tight, scopeSelector={"matchExpressions": [
-        {"scopeName": "PriorityClass", "operator": "In", "values": ["high"]}]})]) == []
-    assert len(quota_check(job, [build.quota(tight)])) == 1
+# Object counts, storage, scoped quotas and queued jobs: tests/unit/test_quota_*.py.
 
 
 def test_quota_update_counts_only_growth(build):
@@ -201,14 +189,18 @@ def test_gpu_per_job(build):
     assert gpu.check(CheckContext(job), GpuCheck(maxPerJob=20)) == []
 
 
-def test_gpu_per_pod_limit_holds_for_jobs_a_patch_adds_under_another_name(build):
-    """16 GPUs in a 'helper' replicated job added by a runtimePatch once escaped maxPerWorker 8."""
-    helper = {"name": "helper", "template": {"spec": {"template": {"spec": build.pod_spec(gpus=16)}}}}
-    job = job_of(build, numNodes=2, runtime_patches=[
-        {"manager": "test.io/x", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [helper]}}}}])
+def test_per_worker_limits_hold_for_every_job_that_trains_whatever_its_name(build):
+    """16 GPUs in a 'helper' replicated job of the runtime once escaped maxPerWorker 8, and its
+    pods escaped maxWorkers: a job that is not the launcher or an initializer trains."""
+    runtime = build.runtime()
+    runtime["spec"]["template"]["spec"]["replicatedJobs"].append(
+        {"name": "helper", "replicas": 3, "template": {"spec": {"template": {"spec": build.pod_spec(gpus=16)}}}})
+    job = job_of(build, runtime, numNodes=2)
     (finding,) = gpu.check(CheckContext(job), GpuCheck(maxPerWorker=8))
-    assert finding.message == "helper pods request 16 nvidia.com/gpu; the limit is 8 per pod"
-    assert "replicatedJobs[helper]" in finding.remediation
+    assert finding.message == "each worker requests 16 nvidia.com/gpu; the limit is 8 per worker"
+    assert job.num_nodes == 2 + 3
+    (too_many,) = shape.check(CheckContext(job), ShapeCheck(maxWorkers=4))
+    assert too_many.message == "job has 5 workers; the limit is 4"
 
 
 def test_gpu_allowed_resource_names(build):
@@ -506,19 +498,19 @@ def test_example_privileged_runtime_is_denied_with_paths(example_job, example_st
 
 def test_registry_fix_names_the_field_that_sets_each_image(build):
     # The trainer ancestor's "node" container takes spec.trainer.image; the other job keeps the
-    # runtime's image, which only spec.runtimePatches changes; a sidecar likewise.
+    # runtime's image, which a runtimePatch cannot change (the CRD prunes it); a sidecar likewise.
     node = build.pod_spec(image="docker.io/acme/sshd:1")
     node["containers"].append({"name": "metrics", "image": "docker.io/acme/exporter:2"})
     job = job_of(build, build.runtime(node=node), numNodes=2, image="docker.io/me/train:1")
     fixes = {f.message.split(" comes from")[0]: f.remediation for f in shape.check(CheckContext(job), ShapeCheck(allowedRegistries=["quay.io"]))}
     assert fixes == {
         "launcher image 'docker.io/me/train:1'": "use an image from quay.io in spec.trainer.image",
-        "node image 'docker.io/acme/sshd:1'": "use an image from quay.io in image of containers[name=node] in "
-                                              "replicatedJobs[node] through spec.runtimePatches "
-                                              "(now set by ClusterTrainingRuntime rt, replicatedJobs[node] pod template)",
-        "node image 'docker.io/acme/exporter:2'": "use an image from quay.io in image of containers[name=metrics] in "
-                                                  "replicatedJobs[node] through spec.runtimePatches "
-                                                  "(now set by ClusterTrainingRuntime rt, replicatedJobs[node] pod template)",
+        "node image 'docker.io/acme/sshd:1'": "use an image from quay.io in containers[name=node].image of "
+                                              "ClusterTrainingRuntime rt, replicatedJobs[node] pod template (only the "
+                                              "runtime sets it; spec.runtimePatches cannot change it)",
+        "node image 'docker.io/acme/exporter:2'": "use an image from quay.io in containers[name=metrics].image of "
+                                                  "ClusterTrainingRuntime rt, replicatedJobs[node] pod template (only "
+                                                  "the runtime sets it; spec.runtimePatches cannot change it)",
     }
 
 
@@ -540,7 +532,7 @@ def test_quota_missing_value_fix_names_each_containers_field(build):
     job = job_of(build, build.runtime(launcher=launcher), numNodes=2, resourcesPerNode={"requests": {"cpu": "2"}})
     (finding,) = quota_check(job, [build.quota({"requests.memory": "100Gi"})])
     assert "launcher container 'log-shipper' sets no memory request" in finding.message
-    assert finding.remediation == ("set resources.requests.memory of containers[name=log-shipper] in "
-                                   "replicatedJobs[launcher] through spec.runtimePatches (now set by "
-                                   "ClusterTrainingRuntime rt, replicatedJobs[launcher] pod template); "
-                                   "or ask your admin for a LimitRange default")
+    assert finding.remediation == ("set containers[name=log-shipper].resources.requests.memory of "
+                                   "ClusterTrainingRuntime rt, replicatedJobs[launcher] pod template (only the runtime "
+                                   "sets it; spec.runtimePatches cannot change it); or ask your admin for a LimitRange "
+                                   "default")

@@ -161,15 +161,16 @@ def test_runtime_patches_merge_by_name_and_later_patch_wins(build):
     node["containers"][0]["env"] = [{"name": "A", "value": "runtime"}, {"name": "B", "value": "runtime"}]
     node["containers"].append({"name": "sidecar", "image": "quay.io/x/s:1"})
     node["volumes"] = [{"name": "data", "emptyDir": {}}]
+    node["containers"][1]["env"] = [{"name": "A", "value": "runtime"}, {"name": "B", "value": "runtime"}]
     runtime = build.runtime(node=node)
     first = _patch("example.com/one", "node", {
         "securityContext": {"fsGroup": 2000},
-        "containers": [{"name": "node", "env": [{"name": "A", "value": "first"}, {"name": "C", "value": "first"}],
-                        "securityContext": {"readOnlyRootFilesystem": True}}],
+        "containers": [{"name": "node", "securityContext": {"readOnlyRootFilesystem": True}},
+                       {"name": "sidecar", "env": [{"name": "A", "value": "first"}, {"name": "C", "value": "first"}]}],
         "volumes": [{"name": "data", "emptyDir": {"medium": "Memory"}}, {"name": "scratch", "emptyDir": {}}],
     }, metadata={"labels": {"team": "a"}})
     second = _patch("example.com/two", "node", {
-        "containers": [{"name": "node", "env": [{"name": "A", "value": "second"}]}],
+        "containers": [{"name": "sidecar", "env": [{"name": "A", "value": "second"}]}],
     })
     job = _job(build, runtime, numNodes=3)  # baseline without patches
     assert len(_container(job.workers)["env"]) == 2
@@ -177,8 +178,8 @@ def test_runtime_patches_merge_by_name_and_later_patch_wins(build):
     job = build_job = build_from(build, state, runtime_patches=[first, second])
     worker = build_job.workers
     node_c = _container(worker)
-    assert node_c["env"] == [{"name": "A", "value": "second"}, {"name": "B", "value": "runtime"},
-                             {"name": "C", "value": "first"}]
+    assert _container(worker, "sidecar")["env"] == [{"name": "A", "value": "second"}, {"name": "B", "value": "runtime"},
+                                                    {"name": "C", "value": "first"}]
     assert node_c["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
                                          "readOnlyRootFilesystem": True}
     assert node_c["image"] == "quay.io/acme-ml/openmpi-runtime:4.1"  # untouched keys stay
@@ -196,12 +197,36 @@ def build_from(build_kit, state, **kwargs):
     return effective(build_kit.trainjob(numNodes=3, **kwargs), state)
 
 
-def test_runtime_patch_that_adds_resources_counts_in_totals(build):
+def test_runtime_patch_fields_the_crd_prunes_take_no_effect(build):
+    """The TrainJob CRD keeps only a few pod fields in a patch (ContainerPatch: name, env,
+    volumeMounts, securityContext): resources, images, replicas and parallelism never arrive."""
     runtime = build.runtime()
-    patch = _patch("x", "node", {"containers": [{"name": "node", "resources": {"limits": {"nvidia.com/gpu": 2}}}]})
-    job = build_from(build, build.state(runtime), runtime_patches=[patch])
-    assert job.workers.gpu_count == 2 and job.launcher.gpu_count == 0
-    assert job.totals["gpus"] == 2 * 2
+    state = build.state(runtime)
+    baseline = build_from(build, state)
+    patch = _patch("x", "node", {"containers": [{"name": "node", "image": "evil.io/x:1",
+                                                 "resources": {"limits": {"nvidia.com/gpu": 2}}}],
+                                 "hostNetwork": True, "nodeName": "n1"})
+    patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0].update(replicas=5)
+    job = build_from(build, state, runtime_patches=[patch])
+    assert [(ps.name, ps.count, ps.requests, ps.limits) for ps in job.pod_sets] == [
+        (ps.name, ps.count, ps.requests, ps.limits) for ps in baseline.pod_sets]
+    assert _container(job.workers)["image"] == _container(baseline.workers)["image"]
+    assert "hostNetwork" not in job.workers.pod["spec"] and "nodeName" not in job.workers.pod["spec"]
+
+
+@pytest.mark.parametrize("patched, message", [
+    ({"name": "helper", "template": {"spec": {"template": {"spec": {"containers": [{"name": "x"}]}}}}},
+     r"^spec\.runtimePatches\[0\] names replicated job 'helper', which the runtime does not have \(it has launcher, node\)"),
+    ({"name": "node", "template": {"spec": {"template": {"spec": {"containers": [{"name": "extra"}]}}}}},
+     r"names container 'extra' in replicated job 'node', which has only node"),
+    ({"name": "node", "template": {"spec": {"template": {"spec": {"containers": [
+        {"name": "node", "env": [{"name": "X", "value": "1"}]}]}}}}},
+     r"sets env of container 'node'; Trainer refuses env in a patch .* set spec\.trainer\.env"),
+])
+def test_runtime_patch_naming_what_the_runtime_lacks_is_an_error(build, patched, message):
+    patch = {"manager": "test.io/x", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [patched]}}}}
+    with pytest.raises(JobModelError, match=message):
+        build_from(build, build.state(build.runtime()), runtime_patches=[patch])
 
 
 def test_runtime_patches_do_not_modify_the_cached_runtime(build):
@@ -248,7 +273,7 @@ def test_pod_resources_request_defaults_to_limit_and_overhead_adds():
             "overhead": {"cpu": "250m"}}
     requests, limits = pod_resources(spec)
     assert requests == {"cpu": 1250, "memory": GI, "nvidia.com/gpu": 1}
-    assert limits == {"cpu": 2000, "memory": GI, "nvidia.com/gpu": 1}
+    assert limits == {"cpu": 2250, "memory": GI, "nvidia.com/gpu": 1}  # overhead adds to limits that are set
 
 
 def test_units_cpu_millicores_memory_bytes_gpus_by_resource_name(build):
@@ -324,13 +349,15 @@ def test_num_nodes_must_be_a_positive_integer_not_coerced(build, value, why):
         assert str(info.value).startswith(f"spec.trainer.{field} must be an integer") and why in str(info.value)
 
 
-def _patched_jobs(*replicated_jobs: dict) -> list[dict]:
-    return [{"manager": "test.io/x", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": list(replicated_jobs)}}}}]
+def _with_jobs(runtime: dict, *replicated_jobs: dict) -> dict:
+    """The runtime with more replicated jobs (a runtime may have any; a patch cannot add them)."""
+    runtime["spec"]["template"]["spec"]["replicatedJobs"] += list(replicated_jobs)
+    return runtime
 
 
 @pytest.mark.parametrize("field, value", [("replicas", -6), ("replicas", "-6"), ("parallelism", -6),
                                           ("parallelism", "abc"), ("replicas", 2.5)])
-def test_counts_in_runtime_patches_are_integers_too(build, pod_spec_gpus, field, value):
+def test_counts_in_the_runtime_are_integers_too(build, pod_spec_gpus, field, value):
     """A negative 'ghost' job would subtract its GPUs from the totals the quota check compares."""
     ghost: dict = {"name": "ghost", "template": {"spec": {"template": {"spec": pod_spec_gpus}}}}
     if field == "replicas":
@@ -338,7 +365,7 @@ def test_counts_in_runtime_patches_are_integers_too(build, pod_spec_gpus, field,
     else:
         ghost["template"]["spec"]["parallelism"] = value
     with pytest.raises(JobModelError, match=rf"^replicatedJobs\[ghost\]\.(template\.spec\.)?{field} must be an integer"):
-        _job(build, build.runtime(), numNodes=2, runtime_patches=_patched_jobs(ghost))
+        _job(build, _with_jobs(build.runtime(), ghost), numNodes=2)
 
 
 @pytest.fixture
@@ -347,16 +374,16 @@ def pod_spec_gpus(build) -> dict:
 
 
 def test_zero_replicas_is_no_pods(build, pod_spec_gpus):
-    job = _job(build, build.runtime(), numNodes=2, runtime_patches=_patched_jobs(
-        {"name": "idle", "replicas": 0, "template": {"spec": {"template": {"spec": pod_spec_gpus}}}}))
+    job = _job(build, _with_jobs(build.runtime(), {"name": "idle", "replicas": 0,
+                                                   "template": {"spec": {"template": {"spec": pod_spec_gpus}}}}), numNodes=2)
     assert next(p for p in job.pod_sets if p.name == "idle").count == 0
 
 
 def test_many_replicated_jobs_are_refused_before_any_work(build, pod_spec_gpus):
-    """Three patches of 1000 jobs each (every list under the input limit) once took 1.3 GB."""
+    """A runtime of 1000 jobs (every list under the input limit) must not cost a copy of each."""
     jobs = [{"name": f"j{i}", "template": {"spec": {"template": {"spec": pod_spec_gpus}}}} for i in range(40)]
     with pytest.raises(JobModelError, match="42 replicated jobs, more than 32"):  # the runtime's 2 and 40
-        _job(build, build.runtime(), numNodes=2, runtime_patches=_patched_jobs(*jobs))
+        _job(build, _with_jobs(build.runtime(), *jobs), numNodes=2)
 
 
 @pytest.mark.parametrize("field, value", [("replicas", "5"), ("replicas", -1), ("replicas", True)])

@@ -2,11 +2,13 @@
 min/max/maxLimitRequestRatio), as Kubernetes applies them when the Job controller creates pods."""
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from policies.bundle import LimitRangeCheck, QuotaCheck
 from policies.checks import limitrange, quota
 from policies.checks.base import CheckContext
+from policies.effective_job import JobModelError
 from policies.effective_job import build as effective
 from policies.state import ClusterState
 from webhook.cli import main
@@ -123,10 +125,14 @@ def test_limit_request_ratio(build):
 
 
 def test_a_default_limit_below_the_request_is_refused(build):
-    job, state = job_in(build, limit_range({"type": "Container", "default": {"memory": "2Gi"}}),
-                        node=bare_pod({"requests": {"memory": "8Gi"}}), launcher=bare_pod({"limits": {"memory": "1Gi"}}))
-    (message,) = findings(job, state)
-    assert message.startswith("node container 'node': its memory request 8Gi is above its limit 2Gi")
+    """The pod validation refuses a request above its limit, and a LimitRange default limit can
+    put one there: a job-model error naming the field the submitter sets."""
+    with pytest.raises(JobModelError) as refused:
+        job_in(build, limit_range({"type": "Container", "default": {"memory": "2Gi"}}),
+               node=bare_pod({"requests": {"memory": "8Gi"}}), launcher=bare_pod({"limits": {"memory": "1Gi"}}))
+    assert str(refused.value).startswith(
+        "node pods would be refused by Kubernetes: spec.trainer.resourcesPerNode.requests.memory: "
+        "request 8Gi is more than limit 2Gi (a LimitRange default limit applies")
 
 
 def test_pod_max_is_over_the_sum_of_containers(build):

@@ -23,8 +23,15 @@ TRAINING_RUNTIMES = Resource("TrainingRuntime", "trainer.kubeflow.org/v1alpha1",
 NAMESPACES = Resource("Namespace", "v1", "namespaces")
 RESOURCE_QUOTAS = Resource("ResourceQuota", "v1", "resourcequotas")
 LIMIT_RANGES = Resource("LimitRange", "v1", "limitranges")
+RUNTIME_CLASSES = Resource("RuntimeClass", "node.k8s.io/v1", "runtimeclasses")  # pod overhead
+PRIORITY_CLASSES = Resource("PriorityClass", "scheduling.k8s.io/v1", "priorityclasses")  # the global default
+STORAGE_CLASSES = Resource("StorageClass", "storage.k8s.io/v1", "storageclasses")  # the default class
 # What evaluate reads. Nodes are not watched: no check uses them (ClusterState keeps the slot).
-STATE_RESOURCES = (CLUSTER_TRAINING_RUNTIMES, TRAINING_RUNTIMES, NAMESPACES, RESOURCE_QUOTAS, LIMIT_RANGES)
+STATE_RESOURCES = (CLUSTER_TRAINING_RUNTIMES, TRAINING_RUNTIMES, NAMESPACES, RESOURCE_QUOTAS, LIMIT_RANGES,
+                   RUNTIME_CLASSES, PRIORITY_CLASSES, STORAGE_CLASSES)
+
+# Trainer's runtime snapshot of one job, read by name on its UPDATE (webhook/snapshots.py): get only.
+CONFIG_MAPS = Resource("ConfigMap", "v1", "configmaps")
 
 POLICY_BUNDLES = Resource("PolicyBundle", "policy.trainjob-admission.io/v1alpha1", "policybundles")
 

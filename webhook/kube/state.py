@@ -5,7 +5,8 @@ from __future__ import annotations
 from policies.state import ClusterState
 
 from .client import ApiError, ClusterUnreachable, KubeApi, api_client, call_json, clean, list_all
-from .resources import (CLUSTER_TRAINING_RUNTIMES, LIMIT_RANGES, NAMESPACES, RESOURCE_QUOTAS, STATE_RESOURCES,
+from .resources import (CLUSTER_TRAINING_RUNTIMES, LIMIT_RANGES, NAMESPACES, PRIORITY_CLASSES, RESOURCE_QUOTAS,
+                        RUNTIME_CLASSES, STATE_RESOURCES, STORAGE_CLASSES,
                         TRAINING_RUNTIMES)
 from .watch import Watcher
 
@@ -31,16 +32,18 @@ def state_watchers(api: KubeApi, state: ClusterState) -> list[Watcher]:
 
 
 def read_state(kubeconfig: str, namespace: str) -> ClusterState:
-    """The runtimes, the Namespace, its ResourceQuotas and LimitRanges, read once (each call with a timeout)."""
+    """The runtimes, the Namespace, its ResourceQuotas and LimitRanges, the Runtime-, Priority- and
+    StorageClasses, read once (each call with a timeout)."""
     api = api_client(kubeconfig)
     try:
         objects: list[dict] = []
         for resource, ns in ((CLUSTER_TRAINING_RUNTIMES, None), (TRAINING_RUNTIMES, namespace), (RESOURCE_QUOTAS, namespace),
-                             (LIMIT_RANGES, namespace)):
+                             (LIMIT_RANGES, namespace), (RUNTIME_CLASSES, None), (PRIORITY_CLASSES, None),
+                             (STORAGE_CLASSES, None)):
             try:
                 objects += list_all(api, resource, namespace=ns)[0]
             except ApiError as exc:
-                if exc.status != 404:  # 404: the Trainer CRDs are not installed; no runtimes then
+                if exc.status != 404:  # 404: the Trainer CRDs (or node.k8s.io) are not served; none then
                     raise
         try:
             objects.append(clean(NAMESPACES, call_json(api, "GET", NAMESPACES.path(name=namespace))))
@@ -50,7 +53,9 @@ def read_state(kubeconfig: str, namespace: str) -> ClusterState:
     except ApiError as exc:
         raise ClusterUnreachable(
             f"the Kubernetes API server at {api.describe()} refused a read: {exc}. "
-            "Use a kubeconfig whose user may list runtimes, resourcequotas and limitranges and get the namespace, "
+            "Use a kubeconfig whose user may list runtimes, resourcequotas, limitranges, runtimeclasses, "
+            "priorityclasses and storageclasses and get "
+            "the namespace, "
             "or export them with kubectl and pass --cluster-state") from None
     finally:
         api.close()
