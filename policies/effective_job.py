@@ -18,6 +18,7 @@ MPIJOB_GROUP = "kubeflow.org"
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"  # pkg/constants/constants.go
 ANCESTOR_TRAINER = "trainer"
 INITIALIZERS = ("dataset-initializer", "model-initializer")  # ancestors Trainer runs with 1 replica
+BETA_STORAGE_CLASS = "volume.beta.kubernetes.io/storage-class"  # still read before spec.storageClassName
 FLUX_INSTALLER = "flux-installer"  # pkg/constants FluxInstallerContainerName
 FLUX_INSTALLER_IMAGE = "ghcr.io/converged-computing/flux-view-ubuntu:tag-jammy"  # pkg/constants FluxInstallerImage
 LAUNCHER = "launcher"  # replicated job names the MPI plugin keys on (pkg/constants)
@@ -354,7 +355,7 @@ def _as_admitted(job: EffectiveJob, state: ClusterState, accelerators: tuple[str
     priority_class, storage_class = state.default_priority_class(), state.default_storage_class()
     for claim in job.volume_claims:
         claim_spec = claim.get("spec")
-        if storage_class and isinstance(claim_spec, dict) and claim_spec.get("storageClassName") is None:
+        if storage_class and isinstance(claim_spec, dict) and claim_class(claim) is None:
             claim["spec"] = {**claim_spec, "storageClassName": storage_class}  # not in place: the runtime is shared
     for pod_set in job.pod_sets:
         pod_spec = pod_set.pod["spec"]
@@ -367,13 +368,25 @@ def _as_admitted(job: EffectiveJob, state: ClusterState, accelerators: tuple[str
             limitranger.apply(pod_spec, defaults)
         if overhead is not None or defaults is not None:
             _finish(pod_set, accelerators)
-        refused = podvalidation.refusals(pod_spec)
+        refused = podvalidation.refusals(pod_spec) or podvalidation.priority_refusals(pod_spec, state.priority_classes)
         if not refused and pod_spec.get("resources"):
             containers_only = {k: v for k, v in pod_spec.items() if k not in ("resources", "overhead")}
             refused = podvalidation.pod_level_refusals(pod_spec, pod_resources(containers_only)[0])
         if refused:
             raise JobModelError(_refusal_message(job, pod_set, refused))
     return job
+
+
+def claim_class(claim: dict) -> str | None:
+    """A PVC's StorageClass as Kubernetes reads it (storage/util GetPersistentVolumeClaimClass):
+    the old annotation first, then spec.storageClassName; None when it has neither, the only case
+    DefaultStorageClass admission fills in (PersistentVolumeClaimHasClass). JobSet copies the
+    template's annotations onto the claims it creates."""
+    annotations = (claim.get("metadata") or {}).get("annotations") or {}
+    if isinstance(annotations, dict) and BETA_STORAGE_CLASS in annotations:
+        return str(annotations[BETA_STORAGE_CLASS])
+    value = (claim.get("spec") or {}).get("storageClassName")
+    return None if value is None else str(value)
 
 
 def _runtime_class_overhead(pod_spec: dict, state: ClusterState) -> dict | None:
@@ -391,7 +404,7 @@ def _refusal_message(job: EffectiveJob, pod_set: PodSet, refused: list[tuple[str
     if job.kind == "TrainJob" and "resources" in pod_set.from_trainer and field.startswith(f"containers[name={NODE}]"):
         where = "spec.trainer.resourcesPerNode" + field.split(".resources", 1)[1]
     elif job.kind == "TrainJob":
-        where = f"{field} in {pod_set.source} (the runtime sets it; spec.runtimePatches cannot change resources)"
+        where = f"{field} in {pod_set.source} (the runtime sets it; spec.runtimePatches cannot change it)"
     else:
         where = f"spec.mpiReplicaSpecs.{pod_set.name.capitalize()}.template.spec.{field}"
     more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""

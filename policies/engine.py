@@ -234,6 +234,16 @@ def _unchecked(request: AdmissionInput, state: ClusterState, active: list[Bundle
     quota = next(c for c in CHECKS if c.rule == "quota")
     if not state.quotas.get(name) and any(quota.settings(b.spec.checks) is not None for b in active):
         unchecked.append({"check": "quota", "reason": f"no ResourceQuota for {name}"})
+    quotas = state.namespace_quotas(name)
+    if job is not None and not state.priority_classes and any(
+            not ps.pod["spec"].get("priorityClassName") for ps in job.pod_sets) and any(
+            "PriorityClass" in str((q.get("spec") or {}).get("scopeSelector")) for q in quotas):
+        # A pod naming no class gets the cluster's globalDefault one, which a quota scope may select.
+        unchecked.append({"check": "quota scopes", "reason": "no PriorityClass (pods naming none get the cluster's default)"})
+    if job is not None and not state.storage_classes and any(
+            effective_job.claim_class(c) is None for c in job.volume_claims) and any(
+            ".storageclass.storage.k8s.io/" in key for q in quotas for key in (q.get("spec") or {}).get("hard") or {}):
+        unchecked.append({"check": "quota", "reason": "no StorageClass (claims naming none get the cluster's default)"})
     classes = {ps.pod["spec"].get("runtimeClassName") for ps in job.pod_sets} if job is not None else set()
     for runtime_class in sorted(c for c in classes if isinstance(c, str) and c and state.runtime_class(c) is None):
         # Its pod overhead was counted as none (online, RuntimeClass admission refuses such pods).

@@ -96,7 +96,8 @@ def plan(obj: dict, job: EffectiveJob, settings: Mutations, namespace: dict) -> 
                 pod_patch["spec"] = spec_patch
             if pod_patch:
                 replicated.append({"name": ps.name, "template": {"spec": {"template": pod_patch}}})
-        patches = [p for p in (mutated.get("spec") or {}).get("runtimePatches") or [] if p.get("manager") != MANAGER]
+        patches = [p for p in (mutated.get("spec") or {}).get("runtimePatches") or []
+                   if not (isinstance(p, dict) and p.get("manager") == MANAGER)]
         if replicated:
             patches.append({"manager": MANAGER, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": replicated}}}})
         if patches or (mutated.get("spec") or {}).get("runtimePatches"):

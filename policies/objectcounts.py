@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Iterable
 
-from .effective_job import EffectiveJob
+from .effective_job import EffectiveJob, claim_class
 from .resources import QuantityError, to_number
 
 STORAGE_CLASS_SUFFIX = ".storageclass.storage.k8s.io/"  # <class>.storageclass.storage.k8s.io/requests.storage
@@ -87,7 +87,7 @@ def storage(job: EffectiveJob, key: str) -> int:
     total = 0
     for claim in job.volume_claims:
         spec = _dict(claim.get("spec"))
-        storage_class = spec.get("storageClassName")
+        storage_class = claim_class(claim)
         request = _dict(_dict(spec.get("resources")).get("requests")).get("storage")
         if key == "requests.storage" or key == f"{storage_class}{STORAGE_CLASS_SUFFIX}requests.storage":
             total += _bytes(request)

@@ -17,6 +17,7 @@ from decimal import Decimal
 from .resources import QuantityError, format_amount, numbers, to_decimal
 
 _NATIVE_DOMAIN = "kubernetes.io/"
+CACHED_CHARS = 512  # the resources of one container, written out, that are cached at most
 
 
 def overcommit_allowed(resource: str) -> bool:
@@ -38,17 +39,49 @@ def refusals(pod_spec: dict) -> list[tuple[str, str]]:
             if not requests and not limits:
                 continue
             where = f"{key}[name={container.get('name', '')}].resources"
-            try:  # the same runtime containers come in every request: judged once per distinct resources
-                key_ = (tuple(requests.items()), tuple(limits.items()))
-                found += [(f"{where}.{field}", problem) for field, problem in _cached_refusals(key_)]
-            except TypeError:  # an unhashable value (a list where a quantity belongs): judged as it is
-                found += [(f"{where}.{field}", problem) for field, problem in _container_refusals(requests, limits)]
+            key_ = (tuple(requests.items()), tuple(limits.items()))
+            # The same runtime containers come in every request: judged once per distinct resources,
+            # if short (a submitter's 256 KiB resource names must not be kept) and hashable.
+            if sum(len(str(k)) + len(str(v)) for part in key_ for k, v in part) <= CACHED_CHARS:
+                try:
+                    refused = _cached_refusals(key_)
+                except TypeError:  # an unhashable value (a list where a quantity belongs)
+                    refused = tuple(_container_refusals(requests, limits))
+            else:
+                refused = tuple(_container_refusals(requests, limits))
+            found += [(f"{where}.{field}", problem) for field, problem in refused]
     return found
 
 
 @functools.lru_cache(maxsize=1024)
 def _cached_refusals(key: tuple[tuple, tuple]) -> tuple[tuple[str, str], ...]:
     return tuple(_container_refusals(dict(key[0]), dict(key[1])))
+
+
+def priority_refusals(pod_spec: dict, classes: dict[str, dict]) -> list[tuple[str, str]]:
+    """What the Priority admission plugin refuses (plugin/pkg/admission/priority, admitPod on
+    CREATE), the default class already filled in: a class that does not exist, and a
+    ``priority`` or ``preemptionPolicy`` that differs from the class's. ``classes``: every
+    PriorityClass; empty offline when the state has none (a cluster always has the system ones),
+    and then nothing can be told."""
+    if not classes:
+        return []
+    name = pod_spec.get("priorityClassName") or ""
+    found = []
+    priority_class = classes.get(name) if name else None
+    if name and priority_class is None:
+        found.append(("priorityClassName", f"no PriorityClass {name!r} exists; Kubernetes refuses the pod: name one of "
+                                           f"{', '.join(sorted(classes))}"))
+        return found
+    value = (priority_class or {}).get("value", 0)
+    if "priority" in pod_spec and pod_spec["priority"] is not None and pod_spec["priority"] != value:
+        found.append(("priority", f"{pod_spec['priority']} is set, but the priority comes from the PriorityClass "
+                                  f"({name or 'none'}: {value}); Kubernetes refuses the pod: remove priority"))
+    policy = (priority_class or {}).get("preemptionPolicy") or "PreemptLowerPriority"
+    if priority_class is not None and pod_spec.get("preemptionPolicy") not in (None, policy):
+        found.append(("preemptionPolicy", f"{pod_spec['preemptionPolicy']} differs from PriorityClass {name}'s "
+                                          f"{policy}; Kubernetes refuses the pod: remove preemptionPolicy"))
+    return found
 
 
 def pod_level_refusals(pod_spec: dict, container_requests: dict[str, int]) -> list[tuple[str, str]]:

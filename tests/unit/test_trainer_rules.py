@@ -4,6 +4,7 @@ installer, runtimePatch pruning, pod-level resources, RuntimeClass overhead, and
 resources the API server refuses."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import pytest
@@ -301,3 +302,65 @@ def test_claims_without_a_class_get_the_default_storage_class(build):
     assert quota.demand(job, per_class) == {"new-a.storageclass.storage.k8s.io/requests.storage": 10 * GI}
     assert "storageClassName" not in state.cluster_runtimes["rt"]["spec"]["template"]["spec"][
         "volumeClaimPolicies"][0]["templates"][0]["spec"]  # the watched runtime is untouched
+
+
+def test_a_claim_with_the_old_class_annotation_keeps_that_class(build):
+    """GetPersistentVolumeClaimClass reads volume.beta.kubernetes.io/storage-class first, and
+    such a claim gets no default: a quota on that class counts it, the default class does not."""
+    default = {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "provisioner": "example.com/disk",
+               "metadata": {"name": "standard", "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}}}
+    runtime = _runtime(_rjob("node", build.pod_spec(), ancestor="trainer"), ml_policy={"torch": {}})
+    runtime["spec"]["template"]["spec"]["volumeClaimPolicies"] = [{"templates": [
+        {"metadata": {"name": "data", "annotations": {"volume.beta.kubernetes.io/storage-class": "fast"}},
+         "spec": {"resources": {"requests": {"storage": "500Gi"}}}}]}]
+    job = effective(build.trainjob(runtime="rt"), build.state(runtime, default))
+    fast = build.quota({"fast.storageclass.storage.k8s.io/requests.storage": "100Gi"}, name="fast")
+    standard = build.quota({"standard.storageclass.storage.k8s.io/requests.storage": "100Gi"}, name="standard")
+    assert quota.demand(job, fast) == {"fast.storageclass.storage.k8s.io/requests.storage": 500 * GI}
+    assert quota.demand(job, standard) == {}
+
+
+@pytest.mark.parametrize("pod, problem", [
+    ({"priorityClassName": "no-such-class"}, "no PriorityClass 'no-such-class' exists"),
+    ({"priorityClassName": "batch", "priority": 1000000}, "1000000 is set, but the priority comes from the PriorityClass"),
+    ({"priority": 5}, "5 is set, but the priority comes from the PriorityClass (batch: 100)"),  # the default's value
+    ({"priorityClassName": "batch", "preemptionPolicy": "Never"}, "Never differs from PriorityClass batch's PreemptLowerPriority"),
+])
+def test_what_the_priority_admission_plugin_refuses_is_a_job_model_error(build, pod, problem):
+    batch = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": "batch"},
+             "value": 100, "globalDefault": True}
+    runtime = _runtime(_rjob("node", build.pod_spec(**pod), ancestor="trainer"), ml_policy={"torch": {}})
+    with pytest.raises(JobModelError, match=re.escape(problem)):
+        _job(build, runtime, batch)
+    assert _job(build, runtime).workers.count == 1  # offline without PriorityClasses nothing can be told
+
+
+def test_offline_a_quota_scope_without_priority_classes_is_named_as_unchecked(build, make_bundle):
+    scoped = build.quota({"pods": "1"}, name="batch")
+    scoped["spec"]["scopeSelector"] = {"matchExpressions": [{"scopeName": "PriorityClass", "operator": "In",
+                                                             "values": ["batch"]}]}
+    state = build.state(_runtime(_rjob("node", build.pod_spec(), ancestor="trainer"), ml_policy={"torch": {}}),
+                        build.namespace(), scoped)
+    decision = evaluate(AdmissionInput(build.trainjob(runtime="rt")), [make_bundle({})], state, report_unchecked=True)
+    assert {"check": "quota scopes",
+            "reason": "no PriorityClass (pods naming none get the cluster's default)"} in decision.unchecked
+
+
+def test_container_refusals_are_cached_only_for_short_resources():
+    """A submitter's 256 KiB resource names must not stay in memory after the request."""
+    long_name = "example.com/" + "x" * 100_000
+    podvalidation._cached_refusals.cache_clear()
+    assert podvalidation.refusals({"containers": [{"name": "c", "resources": {"limits": {long_name: "1"}}}]}) == []
+    assert podvalidation._cached_refusals.cache_info().currsize == 0
+    podvalidation.refusals({"containers": [{"name": "c", "resources": {"limits": {"cpu": "1"}}}]})
+    assert podvalidation._cached_refusals.cache_info().currsize == 1
+
+
+def test_junk_runtime_patch_entries_do_not_crash_the_mutation(build, make_bundle, review):
+    """The mutating webhook sees the object before the CRD's schema: a non-object entry once
+    raised AttributeError in the mutation planner instead of giving a decision."""
+    obj = build.trainjob(runtime="rt", runtime_patches=["junk", None])
+    runtime = _runtime(_rjob("node", build.pod_spec(secure=False), ancestor="trainer"), ml_policy={"torch": {}})
+    decision = review(obj, [make_bundle({"mutations": {"securityDefaults": {"enabled": True}}})],
+                      build.state(runtime, build.namespace()))
+    assert decision.allowed and decision.patch
