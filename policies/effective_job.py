@@ -319,15 +319,17 @@ def _container(pod_spec: dict, name: str) -> dict | None:
 def _upsert_env(container: dict, env: list[dict]) -> None:
     """Trainer's apply.UpsertEnvVars: an entry replaces the one of its name whole (a value
     replaces a valueFrom, not merged into it), others are appended in order."""
-    merged = [dict(e) for e in container.get("env") or [] if isinstance(e, dict)]
+    merged = [e for e in container.get("env") or [] if isinstance(e, dict)]
+    at = {str(e.get("name")): i for i, e in reversed(list(enumerate(merged)))}  # the first of a name, in O(n)
     for entry in env:
         if not isinstance(entry, dict):
             continue
-        at = next((i for i, e in enumerate(merged) if e.get("name") == entry.get("name")), None)
-        if at is None:
-            merged.append(smp.clone(entry))
+        name = str(entry.get("name"))
+        if name in at:
+            merged[at[name]] = smp.clone(entry)
         else:
-            merged[at] = smp.clone(entry)
+            at[name] = len(merged)
+            merged.append(smp.clone(entry))
     container["env"] = merged
 
 
