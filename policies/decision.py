@@ -8,9 +8,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
-from .bundle import Injections
-from .effective_job import EffectiveJob
+if TYPE_CHECKING:  # annotations only: the decision log's readers import this module without the engine
+    from .bundle import Injections
+    from .effective_job import EffectiveJob
 
 MAX_STATUS_MESSAGES = 5
 

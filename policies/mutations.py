@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import jsonpatch
-
 from . import effective_job, smp
 from .bundle import Mutations
 from .effective_job import EffectiveJob, all_containers
+from .patch_diff import make_patch
 
 MANAGER = "trainjob-admission.io/webhook"
 ISTIO_INJECT = "sidecar.istio.io/inject"
@@ -146,6 +145,6 @@ def _merge_defaults(pod_spec: dict) -> dict:
 
 
 def _minimal_patch(before: dict, after: dict) -> list[dict]:
-    """A JSONPatch from before to after, made by the python-json-patch library (whose diff walk
-    costs far more than the equality check that usually finds nothing to do)."""
-    return [] if before == after else list(jsonpatch.make_patch(before, after))
+    """A JSONPatch from before to after, in the same order on every run (the diff walk costs far
+    more than the equality check that usually finds nothing to do)."""
+    return [] if before == after else make_patch(before, after)

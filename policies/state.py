@@ -193,13 +193,18 @@ def load_objects(path: str | Path) -> list[dict]:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise StateError(f"cannot read {path}: {exc.strerror}") from exc
+    return parse_objects(text, path)
+
+
+def parse_objects(text: str, source: str | Path) -> list[dict]:
+    """Kubernetes objects from YAML or JSON text (e.g. stdin); ``source`` names it in errors."""
     try:
         documents = list(yaml.safe_load_all(text))
     except yaml.YAMLError as exc:
-        raise StateError(f"{path}: not valid YAML or JSON: {exc}") from exc
+        raise StateError(f"{source}: not valid YAML or JSON: {exc}") from exc
     objects: list[dict] = []
     for doc in documents:
-        objects.extend(_flatten(doc, path))
+        objects.extend(_flatten(doc, source))
     return objects
 
 

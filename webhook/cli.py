@@ -2,36 +2,38 @@
 by the policy engine, the server and the decision log, so every command decides the same way.
 
 Exit codes: 0 allowed/ok, 1 denied or test failures, 2 invalid input or bundle, 3 not found,
-6 cluster unreachable.
+6 cluster unreachable, 141 stdout closed early (as for a Unix tool ended by SIGPIPE).
 """
 from __future__ import annotations
 
 import argparse
 import io
-import json
 import sys
 from pathlib import Path
-from typing import Callable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
 import yaml
 
-from policies import report
-from policies.bundle import BUILTIN_PREFIX, BundleError, builtin_names, load_bundles
-from policies.cases import CaseError, load_cases, run_case
-from policies.decision import Decision
-from policies.effective_job import MPIJOB_GROUP
-from policies.engine import AdmissionInput, evaluate
-from policies.lint import lint
 from policies.state import TRAINER_GROUP, ClusterState, StateError, load_objects
 
-from .cli_errors import EXIT_DENIED, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_OK, EXIT_UNREACHABLE, CliError
+from .cli_errors import (EXIT_BROKEN_PIPE, EXIT_DENIED, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_OK, EXIT_UNREACHABLE,
+                         CliError)
+from .cli_io import VersionAction, add_output_flag, dump, one_or_list, quiet_broken_pipe, read_sources
 from .commands import register_server_commands
 
-DEFAULT_BUNDLE = BUILTIN_PREFIX + "default"
+if TYPE_CHECKING:
+    from policies.decision import Decision
+    from policies.engine import AdmissionInput
+
+# The policy engine (CEL, pydantic) is imported by the commands that decide, not here: --help and
+# argument errors then answer in a tenth of a second. Hence the literal: policies.bundle.BUILTIN_PREFIX.
+DEFAULT_BUNDLE = "builtin:default"
 T = TypeVar("T")
 
 
 def _bundles(specs: list[str] | None) -> list:
+    from policies.bundle import BundleError, load_bundles
+
     try:
         return load_bundles(specs or [DEFAULT_BUNDLE])
     except FileNotFoundError as exc:
@@ -108,6 +110,8 @@ def _states(args: argparse.Namespace) -> Callable[[str], ClusterState]:
 
 
 def _request(obj: dict, args: argparse.Namespace) -> AdmissionInput:
+    from policies.engine import AdmissionInput
+
     meta = obj.setdefault("metadata", {})
     meta.setdefault("namespace", args.namespace)
     return AdmissionInput(obj, operation=args.operation, username=args.user, groups=args.group or [])
@@ -115,6 +119,8 @@ def _request(obj: dict, args: argparse.Namespace) -> AdmissionInput:
 
 def _reviewable(objects: list[dict], path: str) -> list[dict]:
     """Only TrainJobs and MPIJobs: any other object would be judged on a job model it has not."""
+    from policies.effective_job import MPIJOB_GROUP
+
     for obj in objects:
         group = str(obj.get("apiVersion", "")).split("/")[0]
         if (obj.get("kind"), group) not in (("TrainJob", TRAINER_GROUP), ("MPIJob", MPIJOB_GROUP)):
@@ -123,8 +129,15 @@ def _reviewable(objects: list[dict], path: str) -> list[dict]:
     return objects
 
 
+def _jobs(spec: str) -> list[dict]:
+    """The jobs ``-f`` names (a file, a directory's files or stdin), each checked to be a job."""
+    return [obj for source, objects in read_sources(spec) for obj in _reviewable(objects, source)]
+
+
 def _evaluate(obj: dict, args: argparse.Namespace, bundles: list, state: Callable[[str], ClusterState]) -> Decision:
     """The webhook's decision, and offline the checks the given state could not feed (stderr)."""
+    from policies.engine import evaluate
+
     request = _request(obj, args)
     offline = not getattr(args, "kubeconfig", None)  # a live cluster's state is the truth
     decision = evaluate(request, bundles, state(request.namespace), report_unchecked=offline)
@@ -141,25 +154,26 @@ def _strict(code: int, decisions: list[Decision], args: argparse.Namespace) -> i
 
 
 def cmd_review(args: argparse.Namespace) -> int:
-    objects = _reviewable(_objects(args.file), args.file)
+    from policies import report
+
+    objects = _jobs(args.file)
     bundles = _review_bundles(args)
     if not objects:
         raise CliError(f"{args.file}: no object to review")
-    code, outputs = EXIT_OK, []
     state = _states(args)
     decisions = [_evaluate(obj, args, bundles, state) for obj in objects]
-    for obj, decision in zip(objects, decisions):
-        outputs.append(decision.as_json() if args.output == "json" else report.decision_text(obj, decision))
-        if not decision.allowed:
-            code = EXIT_DENIED
-    if args.output == "json":
-        print(json.dumps(outputs[0] if len(outputs) == 1 else outputs, indent=2))
+    if args.output == "text":
+        print("\n\n".join(report.decision_text(obj, decision) for obj, decision in zip(objects, decisions)))
     else:
-        print("\n\n".join(outputs))
+        print(dump(one_or_list([decision.as_json() for decision in decisions]), args.output))
+    code = EXIT_OK if all(decision.allowed for decision in decisions) else EXIT_DENIED
     return _strict(code, decisions, args)
 
 
 def cmd_policy_lint(args: argparse.Namespace) -> int:
+    from policies.bundle import BundleError, load_bundles
+    from policies.lint import lint
+
     problems = 0
     for path in args.paths:
         try:
@@ -180,6 +194,8 @@ def cmd_policy_lint(args: argparse.Namespace) -> int:
 
 
 def cmd_policy_test(args: argparse.Namespace) -> int:
+    from policies.cases import CaseError, load_cases, run_case
+
     bundles = _bundles(args.paths)
     if not Path(args.cases).exists():
         raise CliError(f"not found: {args.cases}", EXIT_NOT_FOUND)
@@ -187,31 +203,37 @@ def cmd_policy_test(args: argparse.Namespace) -> int:
         results = [run_case(path, case, bundles) for path, case in load_cases(Path(args.cases))]
     except CaseError as exc:
         raise CliError(str(exc)) from None
+    failed = sum(not r.passed for r in results)
+    if args.output != "text":
+        print(dump({"results": [vars(r) for r in results], "passed": len(results) - failed, "failed": failed},
+                   args.output))
+        return EXIT_DENIED if failed else EXIT_OK
     for result in results:
         print(f"{'PASS' if result.passed else 'FAIL'}  {result.name}  ({result.source})")
         for failure in result.failures:
             print(f"      {failure}")
-    failed = sum(not r.passed for r in results)
     print(f"{len(results) - failed} passed, {failed} failed")
     return EXIT_DENIED if failed else EXIT_OK
 
 
 def cmd_policy_explain(args: argparse.Namespace) -> int:
-    objects = _reviewable(_objects(args.file), args.file)
+    from policies import report
+
+    objects = _jobs(args.file)
     bundles = _review_bundles(args)
     state = _states(args)
-    decisions = []
-    for obj in objects:
-        decisions.append(decision := _evaluate(obj, args, bundles, state))
-        if args.output == "json":
-            print(json.dumps(report.explain_json(decision), indent=2))
-        else:
-            print(report.explain_text(decision))
+    decisions = [_evaluate(obj, args, bundles, state) for obj in objects]
+    if args.output == "text":
+        print("\n".join(report.explain_text(decision) for decision in decisions))
+    else:
+        print(dump(one_or_list([report.explain_json(decision) for decision in decisions]), args.output))
     return _strict(EXIT_OK, decisions, args)
 
 
 def _add_review_inputs(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-f", "--file", required=True, help="the TrainJob or MPIJob (YAML or JSON)")
+    parser.add_argument("-f", "--file", required=True, metavar="FILE|DIR|-",
+                        help="the TrainJob or MPIJob (YAML or JSON; several documents or a List decide each job), "
+                             "a directory (its *.yaml, *.yml and *.json files, sorted), or - for stdin")
     parser.add_argument("--bundle", action="append", metavar="PATH",
                         help=f"bundle file, directory or builtin:NAME (repeatable; default {DEFAULT_BUNDLE}, or with "
                              "--kubeconfig the cluster's PolicyBundles); with --kubeconfig added to the PolicyBundles, "
@@ -226,11 +248,11 @@ def _add_review_inputs(parser: argparse.ArgumentParser) -> None:
                                                           "(read-only), as serve does")
     parser.add_argument("--bundle-selector", metavar="SEL",
                         help="with --kubeconfig: only PolicyBundles with these labels, as serve's --bundle-selector")
-    parser.add_argument("--namespace", default="default", help="namespace when the object has none (default: default)")
+    parser.add_argument("-n", "--namespace", default="default", help="namespace when the object has none (default: default)")
     parser.add_argument("--operation", choices=["CREATE", "UPDATE"], default="CREATE")
     parser.add_argument("--user", default="cli-user", help="request.userInfo.username seen by rules")
     parser.add_argument("--group", action="append", help="request.userInfo.groups (repeatable)")
-    parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    add_output_flag(parser)
     parser.add_argument("--strict", action="store_true",
                         help="exit 2 when --cluster-state lacks what a check reads (the Namespace, its "
                              "ResourceQuotas or LimitRanges, the runtime), printed as 'not checked: ...'; for CI")
@@ -239,6 +261,8 @@ def _add_review_inputs(parser: argparse.ArgumentParser) -> None:
 EPILOG = """examples:
   trainjob-admission review -f job.yaml --cluster-state state.yaml
   trainjob-admission review -f job.yaml --kubeconfig ~/.kube/config -o json
+  trainjob-admission review -f jobs/ --cluster-state state.yaml -o yaml
+  kubectl get trainjob my-job -o yaml | trainjob-admission review -f - --cluster-state state.yaml
   trainjob-admission review -f job.yaml --kubeconfig ~/.kube/config --bundle draft.yaml
   trainjob-admission policy lint bundles/
   trainjob-admission policy test builtin:default bundles/prod.yaml --cases tests/cases/
@@ -249,7 +273,8 @@ EPILOG = """examples:
   trainjob-admission certs issue --service trainjob-admission --namespace trainjob-admission --out ./tls
   trainjob-admission demo
 
-exit codes: 0 allowed/ok, 1 denied or failed tests, 2 invalid input or bundle, 3 not found, 6 cluster unreachable
+exit codes: 0 allowed/ok, 1 denied or failed tests, 2 invalid input or bundle, 3 not found, 6 cluster unreachable,
+141 stdout closed early (| head)
 """
 
 
@@ -258,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="trainjob-admission",
         description="Admission webhook and policy service for MPI TrainJobs (Kubeflow Trainer v2).",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action=VersionAction)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     review = commands.add_parser("review", help="decide a job offline, exactly as the webhook would",
@@ -271,7 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
     policy = commands.add_parser("policy", help="lint, test and explain policy bundles")
     policy_commands = policy.add_subparsers(dest="policy_command", required=True, metavar="SUBCOMMAND")
     lint = policy_commands.add_parser("lint", help="check bundles: schema, CEL syntax, unknown variables and functions",
-                                      epilog=f"built-in bundles: {', '.join(BUILTIN_PREFIX + n for n in builtin_names())}")
+                                      epilog=f"built-in bundles: {DEFAULT_BUNDLE} and any other builtin:NAME of the package's "
+                                             "policies/bundles/")
     lint.add_argument("paths", nargs="+", metavar="PATH")
     lint.set_defaults(func=cmd_policy_lint)
     test = policy_commands.add_parser("test", help="run test cases (object + expected decision and messages)",
@@ -280,6 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     test.add_argument("paths", nargs="+", metavar="PATH",
                       help="bundle files, directories or builtin:NAME, decided together as the service would")
     test.add_argument("--cases", required=True, metavar="DIR")
+    add_output_flag(test)
     test.set_defaults(func=cmd_policy_test)
     explain = policy_commands.add_parser("explain", help="every rule's result on an object")
     _add_review_inputs(explain)
@@ -295,7 +323,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             stream.reconfigure(errors="backslashreplace")
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # here, not at exit, so that a closed pipe is caught below
+        return code
+    except BrokenPipeError:  # `| head` read what it wanted and closed the pipe
+        quiet_broken_pipe()
+        return EXIT_BROKEN_PIPE
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.code

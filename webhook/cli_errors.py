@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 EXIT_OK, EXIT_DENIED, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_UNREACHABLE = 0, 1, 2, 3, 6
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell shows for a Unix tool whose reader went away (| head)
 
 
 class CliError(Exception):

@@ -10,10 +10,11 @@ import asyncio
 import errno
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from .cli_errors import EXIT_INVALID, EXIT_NOT_FOUND, CliError
-from .decisionlog import Anchors, VerifyReport, log_files, parse_time, query, render, verify, verify_stream
+from .decisionlog import Anchors, Filters, VerifyReport, log_files, parse_time, query, render, scan, verify, verify_stream
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -89,29 +90,56 @@ def _verified(source: list[Path] | bytes, anchors: Anchors | None = None) -> Ver
 
 
 def cmd_decisions_query(args: argparse.Namespace) -> int:
+    filters = Filters(user=args.user, namespace=args.namespace, name=args.name, kind=args.kind, decision=args.decision,
+                      rule=args.rule, endpoint=args.endpoint, decision_id=args.id, **_window(args))
+    records: list[dict] = []
+    report = _scan(args, filters, records.append)
+    return _shown(render(records, args.output), report, "the records above")
+
+
+def cmd_decisions_report(args: argparse.Namespace) -> int:
+    from .decisionlog.report import Summary, render_summary
+
+    summary = Summary()
+    report = _scan(args, Filters(namespace=args.namespace, **_window(args)), summary.add)
+    return _shown(render_summary(summary.as_dict(), args.output), report, "the numbers above")
+
+
+def _window(args: argparse.Namespace) -> dict:
     try:
-        since = parse_time(args.since) if args.since else None
-        until = parse_time(args.until) if args.until else None
+        return {"since": parse_time(args.since) if args.since else None,
+                "until": parse_time(args.until) if args.until else None}
     except ValueError as exc:
         raise CliError(str(exc), EXIT_INVALID) from None
+
+
+def _scan(args: argparse.Namespace, filters: Filters, on_match: Callable[[dict], None]) -> VerifyReport | None:
+    """Hand each matching record to ``on_match`` and, unless --no-verify, verify the whole log in
+    the same read."""
     source = _read_log(args.log)
-    records = query(source, user=args.user, namespace=args.namespace, kind=args.kind, decision=args.decision,
-                    rule=args.rule, since=since, until=until, endpoint=args.endpoint, decision_id=args.id)
-    sys.stdout.write(render(records, args.output))
-    sys.stdout.flush()
     if args.no_verify:
-        print("not verified (--no-verify): these records may have been edited, removed or reordered", file=sys.stderr)
+        for record in query(source, filters):
+            on_match(record)
+        return None
+    return scan(source, filters, on_match)
+
+
+def _shown(text: str, report: VerifyReport | None, what: str) -> int:
+    """Print ``text``, then on stderr whether the log it came from verified (exit 1 if not)."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    if report is None:
+        print(f"not verified (--no-verify): {what} may come from edited, removed or reordered records",
+              file=sys.stderr)
         return 0
-    report = _verified(source)
-    print(f"verified: {report}" if report.ok else f"NOT INTACT, do not trust the records above: {report}",
-          file=sys.stderr)
+    print(f"verified: {report}" if report.ok else f"NOT INTACT, do not trust {what}: {report}", file=sys.stderr)
     return 0 if report.ok else 1
 
 
 def cmd_decisions_verify(args: argparse.Namespace) -> int:
     anchors = _anchors(args.checkpoint, args.public_key, args.log)
     report = _verified(_read_log(args.log), anchors)
-    print(report)
+    print("\n".join([str(report)] + report.heads()))
     return 0 if report.ok else 1
 
 
@@ -272,6 +300,7 @@ def register_server_commands(commands: argparse._SubParsersAction) -> None:
     query.add_argument("--no-verify", action="store_true", help="do not verify the chain (the output says so)")
     query.add_argument("--user")
     query.add_argument("--namespace")
+    query.add_argument("--name", help="the job's name")
     query.add_argument("--kind", choices=["TrainJob", "MPIJob"])
     query.add_argument("--decision", choices=["allow", "deny", "warn", "error"])
     query.add_argument("--endpoint", choices=["mutate", "validate"],
@@ -283,6 +312,16 @@ def register_server_commands(commands: argparse._SubParsersAction) -> None:
     query.add_argument("--until")
     query.add_argument("-o", "--output", choices=["table", "json", "csv"], default="table")
     query.set_defaults(func=cmd_decisions_query)
+    report = sub.add_parser("report", help="summarise a period: submissions per namespace, user and failed rule, "
+                                           "and the most frequent refusals",
+                            epilog="example: trainjob-admission decisions report --log decisions.jsonl --since 7d")
+    report.add_argument("--log", required=True, metavar="F", help="as for query; verified in the same read")
+    report.add_argument("--no-verify", action="store_true", help="do not verify the chain (the output says so)")
+    report.add_argument("--namespace")
+    report.add_argument("--since", help="RFC3339 time or a duration like 15m, 2h, 7d")
+    report.add_argument("--until")
+    report.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    report.set_defaults(func=cmd_decisions_report)
     verify_parser = sub.add_parser(
         "verify", help="check the hash chain; names an edited, inserted or removed record",
         epilog="examples:\n"

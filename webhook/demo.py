@@ -11,14 +11,15 @@ import json
 import ssl
 import tempfile
 import uuid
+from importlib import resources
+from importlib.abc import Traversable
 from pathlib import Path
 
 import aiohttp
 import jsonpatch
-import yaml
 
 from certs.issue import issue
-from policies.state import ClusterState, load_objects
+from policies.state import ClusterState, parse_objects
 
 from .admission import API_VERSION
 from .decisionlog import DecisionLog, verify
@@ -26,7 +27,8 @@ from .decisionlog.checkpoint import KEY_FILE, PUBLIC_KEY_FILE, create_key_pair
 from .kube.resources import JOB_RESOURCES
 from .server import ServerConfig, WebhookServer
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+# Package data, so that the demo runs from a wheel and in the image; examples/ links to it for the docs.
+SAMPLE_DATA = resources.files("webhook").joinpath("samples")
 SAMPLES = ["allowed.yaml", "over-quota.yaml", "too-many-gpus.yaml", "too-many-workers.yaml", "privileged.yaml",
            "legacy-mpijob.yaml"]
 
@@ -51,10 +53,15 @@ def admission_review(obj: dict, user: str = "alice") -> dict:
     }
 
 
+def _objects(resource: Traversable) -> list[dict]:
+    return parse_objects(resource.read_text(encoding="utf-8"), f"samples/{resource.name}")
+
+
 def sample_state() -> ClusterState:
-    objects = load_objects(EXAMPLES / "cluster-state.yaml")
-    for runtime in sorted((EXAMPLES / "runtimes").glob("*.yaml")):
-        objects += load_objects(runtime)
+    objects = _objects(SAMPLE_DATA / "cluster-state.yaml")
+    for runtime in sorted((SAMPLE_DATA / "runtimes").iterdir(), key=lambda r: r.name):
+        if runtime.name.endswith(".yaml"):
+            objects += _objects(runtime)
     return ClusterState.from_objects(objects)
 
 
@@ -103,7 +110,7 @@ async def run_demo(workdir: Path) -> int:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_tls)) as session:
             base = f"https://127.0.0.1:{port}"
             for name in SAMPLES:
-                obj = yaml.safe_load((EXAMPLES / "jobs" / name).read_text())
+                [obj] = _objects(SAMPLE_DATA / "jobs" / name)
                 mutated, validated = await submit(session, base, obj)
                 print(show(name, obj, mutated, validated), "\n")
             async with session.get(f"{base}/metrics") as reply:

@@ -321,8 +321,8 @@ def run(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
 def test_decisions_query_by_endpoint_and_id(submissions):
     table = run("decisions", "query", "--log", str(submissions), "--endpoint", "validate")
     lines = table.stdout.decode().splitlines()
-    assert table.returncode == 0 and lines[0].split()[:3] == ["TIME", "ENDPOINT", "DECISION"], lines
-    assert [line.split()[1:3] for line in lines[1:]] == [["validate", "allow"], ["validate", "deny"]]
+    assert table.returncode == 0 and lines[0].split()[:4] == ["TIME", "ID", "ENDPOINT", "DECISION"], lines
+    assert [line.split()[1:4] for line in lines[1:]] == [["validate-0", "validate", "allow"], ["validate-1", "validate", "deny"]]
     one = run("decisions", "query", "--log", str(submissions), "--id", "mutate-1", "-o", "json")
     assert [(r["id"], r["endpoint"], r["seq"]) for r in json.loads(one.stdout)] == [("mutate-1", "mutate", 2)]
     csv_out = run("decisions", "query", "--log", str(submissions), "--endpoint", "mutate", "-o", "csv").stdout.decode()
@@ -334,8 +334,8 @@ def test_decisions_verify_reads_kubectl_logs_from_stdin(submissions):
     pod_log = b"I0301 serving\n" + b"".join(records[:2]) + b"WARNING something on stderr\n" + b"".join(records[2:])
     ok = run("decisions", "verify", "--log", "-", stdin=pod_log)
     assert ok.returncode == 0, ok
-    assert ok.stdout.decode().strip() == ("OK: 4 records, seq 0..3, chain intact; 2 line(s) not starting with { "
-                                          "skipped (service log lines, not records)")
+    assert ok.stdout.decode().splitlines()[0] == ("OK: 4 records, seq 0..3, chain intact; 2 line(s) not starting with { "
+                                                  "skipped (service log lines, not records)")
     tampered = run("decisions", "verify", "--log", "-", stdin=pod_log.replace(b'"decision":"deny"', b'"decision":"allow"', 1))
     assert tampered.returncode == 1 and "<stdin>:5 (seq 2): edited" in tampered.stdout.decode(), tampered
     # the file sink holds only records: a foreign line there is a problem, not skipped

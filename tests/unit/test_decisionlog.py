@@ -20,6 +20,7 @@ from webhook.decisionlog import (
     GENESIS,
     DecisionLog,
     DecisionLogError,
+    Filters,
     log_files,
     parse_time,
     query,
@@ -400,7 +401,7 @@ def test_secrets_are_redacted_everywhere(path: Path) -> None:
 def test_query_filters(path: Path) -> None:
     write_log(path, 12)
     files = [path]
-    seqs = lambda **kw: [r["seq"] for r in query(files, **kw)]  # noqa: E731
+    seqs = lambda **kw: [r["seq"] for r in query(files, Filters(**kw))]  # noqa: E731
 
     assert seqs() == list(range(12))
     assert seqs(user="alice") == [0, 2, 4, 6, 8, 10]
@@ -416,7 +417,7 @@ def test_query_filters(path: Path) -> None:
 
 def test_query_spans_rotated_files(path: Path) -> None:
     write_log(path, 40, max_bytes=4096, backups=50)
-    assert [r["seq"] for r in query(log_files(path), decision="deny")] == list(range(0, 40, 3))
+    assert [r["seq"] for r in query(log_files(path), Filters(decision="deny"))] == list(range(0, 40, 3))
 
 
 def test_render_json_round_trips(path: Path) -> None:
@@ -591,12 +592,12 @@ def write_submissions(path: Path, n: int) -> list[dict]:
 
 def test_query_by_endpoint_and_decision_id(path: Path) -> None:
     write_submissions(path, 3)
-    assert [(r["endpoint"], r["name"]) for r in query([path], endpoint="validate")] == [
+    assert [(r["endpoint"], r["name"]) for r in query([path], Filters(endpoint="validate"))] == [
         ("validate", "job-0"), ("validate", "job-1"), ("validate", "job-2")]
-    assert [r["seq"] for r in query([path], endpoint="mutate")] == [0, 2, 4]
-    assert [r["seq"] for r in query([path], decision_id="validate-1")] == [3]
-    assert list(query([path], decision_id="mutate-1", endpoint="validate")) == []
-    assert list(query([path], decision_id="nope")) == []
+    assert [r["seq"] for r in query([path], Filters(endpoint="mutate"))] == [0, 2, 4]
+    assert [r["seq"] for r in query([path], Filters(decision_id="validate-1"))] == [3]
+    assert list(query([path], Filters(decision_id="mutate-1", endpoint="validate"))) == []
+    assert list(query([path], Filters(decision_id="nope"))) == []
 
 
 def test_render_shows_the_endpoint(path: Path) -> None:

@@ -471,7 +471,8 @@ def test_exit_code_table_matches_the_cli() -> None:
     from webhook import cli
 
     codes = {int(row[0].strip("`")) for row in doc_table("docs/troubleshooting.md", "Exit codes")}
-    assert codes == {cli.EXIT_OK, cli.EXIT_DENIED, cli.EXIT_INVALID, cli.EXIT_NOT_FOUND, cli.EXIT_UNREACHABLE}
+    assert codes == {cli.EXIT_OK, cli.EXIT_DENIED, cli.EXIT_INVALID, cli.EXIT_NOT_FOUND, cli.EXIT_UNREACHABLE,
+                     cli.EXIT_BROKEN_PIPE}
 
 
 def documented_record_keys() -> set[str]:

@@ -5,7 +5,8 @@ import csv
 import io
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Literal
@@ -13,12 +14,16 @@ from typing import Literal
 from policies.decision import FAILED
 
 from .lines import parse_record, read_lines, split_lines
+from .verify import VerifyReport, verify, verify_stream
 
 _RELATIVE_TIME = re.compile(r"([0-9]+)\s*([smhdw])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 # What a terminal may act on rather than print: C0/C1 controls (escape sequences), and the
-# invisible and bidirectional formatting characters that make text read other than it is.
-_UNPRINTABLE = re.compile(r"[\\\x00-\x1f\x7f-\x9f\u00ad\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+# invisible and bidirectional formatting characters that make text read other than it is. In
+# JSON text, json.dumps has escaped backslashes and C0 controls already.
+_ACTIVE = r"\x7f-\x9f\u00ad\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff"
+_UNPRINTABLE = re.compile(rf"[\\\x00-\x1f{_ACTIVE}]")
+_UNPRINTABLE_IN_JSON = re.compile(rf"[{_ACTIVE}]")
 
 
 def parse_time(text: str, *, now: datetime | None = None) -> datetime:
@@ -36,42 +41,65 @@ def parse_time(text: str, *, now: datetime | None = None) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
-def query(source: Iterable[str | Path] | bytes, *, user: str | None = None, namespace: str | None = None,
-          kind: str | None = None, decision: str | None = None, rule: str | None = None,
-          since: datetime | None = None, until: datetime | None = None, endpoint: str | None = None,
-          decision_id: str | None = None) -> Iterator[dict]:
-    """Records matching every given filter, in log order; malformed lines are skipped (see verify).
+@dataclass(frozen=True)
+class Filters:
+    """What `decisions query` selects; a record must match every filter given.
 
-    `kind` ignores case. `rule` ('name' or 'bundle/name') matches records where that rule
-    failed or errored. The time window is since <= time < until. `endpoint` is 'mutate' or
-    'validate' (each submission is logged once by each); `decision_id` is a record's `id`, as
-    the API server's audit log carries it. ``source`` is the log's files, or the bytes of a
-    stream (``--log -``), whose lines that are not records are skipped.
+    `kind` ignores case. `rule` ('name' or 'bundle/name') matches records where that rule failed
+    or errored. The time window is since <= time < until. `endpoint` is 'mutate' or 'validate'
+    (each submission is logged once by each); `decision_id` is a record's `id`, as the API
+    server's audit log carries it; `name` is the job's name.
     """
+
+    user: str | None = None
+    namespace: str | None = None
+    name: str | None = None
+    kind: str | None = None
+    decision: str | None = None
+    rule: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    endpoint: str | None = None
+    decision_id: str | None = None
+
+    def match(self, record: dict) -> bool:
+        exact = ((self.decision_id, "id"), (self.endpoint, "endpoint"), (self.user, "user"),
+                 (self.namespace, "namespace"), (self.name, "name"), (self.decision, "decision"))
+        if any(wanted is not None and record.get(key) != wanted for wanted, key in exact):
+            return False
+        if self.kind is not None and str(record.get("kind", "")).lower() != self.kind.lower():
+            return False
+        if self.rule is not None and not any(self.rule in (q, q.split("/", 1)[1]) for q in failed_rules(record)):
+            return False
+        if self.since is not None or self.until is not None:
+            moment = _record_time(record)
+            if moment is None or (self.since is not None and moment < self.since) or (
+                    self.until is not None and moment >= self.until):
+                return False
+        return True
+
+
+Source = Iterable[str | Path] | bytes  # the log's files, or the bytes of a stream (``--log -``)
+
+
+def query(source: Source, filters: Filters = Filters()) -> Iterator[dict]:
+    """Records matching ``filters``, in log order, without verifying them; malformed lines (and
+    in a stream, lines that are not records) are skipped."""
     lines = split_lines(Path("<stdin>"), source) if isinstance(source, bytes) else read_lines(source)
     for _, _, raw in lines:
         record = parse_record(raw)
-        if not isinstance(record, dict):
-            continue
-        if decision_id is not None and record.get("id") != decision_id:
-            continue
-        if endpoint is not None and record.get("endpoint") != endpoint:
-            continue
-        if user is not None and record.get("user") != user:
-            continue
-        if namespace is not None and record.get("namespace") != namespace:
-            continue
-        if kind is not None and str(record.get("kind", "")).lower() != kind.lower():
-            continue
-        if decision is not None and record.get("decision") != decision:
-            continue
-        if rule is not None and not any(rule in (q, q.split("/", 1)[1]) for q in _failed_rules(record)):
-            continue
-        if since is not None or until is not None:
-            moment = _record_time(record)
-            if moment is None or (since is not None and moment < since) or (until is not None and moment >= until):
-                continue
-        yield record
+        if isinstance(record, dict) and filters.match(record):
+            yield record
+
+
+def scan(source: Source, filters: Filters, on_match: Callable[[dict], None]) -> VerifyReport:
+    """Verify the whole log and hand each record matching ``filters`` to ``on_match``, in one
+    read: records are filtered as the chain walk parses them."""
+    def keep(record: dict) -> None:
+        if filters.match(record):
+            on_match(record)
+
+    return verify_stream(source, on_record=keep) if isinstance(source, bytes) else verify(source, on_record=keep)
 
 
 def _record_time(record: dict) -> datetime | None:
@@ -82,13 +110,13 @@ def _record_time(record: dict) -> datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
-def _failed_rules(record: dict) -> list[str]:
+def failed_rules(record: dict) -> list[str]:
     """'bundle/rule' of each rule that failed or errored."""
     return [f"{r.get('bundle')}/{r.get('rule')}" for r in record.get("rules") or []
             if isinstance(r, dict) and r.get("result") in FAILED]
 
 
-def _messages(record: dict) -> list[str]:
+def shown_messages(record: dict) -> list[str]:
     """Messages (server dicts {rule, message, remediation} or plain strings), then warnings."""
     out = []
     for m in list(record.get("messages") or []) + list(record.get("warnings") or []):
@@ -124,8 +152,9 @@ CSV_FIELDS = ("time", "id", "endpoint", "uid", "seq", "decision", "allowed", "us
 
 def render(records: Iterable[dict], fmt: Literal["table", "json", "csv"] = "table") -> str:
     """Records as an aligned table for people, a JSON array, or CSV for spreadsheets."""
-    if fmt == "json":
-        return json.dumps(list(records), indent=2, ensure_ascii=False) + "\n"
+    if fmt == "json":  # the same values, with what a terminal acts on as JSON escapes (\u202e)
+        text = json.dumps(list(records), indent=2, ensure_ascii=False)
+        return _UNPRINTABLE_IN_JSON.sub(lambda m: f"\\u{ord(m[0]):04x}", text) + "\n"
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
@@ -136,16 +165,17 @@ def render(records: Iterable[dict], fmt: Literal["table", "json", "csv"] = "tabl
                 r.get("decision", ""), r.get("allowed", ""), r.get("user", ""),
                 ";".join(map(str, r.get("groups") or [])), r.get("operation", ""),
                 r.get("kind", ""), r.get("namespace", ""), r.get("name", ""),
-                ";".join(_failed_rules(r)), " | ".join(_messages(r)),
+                ";".join(failed_rules(r)), " | ".join(shown_messages(r)),
                 r.get("latencyMs", ""), r.get("dryRun", ""), r.get("digest", ""))])
         return out.getvalue()
     if fmt != "table":
         raise ValueError(f"unknown format {fmt!r}: use table, json or csv")
-    header = ("TIME", "ENDPOINT", "DECISION", "USER", "NAMESPACE/NAME", "KIND", "FAILED RULES", "MESSAGE")
+    header = ("TIME", "ID", "ENDPOINT", "DECISION", "USER", "NAMESPACE/NAME", "KIND", "FAILED RULES", "MESSAGE")
     rows = [header] + [
         tuple(printable(cell) for cell in (
-            r.get("time", ""), r.get("endpoint", ""), r.get("decision", ""), r.get("user", ""), _object(r),
-            r.get("kind", ""), ",".join(_failed_rules(r)) or "-", _truncate(next(iter(_messages(r)), ""), 72)))
+            r.get("time", ""), r.get("id", ""), r.get("endpoint", ""), r.get("decision", ""), r.get("user", ""),
+            _object(r), r.get("kind", ""), ",".join(failed_rules(r)) or "-",
+            _truncate(next(iter(shown_messages(r)), ""), 72)))
         for r in records
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]

@@ -3,18 +3,23 @@ file, line and seq; one chain per replica when a merged log holds several, each 
 its signed checkpoint when one is given (:mod:`.anchor`)."""
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from . import anchor
-from .lines import GENESIS, canonical, digest_of, parse_record, read_lines, split_lines
+from .lines import GENESIS, canonical, digest_of, line_digest, parse_record, read_lines, split_lines
 
 if TYPE_CHECKING:  # cryptography is imported only where a checkpoint is read (CLI start-up time)
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
     from .checkpoint import Checkpoint
+
+# What the walk keeps of each record (the whole record would cost memory and garbage collection
+# time in proportion to the log; callers that want records get each from `on_record`).
+_CHAIN_KEYS = ("seq", "prev", "digest", "replica", "recovered", "resumed")
+OnRecord = Callable[[dict], None]
 
 ProblemKind = Literal["edited", "removed", "inserted", "reordered", "malformed", "truncated", "replaced", "forged",
                       "unanchored"]
@@ -52,6 +57,7 @@ class VerifyReport:
     replica: str | None = None  # the records' `replica` (None: records of a log without the key)
     anchored: str = ""  # what a checkpoint confirmed, for the OK line
     parts: tuple[VerifyReport, ...] = ()  # one report per replica when the log holds several chains
+    head: str | None = None  # the digest of the record at last_seq, where the walk ended
 
     @property
     def ok(self) -> bool:
@@ -61,6 +67,12 @@ class VerifyReport:
     def failures(self) -> list[Problem]:
         """The problems that fail verification: all but those the service acknowledged."""
         return [p for p in self.problems if p.acknowledged_by is None]
+
+    def heads(self) -> list[str]:
+        """Where each chain ends, one line per replica: what an auditor compares with the
+        replica's signed checkpoint (its Lease) or the head the service exports in /metrics."""
+        return [f"head: seq {p.last_seq} {p.head}" + (f" (replica {p.replica})" if p.replica else "")
+                for p in self.parts or (self,) if p.head is not None]
 
     def __str__(self) -> str:
         if self.parts:
@@ -90,7 +102,7 @@ class VerifyReport:
         return "\n".join(lines + [f"  {p}" for p in self.problems])
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry:
     file: Path
     line: int
@@ -109,18 +121,22 @@ class Anchors:
     source: str = "checkpoint"  # where they came from, for messages
 
 
-def verify(paths: Iterable[str | Path], anchors: Anchors | None = None) -> VerifyReport:
+def verify(paths: Iterable[str | Path], anchors: Anchors | None = None, on_record: OnRecord | None = None
+           ) -> VerifyReport:
     """Check one log or a rotated set given oldest first (see `log_files`).
 
-    Recomputes each digest, requires every line to be exactly its canonical JSON (so no byte
-    can change unnoticed), and walks `prev`/`seq` links. Without `anchors` the first record of
-    the set is the anchor: if it is not seq 0, older records were rotated away and cannot be
-    checked, and a missing tail cannot be seen. With them, see :mod:`.anchor`.
+    Requires every line to hash, byte for byte, to its digest (so no byte can change unnoticed;
+    a line that does not is checked again as its canonical JSON to say what changed), and walks
+    `prev`/`seq` links. Without `anchors` the first record of the set is the anchor: if it is
+    not seq 0, older records were rotated away and cannot be checked, and a missing tail cannot
+    be seen. With them, see :mod:`.anchor`. ``on_record`` sees each well-formed record as it is
+    read, so `query` filters in the same pass.
     """
-    return _verify(read_lines(paths), anchors, whole_files=True)
+    return _verify(read_lines(paths), anchors, whole_files=True, on_record=on_record)
 
 
-def verify_stream(data: bytes, name: str = "<stdin>", anchors: Anchors | None = None) -> VerifyReport:
+def verify_stream(data: bytes, name: str = "<stdin>", anchors: Anchors | None = None,
+                  on_record: OnRecord | None = None) -> VerifyReport:
     """Check one chain in a stream that mixes records with other lines, as ``kubectl logs``
     prints the service's stdout (records) and stderr (its log) together.
 
@@ -130,15 +146,16 @@ def verify_stream(data: bytes, name: str = "<stdin>", anchors: Anchors | None = 
     """
     lines = list(split_lines(Path(name), data))
     kept = [line for line in lines if line[2].startswith(b"{")]
-    return replace(_verify(kept, anchors, whole_files=False), skipped=len(lines) - len(kept))
+    return replace(_verify(kept, anchors, whole_files=False, on_record=on_record), skipped=len(lines) - len(kept))
 
 
-def _verify(lines: Iterable[tuple[Path, int, bytes]], anchors: Anchors | None, *, whole_files: bool) -> VerifyReport:
+def _verify(lines: Iterable[tuple[Path, int, bytes]], anchors: Anchors | None, *, whole_files: bool,
+            on_record: OnRecord | None) -> VerifyReport:
     """One walk per replica, each held against that replica's checkpoints. With checkpoints, a
     replica none of them anchors fails (`unanchored`): anyone who can write the log can start a
     chain from the genesis digest under a made-up name. The service's own files (``whole_files``)
     hold one replica's chain, so there the records of any other replica are `inserted`."""
-    chains = _chains(lines)
+    chains = _chains(lines, on_record)
     checkpoints = list(anchors.checkpoints) if anchors else []
     inserted: list[Problem] = []
     extra = 0
@@ -164,7 +181,7 @@ def _verify(lines: Iterable[tuple[Path, int, bytes]], anchors: Anchors | None, *
                         None, None, parts=tuple(parts))
 
 
-def _chains(lines: Iterable[tuple[Path, int, bytes]]) -> dict[str | None, list[_Entry]]:
+def _chains(lines: Iterable[tuple[Path, int, bytes]], on_record: OnRecord | None) -> dict[str | None, list[_Entry]]:
     """The lines by replica, in order of first appearance. A record without `replica` (written
     before records named it) or a malformed line belongs to the chain of the record before it;
     those at the very start, to the first named chain."""
@@ -175,14 +192,24 @@ def _chains(lines: Iterable[tuple[Path, int, bytes]]) -> dict[str | None, list[_
         if isinstance(parsed, str):
             entry = _Entry(path, number, None, error=parsed)
         else:
-            entry = _Entry(path, number, parsed, computed=digest_of(parsed),
-                           canonical=raw.decode("utf-8") == canonical(parsed))
+            if on_record is not None:
+                on_record(parsed)
+            entry = _entry(path, number, raw, parsed)
             named = parsed.get("replica")
             if isinstance(named, str) and replica is None and None in chains:
                 chains[named] = chains.pop(None)
             replica = named if isinstance(named, str) else replica
         chains.setdefault(replica, []).append(entry)
     return chains
+
+
+def _entry(path: Path, number: int, raw: bytes, record: dict) -> _Entry:
+    """The walk's entry for a well-formed record: its chain keys, and whether its bytes are the
+    ones its digest covers (the fast check; the slow one says what changed)."""
+    chain = {key: record[key] for key in _CHAIN_KEYS if key in record}
+    if line_digest(raw, record["digest"]) == record["digest"]:
+        return _Entry(path, number, chain, computed=record["digest"])
+    return _Entry(path, number, chain, computed=digest_of(record), canonical=raw.decode("utf-8") == canonical(record))
 
 
 def _owner(chains: dict[str | None, list[_Entry]], checkpoints: list[Checkpoint]) -> str | None:
@@ -280,7 +307,9 @@ class _Walk:
                 self._link(e, seq)
             resync = False
         last = max(self.by_seq) if self.by_seq else None
-        return VerifyReport(sum(len(v) for v in self.by_seq.values()), self.problems, first_seq, last)
+        head = (self.seen.get(last) or self.by_seq[last][0]).record if last is not None else None
+        return VerifyReport(sum(len(v) for v in self.by_seq.values()), self.problems, first_seq, last,
+                            head=head["digest"] if head is not None else None)
 
     def _link(self, e: _Entry, seq: int) -> None:
         assert self.last_seq is not None and e.record is not None

@@ -1,0 +1,152 @@
+"""The CLI's kubectl habits, through the real console script: a closed pipe, ``--version``, ``-f -``
+and ``-f DIR/``, ``-o yaml``, the same patch in every process, and ``demo`` from a wheel."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from importlib.metadata import version
+from pathlib import Path
+
+import jsonpatch
+import pytest
+import yaml
+
+from policies.bundle import BUILTIN_PREFIX, builtin_names
+from policies.patch_diff import make_patch
+from tests.unit.test_cli import ROOT, SCRIPT, STATE
+from webhook.cli import DEFAULT_BUNDLE
+
+JOBS = ROOT / "examples" / "jobs"
+PRIVILEGED = [*STATE, "--cluster-state", "examples/runtimes/mpi-privileged.yaml"]
+
+
+def run(*args: str, stdin: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True, input=stdin, env=env,
+                          timeout=60)
+
+
+@pytest.mark.parametrize("command", [["review"], ["policy", "explain"]])
+def test_a_closed_pipe_ends_quietly_with_the_sigpipe_status(command: list[str]) -> None:
+    """The reader is gone before the first write, as when `| head` has what it wants."""
+    process = subprocess.Popen([str(SCRIPT), *command, "-f", "examples/jobs/", *PRIVILEGED],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=60) == 141, stderr
+    assert stderr == ""
+
+
+def test_head_gets_the_first_line_and_no_traceback() -> None:
+    result = subprocess.run(["bash", "-c", f"{SCRIPT} review -f examples/jobs/ {' '.join(PRIVILEGED)} | head -1"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.stdout.startswith("ALLOWED  TrainJob team-a/resnet-allreduce")
+    assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr, result.stderr
+
+
+def test_the_default_bundle_named_without_importing_the_engine_is_the_builtin_one() -> None:
+    assert DEFAULT_BUNDLE == BUILTIN_PREFIX + "default" and "default" in builtin_names()
+
+
+def test_version_is_the_installed_distributions() -> None:
+    result = run("--version")
+    assert (result.returncode, result.stdout) == (0, f"trainjob-admission {version('trainjob-admission')}\n")
+
+
+def test_file_from_stdin_decides_as_the_file_does() -> None:
+    text = (JOBS / "over-quota.yaml").read_text()
+    from_stdin = run("review", "-f", "-", *STATE, "-o", "json", stdin=text)
+    from_file = run("review", "-f", "examples/jobs/over-quota.yaml", *STATE, "-o", "json")
+    assert from_stdin.returncode == from_file.returncode == 1
+    assert json.loads(from_stdin.stdout) == json.loads(from_file.stdout)
+
+
+def test_dash_n_gives_the_namespace_of_a_job_without_one() -> None:
+    job = yaml.safe_load((JOBS / "over-quota.yaml").read_text())
+    del job["metadata"]["namespace"]
+    result = run("review", "-f", "-", "-n", "team-a", *STATE, "-o", "json", stdin=json.dumps(job))
+    assert result.returncode == 1
+    assert [m["rule"] for m in json.loads(result.stdout)["messages"]] == ["default/quota"]
+
+
+def test_a_directory_decides_each_file_in_name_order() -> None:
+    result = run("review", "-f", "examples/jobs/", *PRIVILEGED, "-o", "json")
+    decisions = json.loads(result.stdout)
+    assert result.returncode == 1  # some are denied
+    names = sorted(p.name for p in JOBS.iterdir())
+    assert [d["decision"] for d in decisions] == [
+        json.loads(run("review", "-f", f"examples/jobs/{name}", *PRIVILEGED, "-o", "json").stdout)["decision"]
+        for name in names]
+
+
+def test_a_missing_file_and_an_empty_directory_are_one_line_with_the_fix(tmp_path: Path) -> None:
+    for target, words in ((tmp_path / "nope.yaml", "file not found"), (tmp_path, "holds no *.yaml, *.yml or *.json")):
+        result = run("policy", "explain", "-f", str(target), *STATE)
+        assert result.returncode == 3
+        assert result.stderr.count("\n") == 1 and words in result.stderr
+        assert "a directory of them, or - to read stdin" in result.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["review", "-f", "examples/jobs/", *PRIVILEGED],
+    ["policy", "explain", "-f", "examples/jobs/allowed.yaml", *STATE],
+    ["policy", "test", "builtin:default", "--cases", "examples/cases/default"],
+])
+def test_yaml_output_holds_what_json_does(args: list[str]) -> None:
+    as_json, as_yaml = run(*args, "-o", "json"), run(*args, "-o", "yaml")
+    assert as_json.returncode == as_yaml.returncode
+    assert yaml.safe_load(as_yaml.stdout) == json.loads(as_json.stdout)
+
+
+def test_the_patch_is_the_same_in_every_process() -> None:
+    """python-json-patch walks keys through sets: its order followed the hash seed."""
+    outputs = set()
+    for seed in ("0", "1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        outputs.add(run("review", "-f", "examples/jobs/allowed.yaml", *STATE, "-o", "json", env=env).stdout)
+    assert len(outputs) == 1
+    assert [op["path"] for op in json.loads(outputs.pop())["patch"]] == ["/metadata/labels", "/spec/runtimePatches"]
+
+
+@pytest.mark.parametrize("before, after", [
+    ({"a": 1, "b": {"c": [1, 2, 3]}}, {"b": {"c": [3, 1]}, "d": 1}),
+    ({"x": [{"n": 1}, {"n": 2}], "y": "s"}, {"x": [{"n": 2}], "z": {"n": 1}, "y": "t"}),
+])
+def test_the_ordered_patch_turns_before_into_after(before: dict, after: dict) -> None:
+    assert jsonpatch.apply_patch(before, make_patch(before, after)) == after
+
+
+def test_demo_runs_from_a_wheel_without_the_source_tree(tmp_path: Path) -> None:
+    """The sample jobs, runtimes and state are package data: a wheel in a fresh venv, run isolated
+    (-I) from elsewhere, decides them over HTTPS and verifies its log."""
+    pip = [str(Path(sys.executable).parent / "pip")]
+    subprocess.run([*pip, "wheel", "--no-deps", "-q", "-w", str(tmp_path / "wheel"), "."], cwd=ROOT, check=True,
+                   capture_output=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True, timeout=120)
+    python = str(tmp_path / "venv" / "bin" / "python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    # the dependencies from this venv's site-packages, as a path only: its .pth files (the editable
+    # install of the source tree) are not processed
+    Path(site, "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    wheel, = (tmp_path / "wheel").glob("trainjob_admission-*.whl")
+    subprocess.run([*pip, "--python", python, "install", "--no-deps", "-q", str(wheel)], check=True,
+                   capture_output=True, timeout=300)
+    result = subprocess.run([python, "-I", "-c", "import sys, webhook; print(webhook.__file__); "
+                             "from webhook.cli import main; sys.exit(main(['demo', '--workdir', 'demo']))"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith(site)
+    assert "--- too-many-gpus.yaml: TrainJob" in result.stdout and "-> DENIED" in result.stdout
+    assert "chain intact" in result.stdout
+
+
+def test_help_loads_neither_the_engine_nor_cel() -> None:
+    """`--help` and every command's parser start without the CEL compiler and the policy engine
+    (the decision log's readers once pulled them in through policies.decision), so help is quick."""
+    probe = ("import sys\nfrom webhook.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+             "print(sorted(m for m in ('celpy', 'lark', 'policies.engine', 'policies.cel') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout

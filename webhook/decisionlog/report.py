@@ -1,0 +1,58 @@
+"""A period of the decision log in numbers, for an auditor's review: submissions by decision, per
+namespace, user and failed rule, and the refusals seen most often.
+
+Each submission is reviewed twice (mutate, then validate); only the `validate` records count, as
+that review saw the mutated job and made the final decision."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Literal
+
+from .query import failed_rules, printable, shown_messages
+
+TOP = 10  # refusal messages listed
+
+
+class Summary:
+    """Counts of the `validate` records added: by decision overall and per namespace and user,
+    failures per rule, and the most frequent refusal messages. Records are counted as they are
+    read, never kept: a year of logs is millions of them."""
+
+    def __init__(self) -> None:
+        self.decisions: Counter[str] = Counter()
+        self.per: dict[str, dict[str, Counter[str]]] = {"namespaces": {}, "users": {}}
+        self.rules: Counter[str] = Counter()
+        self.refusals: Counter[str] = Counter()
+
+    def add(self, record: dict) -> None:
+        if record.get("endpoint") != "validate":
+            return
+        decision = str(record.get("decision", ""))
+        self.decisions[decision] += 1
+        for group, key in (("namespaces", "namespace"), ("users", "user")):
+            self.per[group].setdefault(str(record.get(key) or "-"), Counter())[decision] += 1
+        self.rules.update(failed_rules(record))
+        if decision == "deny":
+            self.refusals.update(shown_messages(record)[:1])
+
+    def as_dict(self) -> dict:
+        return {"submissions": sum(self.decisions.values()), "decisions": dict(self.decisions),
+                **{group: {name: dict(c) for name, c in sorted(counts.items())} for group, counts in self.per.items()},
+                "failedRules": dict(self.rules.most_common()),
+                "topRefusals": [{"message": m, "count": n} for m, n in self.refusals.most_common(TOP)]}
+
+
+def render_summary(summary: dict, fmt: Literal["text", "json"] = "text") -> str:
+    if fmt == "json":
+        return json.dumps(summary, indent=2, ensure_ascii=True) + "\n"
+    lines = [f"submissions: {summary['submissions']} ({_counts(summary['decisions'])})"]
+    for group in ("namespaces", "users"):
+        lines += [f"{group}:"] + [f"  {printable(name)}: {_counts(c)}" for name, c in summary[group].items()]
+    lines += ["failed rules:"] + [f"  {printable(rule)}: {n}" for rule, n in summary["failedRules"].items()]
+    lines += ["top refusals:"] + [f"  {r['count']} x {printable(r['message'])}" for r in summary["topRefusals"]]
+    return "\n".join(lines) + "\n"
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{decision} {n}" for decision, n in sorted(counts.items())) or "-"
