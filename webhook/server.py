@@ -36,6 +36,10 @@ BODY_READ_TIMEOUT = 10.0
 FIRST_REQUEST_TIMEOUT = 10.0
 TLS_HANDSHAKE_TIMEOUT = 10.0
 STOP_GRACE = 1.0
+# How long a stopping server waits for a connection's request to finish (aiohttp's default is 60 s):
+# by then evaluations have stopped (STOP_GRACE) and their answers are sent; a connection still busy
+# (one caught opening as the server stopped was seen to hold the stop for a minute) is cut.
+SHUTDOWN_TIMEOUT = STOP_GRACE + 3.0
 
 
 @dataclass
@@ -191,11 +195,13 @@ class WebhookServer:
         gc.freeze()
         # auto_decompress off: a compressed body would slip past the size and in-flight bounds,
         # which count the bytes sent (the API server never compresses AdmissionReviews).
-        self._runners = [web.AppRunner(self.app(), access_log=None, handle_signals=False, auto_decompress=False)]
+        self._runners = [web.AppRunner(self.app(), access_log=None, handle_signals=False, auto_decompress=False,
+                                       shutdown_timeout=SHUTDOWN_TIMEOUT)]
         port = await self._listen(self._runners[0], self.config.port, self.certs and self.certs.admission_context,
                                   "client certificates required" if self.config.client_ca_file else "")
         if self.config.probe_port is not None:
-            self._runners.append(web.AppRunner(self.probe_app(), access_log=None, handle_signals=False))
+            self._runners.append(web.AppRunner(self.probe_app(), access_log=None, handle_signals=False,
+                                               shutdown_timeout=SHUTDOWN_TIMEOUT))
             self.probe_port = await self._listen(self._runners[1], self.config.probe_port,
                                                  self.certs and self.certs.context, "/healthz, /readyz, /metrics")
         self._tasks.append(asyncio.create_task(self._reload_loop()))
