@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from . import effective_job, injections, limits, mutations, queueing, redaction
+from . import effective_job, injections, limits, mutations, objectcounts, queueing, quotascope, redaction
 from .bundle import Bundle, Injections, Mutations, accelerators, merged
 from .cel import Budget, CelEvalError, CompiledExpression, Fields, prune, to_cel, to_python
 from .checks.base import CheckContext, Finding
@@ -237,12 +237,12 @@ def _unchecked(request: AdmissionInput, state: ClusterState, active: list[Bundle
     quotas = state.namespace_quotas(name)
     if job is not None and not state.priority_classes and any(
             not ps.pod["spec"].get("priorityClassName") for ps in job.pod_sets) and any(
-            "PriorityClass" in str((q.get("spec") or {}).get("scopeSelector")) for q in quotas):
+            s.get("scopeName") == "PriorityClass" for q in quotas for s in quotascope.selectors(q)):
         # A pod naming no class gets the cluster's globalDefault one, which a quota scope may select.
         unchecked.append({"check": "quota scopes", "reason": "no PriorityClass (pods naming none get the cluster's default)"})
     if job is not None and not state.storage_classes and any(
             effective_job.claim_class(c) is None for c in job.volume_claims) and any(
-            ".storageclass.storage.k8s.io/" in key for q in quotas for key in (q.get("spec") or {}).get("hard") or {}):
+            objectcounts.STORAGE_CLASS_SUFFIX in key for q in quotas for key in (q.get("spec") or {}).get("hard") or {}):
         unchecked.append({"check": "quota", "reason": "no StorageClass (claims naming none get the cluster's default)"})
     classes = {ps.pod["spec"].get("runtimeClassName") for ps in job.pod_sets} if job is not None else set()
     for runtime_class in sorted(c for c in classes if isinstance(c, str) and c and state.runtime_class(c) is None):
