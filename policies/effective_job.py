@@ -7,6 +7,7 @@ v2.3.0; each step cites the upstream file it mirrors.
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
@@ -28,6 +29,8 @@ JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"  # jobset v0.12 api/jobset/
 MPIJOB_NAME_LABEL = "training.kubeflow.org/job-name"
 INT32_MAX = 2**31 - 1  # the CRDs' counts are int32
 MAX_REPLICATED_JOBS = 32  # after runtimePatches; real runtimes have 2-4 (initializers, launcher, node)
+# A field podvalidation names inside a container: "containers[name=x].resources.limits.cpu".
+_CONTAINER_REFUSAL = re.compile(r"(initContainers|containers)\[name=(.*?)\]\.(.*)", re.S)
 _JSON_TYPES = {str: "string", bool: "boolean", float: "number", list: "list", dict: "mapping"}
 
 
@@ -51,7 +54,7 @@ class PodSet:
     role: str  # launcher | worker (every replicated job that trains) | initializer
     count: int
     pod: dict  # {"metadata": {...}, "spec": {...}} after all overrides
-    source: str  # where the pod template lives, for field paths in messages
+    template: str  # where the pod template lives, for field paths in messages
     # Fields of the "node" container Trainer copies from spec.trainer: "image" (and command,
     # args), "resources" (resourcesPerNode). Messages name spec.trainer for these, else the template.
     from_trainer: frozenset[str] = frozenset()
@@ -62,6 +65,12 @@ class PodSet:
     # Containers Trainer adds to the pod (Flux's installer): judged, but no runtimePatch can name them.
     added_containers: frozenset[str] = frozenset()
     replicas: int = 1  # the batch Jobs JobSet creates for it, one per replica (object-count quotas)
+    patches: tuple[str, ...] = ()  # the runtimePatches that change its pods ("spec.runtimePatches[0]")
+
+    @property
+    def source(self) -> str:
+        """Where its pods come from, for messages: the template and the patches on it."""
+        return f"{self.template} with {', '.join(self.patches)}" if self.patches else self.template
 
     @property
     def gpu_count(self) -> int:
@@ -123,9 +132,13 @@ class EffectiveJob:
         return [ps for ps in self.pod_sets if ps.count]
 
     @property
+    def worker_count(self) -> int:
+        """Worker pods over every replicated job that trains (CEL ``job.workers``)."""
+        return sum(ps.count for ps in self.worker_sets)
+
+    @property
     def num_nodes(self) -> int:
-        workers = sum(ps.count for ps in self.worker_sets)
-        return workers + (1 if self.mpi.get("runLauncherAsNode") and self.launcher else 0)
+        return self.worker_count + (1 if self.mpi.get("runLauncherAsNode") and self.launcher else 0)
 
     def peak(self, amount: Callable[[PodSet], int]) -> tuple[int, list[PodSet]]:
         """The most of ``amount`` per pod the job holds at one moment: replicated jobs chained by
@@ -192,7 +205,7 @@ class EffectiveJob:
             "numNodes": self.num_nodes,
             "launcher": launcher.as_cel() if launcher else None,
             "worker": workers.as_cel() if workers else None,
-            "workers": sum(ps.count for ps in self.worker_sets),
+            "workers": self.worker_count,
             "podSets": [ps.as_cel() for ps in self.pod_sets],
             "images": sorted({image for ps in self.pod_sets for image in images_of(ps.pod.get("spec", {}))}),
             "totals": self.totals,
@@ -399,12 +412,35 @@ def _runtime_class_overhead(pod_spec: dict, state: ClusterState) -> dict | None:
     return dict(fixed) if isinstance(fixed, dict) and fixed else None
 
 
+def container_field(job: EffectiveJob, ps: PodSet, container: str, field: str, key: str = "containers") -> str:
+    """Where the submitter sets ``field`` ("image", "resources.requests.cpu") of one container of
+    ``ps`` (in its ``key`` list): spec.trainer where Trainer copies that field into the container,
+    else the pod template — an MPIJob's replica spec, a TrainJob's runtime via spec.runtimePatches
+    for the fields a patch keeps (policies/runtimepatch.py), the runtime alone for the rest."""
+    if job.kind != "TrainJob":
+        return f"spec.mpiReplicaSpecs.{ps.name.capitalize()}.template.spec.{key}[name={container}].{field}"
+    section = field.partition(".")[0]
+    if key == "containers" and container == NODE and section in ps.from_trainer:
+        return "spec.trainer.image" if section == "image" else f"spec.trainer.resourcesPerNode{field[len(section):]}"
+    if section in runtimepatch.CONTAINER_FIELDS:
+        return (f"{field} of {key}[name={container}] in replicatedJobs[{ps.name}] through spec.runtimePatches "
+                f"(now set by {ps.source})")
+    return runtime_only(f"{key}[name={container}].{field}", ps)
+
+
+def runtime_only(what: str, ps: PodSet) -> str:
+    """A value of a TrainJob's pod that only its runtime sets, named for a fix."""
+    return f"{what} of {ps.source} (only the runtime sets it; spec.runtimePatches cannot change it)"
+
+
 def _refusal_message(job: EffectiveJob, pod_set: PodSet, refused: list[tuple[str, str]]) -> str:
-    """The first refusal, at the field the submitter sets: spec.trainer.resourcesPerNode for the
-    node container Trainer fills from it, else the pod template."""
+    """The first refusal, at the field the submitter sets: a container's through container_field
+    (spec.trainer.resourcesPerNode for the node container Trainer fills from it), else the pod's."""
     field, problem = refused[0]
-    if job.kind == "TrainJob" and "resources" in pod_set.from_trainer and field.startswith(f"containers[name={NODE}]"):
-        where = "spec.trainer.resourcesPerNode" + field.split(".resources", 1)[1]
+    in_container = _CONTAINER_REFUSAL.fullmatch(field)
+    if in_container:
+        key, container, rest = in_container.groups()
+        where = container_field(job, pod_set, container, rest, key)
     elif job.kind == "TrainJob":
         where = f"{field} in {pod_set.source} (the runtime sets it; spec.runtimePatches cannot change it)"
     else:
@@ -535,12 +571,11 @@ def from_trainjob(trainjob: dict, state: ClusterState,
 
         # JobSet labels every pod with the JobSet name, which is the TrainJob's name.
         pod["metadata"]["labels"] = {**(pod["metadata"].get("labels") or {}), JOBSET_NAME_LABEL: name}
-        source = f"{runtime_name}, replicatedJobs[{rjob_name}] pod template"
-        if rjob_name in patched_by:
-            source += f" with {', '.join(patched_by[rjob_name])}"
-        pod_sets.append(_finish(PodSet(rjob_name, _role(rjob_name, ancestor, mpi_policy is not None),
-                                       replicas * count, pod, source, frozenset(from_trainer),
-                                       depends_on=_depends_on(rjob), replicas=replicas, added_containers=added),
+        pod_sets.append(_finish(PodSet(rjob_name, _role(rjob_name, ancestor, mpi_policy is not None), replicas * count,
+                                       pod, f"{runtime_name}, replicatedJobs[{rjob_name}] pod template",
+                                       frozenset(from_trainer),
+                                       depends_on=_depends_on(rjob), added_containers=added, replicas=replicas,
+                                       patches=tuple(patched_by.get(rjob_name, ()))),
                                 accelerators))
 
     mpi: dict[str, Any] = {}
@@ -600,8 +635,7 @@ def with_patch(job: EffectiveJob, obj: dict, index: int) -> EffectiveJob:
     for ps in job.pod_sets:
         pod_patch = _pod_template(by_name[ps.name]) if ps.name in by_name else None
         if pod_patch:
-            joined = ", " if " with spec.runtimePatches[" in ps.source else " with "
-            ps = replace(ps, pod=smp.merge(ps.pod, pod_patch), source=f"{ps.source}{joined}spec.runtimePatches[{index}]")
+            ps = replace(ps, pod=smp.merge(ps.pod, pod_patch), patches=(*ps.patches, f"spec.runtimePatches[{index}]"))
         pod_sets.append(ps)
     return replace(job, labels=dict((obj.get("metadata") or {}).get("labels") or {}), pod_sets=pod_sets)
 

@@ -2,8 +2,7 @@
 the field to change, not the pod Trainer will build from it."""
 from __future__ import annotations
 
-from ..effective_job import NODE, EffectiveJob, PodSet
-from ..runtimepatch import CONTAINER_FIELDS
+from ..effective_job import EffectiveJob, PodSet, runtime_only
 
 
 def plural(count: int, word: str) -> str:
@@ -30,20 +29,4 @@ def per_worker_field(job: EffectiveJob, section: str, resource: str, worker: Pod
         return f"spec.mpiReplicaSpecs.{(worker.name if worker else 'worker').capitalize()}.template.spec.containers[*].resources.{path}"
     if worker is None or "resources" in worker.from_trainer:
         return f"spec.trainer.resourcesPerNode.{path}"
-    return f"resources.{path} in {worker.source} (a runtime your admin manages; spec.runtimePatches cannot set it)"
-
-
-def container_field(job: EffectiveJob, ps: PodSet, container: str, field: str, key: str = "containers") -> str:
-    """Where the submitter sets ``field`` ("image", "resources.requests.cpu") of one container of
-    ``ps`` (in its ``key`` list): spec.trainer where Trainer copies that field into the container,
-    else the pod template — an MPIJob's replica spec, a TrainJob's runtime via spec.runtimePatches."""
-    if job.kind != "TrainJob":
-        return f"spec.mpiReplicaSpecs.{ps.name.capitalize()}.template.spec.{key}[name={container}].{field}"
-    section = field.partition(".")[0]
-    if key == "containers" and container == NODE and section in ps.from_trainer:
-        return "spec.trainer.image" if section == "image" else f"spec.trainer.resourcesPerNode{field[len(section):]}"
-    if section in CONTAINER_FIELDS:
-        return (f"{field} of {key}[name={container}] in replicatedJobs[{ps.name}] through spec.runtimePatches "
-                f"(now set by {ps.source})")
-    return (f"{key}[name={container}].{field} of {ps.source} (only the runtime sets it; spec.runtimePatches "
-            "cannot change it)")
+    return runtime_only(f"resources.{path}", worker)

@@ -11,11 +11,11 @@ refused earlier, with every other pod the API server refuses (policies/podvalida
 from __future__ import annotations
 
 from ..bundle import LimitRangeCheck
-from ..effective_job import EffectiveJob, PodSet, pod_resources
+from ..effective_job import EffectiveJob, PodSet, container_field, pod_resources
 from ..limitranger import items
 from ..resources import QuantityError, format_amount, numbers
 from .base import CheckContext, Finding
-from .fields import container_field, resource_path
+from .fields import resource_path
 
 REFUSED = "Kubernetes will refuse to create these pods"
 

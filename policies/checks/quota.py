@@ -14,14 +14,14 @@ from __future__ import annotations
 from typing import Iterable
 
 from ..bundle import QuotaCheck
-from ..effective_job import EffectiveJob, PodSet
+from ..effective_job import EffectiveJob, PodSet, container_field
 from ..objectcounts import counts_key, objects
 from ..quotademand import POD_COMPUTE, Need, needs, pod_key, unenforced
 from ..queueing import runs_elsewhere, suspended
 from ..quotascope import describe, is_scoped, matching
 from ..resources import QuantityError, format_amount, numbers
 from .base import CheckContext, Finding
-from .fields import container_field, plural, resource_path, workers_field
+from .fields import plural, resource_path, workers_field
 
 REQUIRED = ("cpu", "memory")  # pods.go validationSet: a quota on these needs a value in every container
 RAISE = "ask your admin to raise the quota"

@@ -3,10 +3,10 @@ required labels."""
 from __future__ import annotations
 
 from ..bundle import ShapeCheck
-from ..effective_job import EffectiveJob, containers_of
+from ..effective_job import EffectiveJob, container_field, containers_of
 from ..resources import format_amount, to_number
 from .base import CheckContext, Finding
-from .fields import container_field, per_worker_field, workers_field
+from .fields import per_worker_field, workers_field
 
 
 def image_registry(image: str) -> str:

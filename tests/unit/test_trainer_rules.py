@@ -364,3 +364,24 @@ def test_junk_runtime_patch_entries_do_not_crash_the_mutation(build, make_bundle
     decision = review(obj, [make_bundle({"mutations": {"securityDefaults": {"enabled": True}}})],
                       build.state(runtime, build.namespace()))
     assert decision.allowed and decision.patch
+
+
+def test_a_refused_sidecar_is_named_where_it_is_set(build, example_job, example_state):
+    """A container refusal goes through the same container_field the checks' fixes use: the
+    runtime's container for a TrainJob (a patch cannot change resources), the replica spec for an
+    MPIJob."""
+    pod = build.pod_spec()
+    pod["containers"].append({"name": "exporter", "image": "quay.io/acme/exporter:1",
+                              "resources": {"requests": {"nvidia.com/gpu": 1}, "limits": {"nvidia.com/gpu": 2}}})
+    with pytest.raises(JobModelError, match=re.escape(
+            "node pods would be refused by Kubernetes: containers[name=exporter].resources.requests.nvidia.com/gpu of "
+            "ClusterTrainingRuntime rt, replicatedJobs[node] pod template (only the runtime sets it; "
+            "spec.runtimePatches cannot change it): request 1 differs from limit 2")):
+        _job(build, _runtime(_rjob("node", pod, ancestor="trainer"), ml_policy={"torch": {}}))
+    mpijob = example_job("legacy-mpijob")
+    container = mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    container["resources"] = {"requests": {"nvidia.com/gpu": 1}, "limits": {"nvidia.com/gpu": 2}}
+    with pytest.raises(JobModelError, match=re.escape(
+            f"worker pods would be refused by Kubernetes: spec.mpiReplicaSpecs.Worker.template.spec."
+            f"containers[name={container['name']}].resources.requests.nvidia.com/gpu: request 1 differs")):
+        effective(mpijob, example_state)
