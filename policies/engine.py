@@ -309,7 +309,8 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
         })
         context = CheckContext(job, namespace, state.namespace_quotas(request.namespace),
                                _old_job(request, state, active), mutated, request.old_object,
-                               state.namespace_limit_ranges(request.namespace), planned)
+                               state.namespace_limit_ranges(request.namespace), planned, state,
+                               request.operation, request.username, tuple(request.groups))
         for bundle in active:
             budget.check()
             results += _checks(bundle, context)

@@ -21,10 +21,11 @@ SNAPSHOT_SUFFIX = "-runtime-snapshot"
 # kind -> the ClusterState attribute holding it
 _ATTR = {"ClusterTrainingRuntime": "cluster_runtimes", "TrainingRuntime": "runtimes", "Namespace": "namespaces",
          "ResourceQuota": "quotas", "LimitRange": "limit_ranges", "Node": "nodes", "ConfigMap": "snapshots",
-         "RuntimeClass": "runtime_classes", "PriorityClass": "priority_classes", "StorageClass": "storage_classes"}
+         "RuntimeClass": "runtime_classes", "PriorityClass": "priority_classes", "StorageClass": "storage_classes",
+         "Pod": "pods"}
 KINDS = tuple(_ATTR)
 _PER_NAMESPACE = ("ResourceQuota", "LimitRange")  # kept as {namespace: {name: object}}
-_NAMESPACED = ("TrainingRuntime", "ConfigMap")  # kept as {(namespace, name): object}
+_NAMESPACED = ("TrainingRuntime", "ConfigMap", "Pod")  # kept as {(namespace, name): object}
 
 
 DEFAULT_STORAGE_CLASS_ANNOTATIONS = ("storageclass.kubernetes.io/is-default-class",
@@ -53,6 +54,9 @@ class ClusterState:
     storage_classes: dict[str, dict] = field(default_factory=dict)  # the default (DefaultStorageClass admission)
     nodes: dict[str, dict] = field(default_factory=dict)
     snapshots: dict[tuple[str, str], dict] = field(default_factory=dict)  # ConfigMaps named *-runtime-snapshot
+    # Pods bound to a node and not finished, slimmed to what they request (node_usage): what the
+    # nodes' free capacity is now. None: not known (offline without Pods in the state file).
+    pods: dict[tuple[str, str], dict] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     def upsert(self, obj: dict) -> None:
@@ -66,8 +70,9 @@ class ClusterState:
         if kind not in _ATTR or not _kept(kind, obj):
             return
         key = _key(kind, obj)
+        obj = _slim(kind, obj)
         with self._lock:
-            items = dict(getattr(self, _ATTR[kind]))
+            items = dict(getattr(self, _ATTR[kind]) or {})
             if kind in _PER_NAMESPACE:
                 inner = dict(items.get(key[0], {}))
                 _put(inner, key[1], obj, keep)
@@ -83,7 +88,7 @@ class ClusterState:
             raise ValueError(f"unknown kind {kind!r}")
         items: dict = {}
         for obj in filter(lambda o: _kept(kind, o), objects):
-            key = _key(kind, obj)
+            key, obj = _key(kind, obj), _slim(kind, obj)
             if kind in _PER_NAMESPACE:
                 items.setdefault(key[0], {})[key[1]] = obj
             else:
@@ -172,8 +177,40 @@ def _key(kind: str, obj: dict) -> Any:
 
 
 def _kept(kind: str, obj: dict) -> bool:
-    """Of ConfigMaps only Trainer's runtime snapshots (a state file may hold any)."""
-    return kind != "ConfigMap" or str((obj.get("metadata") or {}).get("name", "")).endswith(SNAPSHOT_SUFFIX)
+    """Of ConfigMaps only Trainer's runtime snapshots (a state file may hold any); of Pods only
+    those bound to a node and not finished (what holds a node's capacity now)."""
+    if kind == "ConfigMap":
+        return str((obj.get("metadata") or {}).get("name", "")).endswith(SNAPSHOT_SUFFIX)
+    if kind == "Pod":
+        return bool((obj.get("spec") or {}).get("nodeName")) and (obj.get("status") or {}).get("phase") not in FINISHED
+    return True
+
+
+FINISHED = ("Succeeded", "Failed")
+# What is kept of a Node and of a Pod: the rest (a node's image list, a pod's env and volumes) is
+# large and never read. {section: fields}; a container keeps its name and resources.
+_SLIM = {"Node": {"metadata": ("name", "labels"), "spec": ("taints", "unschedulable"), "status": ("allocatable",)},
+         "Pod": {"metadata": ("name", "namespace"), "spec": ("nodeName", "overhead", "resources"), "status": ("phase",)}}
+
+
+def _slim(kind: str, obj: dict) -> dict:
+    fields = _SLIM.get(kind)
+    if fields is None:
+        return obj
+    slim: dict = {"apiVersion": obj.get("apiVersion", "v1"), "kind": kind}
+    for section, keys in fields.items():
+        part = obj.get(section)
+        if isinstance(part, dict):
+            slim[section] = {k: part[k] for k in keys if k in part}
+    if kind == "Pod":
+        spec = obj.get("spec") or {}
+        for key in ("containers", "initContainers"):
+            containers = spec.get(key)
+            if isinstance(containers, list):
+                slim.setdefault("spec", {})[key] = [
+                    {k: c[k] for k in ("name", "resources", "restartPolicy") if k in c}
+                    for c in containers if isinstance(c, dict)]
+    return slim
 
 
 def _by_name(objects: dict[str, dict]) -> list[dict]:

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..effective_job import EffectiveJob
+from ..state import ClusterState
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,10 @@ class CheckContext:
     old_object: dict | None = None  # on UPDATE, the stored object before the change
     limit_ranges: list[dict] = field(default_factory=list)  # the namespace's LimitRanges
     injections: list[dict] = field(default_factory=list)  # what the server will create beside it (object-count quotas)
+    state: ClusterState = field(default_factory=ClusterState)  # the cluster around it (Nodes, Pods on them)
+    operation: str = "CREATE"
+    username: str = ""  # who submits (request.userInfo): exceptions only some users may grant
+    groups: tuple[str, ...] = ()
 
 
 Check = Callable[[CheckContext, Any], list[Finding]]  # (context, the check's settings model) -> findings

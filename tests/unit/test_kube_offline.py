@@ -41,7 +41,7 @@ def test_replace_drops_what_is_gone_for_that_kind_only():
     StateSink(state, "TrainingRuntime").apply("ADDED", {"kind": "TrainingRuntime", "metadata": {"namespace": "b", "name": "rt"}})
     assert state.runtime("b", {"kind": "TrainingRuntime", "name": "rt"})
     with pytest.raises(ValueError):
-        state.replace("Pod", [])
+        state.replace("Secret", [])
 
 
 def test_resource_paths():
