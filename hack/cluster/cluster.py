@@ -111,11 +111,27 @@ DEFAULT_PORTS = {
 LOOPBACK = "127.0.0.1"
 SERVICE_CIDR = "10.96.0.0/16"  # virtual only: nothing here routes or is ever contacted
 
-# Fake nodes that KWOK keeps Ready.
+# Fake nodes that KWOK keeps Ready, of several shapes (the schedulability pre-check and GPU node
+# targeting): two untainted 8-GPU nodes, a CPU-only node, and GPU nodes tainted as the NVIDIA GPU
+# operator's clusters often are, labelled with their product. Keys other than name, labels and
+# taints are the node's capacity (= allocatable).
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 NODES = [
-    {"name": f"kwok-node-{i}", "cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "8", "pods": "110"}
-    for i in range(2)
+    *({"name": f"kwok-node-{i}", "cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "8", "pods": "110",
+       "labels": {"nvidia.com/gpu.present": "true"}} for i in range(2)),
+    {"name": "kwok-cpu-0", "cpu": "16", "memory": "64Gi", "pods": "110", "labels": {}},
+    *({"name": f"kwok-a100-{i}", "cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8", "pods": "110",
+       "labels": {"nvidia.com/gpu.present": "true", GPU_PRODUCT_LABEL: "NVIDIA-A100-SXM4-80GB"},
+       "taints": [GPU_TAINT]} for i in range(2)),
+    {"name": "kwok-l4-0", "cpu": "32", "memory": "128Gi", "nvidia.com/gpu": "4", "pods": "110",
+     "labels": {"nvidia.com/gpu.present": "true", GPU_PRODUCT_LABEL: "NVIDIA-L4"}, "taints": [GPU_TAINT]},
 ]
+
+
+def node_capacity(node: dict) -> dict:
+    return {k: v for k, v in node.items() if k not in ("name", "labels", "taints")}
+
 
 NAMESPACES = {"team-a": "alice", "team-b": "bob"}
 
@@ -791,14 +807,13 @@ def _bootstrap_objects() -> list:
 def _node_objects() -> list:
     out = []
     for n in NODES:
-        res = {k: v for k, v in n.items() if k != "name"}
+        res = node_capacity(n)
         out.append({"apiVersion": "v1", "kind": "Node",
                     "metadata": {"name": n["name"],
                                  "labels": {"type": "kwok", "kubernetes.io/hostname": n["name"],
-                                            "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-                                            "nvidia.com/gpu.present": "true"},
+                                            "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", **n["labels"]},
                                  "annotations": {"kwok.x-k8s.io/node": "fake"}},
-                    "spec": {},
+                    "spec": {"taints": n.get("taints", [])},
                     "status": {"capacity": res, "allocatable": res}})
     return out
 
@@ -982,7 +997,7 @@ def _start(t0: float, timeout: float) -> dict:
     apply_objects(_bootstrap_objects())
     apply_objects(_node_objects())
     for n in NODES:  # status is not taken from a create; set capacity explicitly
-        res = {k: v for k, v in n.items() if k != "name"}
+        res = node_capacity(n)
         kubectl("patch", "node", n["name"], "--subresource=status", "--type=merge",
                 "-p", json.dumps({"status": {"capacity": res, "allocatable": res}}))
     jobset_dir, trainer_dir = module_dir("jobset"), module_dir("trainer")
@@ -1103,9 +1118,9 @@ def _start(t0: float, timeout: float) -> dict:
         items = json.loads(kubectl("get", "nodes", "-o", "json").stdout)["items"]
         ok = [n for n in items if any(c["type"] == "Ready" and c["status"] == "True"
                                       for c in n["status"].get("conditions", []))
-              and not any(t["effect"] in ("NoSchedule", "NoExecute") for t in n["spec"].get("taints", []))]
+              and not any(t["key"].startswith("node.kubernetes.io/") for t in n["spec"].get("taints", []))]
         return len(ok) == len(NODES)
-    _wait("KWOK nodes Ready and untainted", lambda: (_check_running(state), nodes_ready())[1], left(), interval=0.5)
+    _wait("KWOK nodes Ready (without the node controller's not-ready taints)", lambda: (_check_running(state), nodes_ready())[1], left(), interval=0.5)
     for ns in NAMESPACES:
         _wait(f"serviceaccount default in {ns}",
               lambda: kubectl("get", "sa", "default", "-n", ns, check=False).returncode == 0, left())

@@ -238,6 +238,8 @@ def test_base_rbac_is_least_privilege(base):
         ("", "namespaces"): {"get", "list", "watch"},
         ("", "resourcequotas"): {"get", "list", "watch"},
         ("", "limitranges"): {"get", "list", "watch"},
+        ("", "nodes"): {"list", "watch"},  # the schedulability pre-check; never get (nor proxy)
+        ("", "pods"): {"list", "watch"},
         ("", "configmaps"): {"get"},  # a job's runtime snapshot, by name: never list or watch
         ("node.k8s.io", "runtimeclasses"): {"get", "list", "watch"},
         ("scheduling.k8s.io", "priorityclasses"): {"get", "list", "watch"},
@@ -553,7 +555,7 @@ def test_service_account_has_least_privilege(installed, kubectl):
                ("watch", "trainjobs.trainer.kubeflow.org", "-A"), ("get", "mpijobs.kubeflow.org", "-n", "team-a"),
                ("list", "resourcequotas", "-A"), ("watch", "limitranges", "-A"), ("watch", "namespaces"),
                ("watch", "runtimeclasses.node.k8s.io"), ("watch", "priorityclasses.scheduling.k8s.io"),
-               ("watch", "storageclasses.storage.k8s.io"),
+               ("watch", "storageclasses.storage.k8s.io"), ("watch", "nodes"), ("list", "pods", "-A"),
                ("watch", "policybundles.policy.trainjob-admission.io"),
                ("patch", "policybundles.policy.trainjob-admission.io", "--subresource=status"),
                ("create", "secrets", "-n", "team-a"), ("delete", "secrets", "-n", "team-a"),

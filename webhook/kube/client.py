@@ -120,12 +120,11 @@ def api_failure(status: int, payload: dict, what: str, reason: str = "") -> Exce
 
 
 def list_all(api: KubeApi, resource: Resource, *, namespace: str | None = None, label_selector: str | None = None,
+             field_selector: str | None = None,
              timeout: tuple[float, float] = REQUEST_TIMEOUT) -> tuple[list[dict], str]:
     """Every object (paged), each with kind/apiVersion set, and the list's resourceVersion."""
     items: list[dict] = []
-    query: dict[str, str] = {"limit": str(LIST_PAGE)}
-    if label_selector:
-        query["labelSelector"] = label_selector
+    query: dict[str, str] = {"limit": str(LIST_PAGE), **selectors(label_selector, field_selector)}
     while True:
         page = call_json(api, "GET", resource.path(namespace), query=query, timeout=timeout)
         items += [clean(resource, item) for item in page.get("items") or []]
@@ -133,6 +132,12 @@ def list_all(api: KubeApi, resource: Resource, *, namespace: str | None = None, 
         if not meta.get("continue"):
             return items, meta.get("resourceVersion", "")
         query["continue"] = meta["continue"]
+
+
+def selectors(label_selector: str | None, field_selector: str | None) -> dict[str, str]:
+    """The query parameters that narrow a list or watch."""
+    query = {"labelSelector": label_selector, "fieldSelector": field_selector}
+    return {key: value for key, value in query.items() if value}
 
 
 def clean(resource: Resource, obj: dict) -> dict:

@@ -26,9 +26,13 @@ LIMIT_RANGES = Resource("LimitRange", "v1", "limitranges")
 RUNTIME_CLASSES = Resource("RuntimeClass", "node.k8s.io/v1", "runtimeclasses")  # pod overhead
 PRIORITY_CLASSES = Resource("PriorityClass", "scheduling.k8s.io/v1", "priorityclasses")  # the global default
 STORAGE_CLASSES = Resource("StorageClass", "storage.k8s.io/v1", "storageclasses")  # the default class
-# What evaluate reads. Nodes are not watched: no check uses them (ClusterState keeps the slot).
+NODES = Resource("Node", "v1", "nodes")  # the schedulability pre-check: what the nodes offer
+PODS = Resource("Pod", "v1", "pods")  # ... and what the pods bound to them hold now
+# What evaluate reads.
 STATE_RESOURCES = (CLUSTER_TRAINING_RUNTIMES, TRAINING_RUNTIMES, NAMESPACES, RESOURCE_QUOTAS, LIMIT_RANGES,
-                   RUNTIME_CLASSES, PRIORITY_CLASSES, STORAGE_CLASSES)
+                   RUNTIME_CLASSES, PRIORITY_CLASSES, STORAGE_CLASSES, NODES, PODS)
+# Of the pods, only those on a node and not finished (a pod that finishes leaves the watch as DELETED).
+FIELD_SELECTORS = {PODS: "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"}
 
 # Trainer's runtime snapshot of one job, read by name on its UPDATE (webhook/snapshots.py): get only.
 CONFIG_MAPS = Resource("ConfigMap", "v1", "configmaps")

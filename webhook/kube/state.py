@@ -5,9 +5,9 @@ from __future__ import annotations
 from policies.state import ClusterState
 
 from .client import ApiError, ClusterUnreachable, KubeApi, api_client, call_json, clean, list_all
-from .resources import (CLUSTER_TRAINING_RUNTIMES, LIMIT_RANGES, NAMESPACES, PRIORITY_CLASSES, RESOURCE_QUOTAS,
-                        RUNTIME_CLASSES, STATE_RESOURCES, STORAGE_CLASSES,
-                        TRAINING_RUNTIMES)
+from .resources import (CLUSTER_TRAINING_RUNTIMES, FIELD_SELECTORS, LIMIT_RANGES, NAMESPACES, NODES, PODS,
+                        PRIORITY_CLASSES, RESOURCE_QUOTAS, RUNTIME_CLASSES, STATE_RESOURCES, STORAGE_CLASSES,
+                        TRAINING_RUNTIMES, Resource)
 from .watch import Watcher
 
 
@@ -28,23 +28,24 @@ class StateSink:
 
 
 def state_watchers(api: KubeApi, state: ClusterState) -> list[Watcher]:
-    return [Watcher(api, resource, StateSink(state, resource.kind)) for resource in STATE_RESOURCES]
+    return [Watcher(api, resource, StateSink(state, resource.kind), field_selector=FIELD_SELECTORS.get(resource))
+            for resource in STATE_RESOURCES]
 
 
 def read_state(kubeconfig: str, namespace: str) -> ClusterState:
     """The runtimes, the Namespace, its ResourceQuotas and LimitRanges, the Runtime-, Priority- and
-    StorageClasses, read once (each call with a timeout)."""
+    StorageClasses, read once (each call with a timeout); the Nodes and the pods bound to them when
+    the user may list them (a namespace user usually may not: the schedulability pre-check is then
+    left out, and ``review --strict`` says so)."""
     api = api_client(kubeconfig)
     try:
         objects: list[dict] = []
         for resource, ns in ((CLUSTER_TRAINING_RUNTIMES, None), (TRAINING_RUNTIMES, namespace), (RESOURCE_QUOTAS, namespace),
                              (LIMIT_RANGES, namespace), (RUNTIME_CLASSES, None), (PRIORITY_CLASSES, None),
                              (STORAGE_CLASSES, None)):
-            try:
-                objects += list_all(api, resource, namespace=ns)[0]
-            except ApiError as exc:
-                if exc.status != 404:  # 404: the Trainer CRDs (or node.k8s.io) are not served; none then
-                    raise
+            objects += _listed(api, resource, ns, absent=(404,)) or []  # 404: the Trainer CRDs (or node.k8s.io) are not served
+        nodes = _listed(api, NODES, None, absent=(403, 404)) or []
+        pods = _listed(api, PODS, None, absent=(403, 404)) if nodes else None
         try:
             objects.append(clean(NAMESPACES, call_json(api, "GET", NAMESPACES.path(name=namespace))))
         except ApiError as exc:
@@ -54,9 +55,22 @@ def read_state(kubeconfig: str, namespace: str) -> ClusterState:
         raise ClusterUnreachable(
             f"the Kubernetes API server at {api.describe()} refused a read: {exc}. "
             "Use a kubeconfig whose user may list runtimes, resourcequotas, limitranges, runtimeclasses, "
-            "priorityclasses and storageclasses and get "
+            "priorityclasses and storageclasses (and nodes and pods, for the schedulability pre-check) and get "
             "the namespace, "
             "or export them with kubectl and pass --cluster-state") from None
     finally:
         api.close()
-    return ClusterState.from_objects(objects)
+    state = ClusterState.from_objects(objects + nodes)
+    if pods is not None:
+        state.replace("Pod", pods)  # known, even when none: the nodes' free capacity is all of it
+    return state
+
+
+def _listed(api: KubeApi, resource: Resource, namespace: str | None, absent: tuple[int, ...]) -> list[dict] | None:
+    """Every ``resource`` object; None when the API answers with a status in ``absent``."""
+    try:
+        return list_all(api, resource, namespace=namespace, field_selector=FIELD_SELECTORS.get(resource))[0]
+    except ApiError as exc:
+        if exc.status not in absent:
+            raise
+        return None

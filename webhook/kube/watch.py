@@ -18,7 +18,7 @@ from typing import Iterator, Protocol
 
 import urllib3
 
-from .client import CONNECT_TIMEOUT, ApiError, Expired, KubeApi, api_failure, clean, list_all, request
+from .client import CONNECT_TIMEOUT, ApiError, Expired, KubeApi, api_failure, clean, list_all, request, selectors
 from .resources import Resource
 
 log = logging.getLogger("trainjob_admission.kube.watch")
@@ -39,8 +39,9 @@ class Watcher:
     after 410 Gone."""
 
     def __init__(self, api: KubeApi, resource: Resource, sink: Sink, *, label_selector: str | None = None,
-                 namespace: str | None = None):
+                 field_selector: str | None = None, namespace: str | None = None):
         self.api, self.resource, self.sink, self.label_selector = api, resource, sink, label_selector
+        self.field_selector = field_selector  # objects that stop matching arrive as DELETED
         self.namespace = namespace
         self.resource_version: str | None = None
         self.synced = threading.Event()  # set after the first complete list
@@ -113,7 +114,8 @@ class Watcher:
         self._stop.wait(MISSING_CRD_RECHECK)
 
     def _relist(self) -> None:
-        items, version = list_all(self.api, self.resource, namespace=self.namespace, label_selector=self.label_selector)
+        items, version = list_all(self.api, self.resource, namespace=self.namespace, label_selector=self.label_selector,
+                                  field_selector=self.field_selector)
         self.sink.replace(items)
         self.resource_version = version
         self.relists += 1
@@ -123,9 +125,7 @@ class Watcher:
     def _watch(self) -> None:
         seconds = WATCH_SECONDS + random.randint(0, 15)  # spread the watches' reconnects
         query = {"watch": "true", "resourceVersion": self.resource_version or "", "allowWatchBookmarks": "true",
-                 "timeoutSeconds": str(seconds)}
-        if self.label_selector:
-            query["labelSelector"] = self.label_selector
+                 "timeoutSeconds": str(seconds), **selectors(self.label_selector, self.field_selector)}
         response = request(self.api, "GET", self.resource.path(self.namespace), query=query,
                            timeout=(CONNECT_TIMEOUT, seconds + 15))
         raw = response.response
