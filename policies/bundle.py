@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from . import imageref
 from .cel import CelCompileError, CompiledExpression, compile_expression
 from .resources import DEFAULT_ACCELERATORS, QuantityError, to_decimal
 
@@ -144,12 +145,95 @@ class LimitRangeCheck(Strict):
     enabled: bool = True
 
 
+class SchedulabilityCheck(Strict):
+    """Refuse a job whose pods the cluster's nodes can never hold (policies/nodefit.py)."""
+
+    enabled: bool = True
+    warnWhenBusy: bool = True  # admit with a warning when it fits the nodes but not their free room now
+    # Kueue ResourceFlavors may add tolerations when they admit a queued job: then a taint alone
+    # does not refuse it (a warning instead). False where your flavors add none.
+    queueAddsTolerations: bool = True
+    # Resources not judged (fnmatch patterns): the scheduler's ignoredResources, or extended
+    # resources a DRA DeviceClass serves (DRAExtendedResource) on nodes that do not list them.
+    ignoredResources: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(default=[], max_length=64)
+
+
+class DurationOverride(Strict):
+    """Limits for some namespaces and/or some groups of submitters (both, when both are set)."""
+
+    namespaces: list[str] = []  # empty: every namespace
+    groups: list[str] = []  # the submitter's groups (request.userInfo.groups); empty: everyone
+    defaultSeconds: int | None = Field(default=None, ge=1)  # unset: the check's own
+    maxSeconds: int | None = Field(default=None, ge=1)
+
+    def matches(self, namespace: str, groups: Sequence[str]) -> bool:
+        return ((not self.namespaces or namespace in self.namespaces)
+                and (not self.groups or any(g in self.groups for g in groups)))
+
+
+class DurationExceptions(Strict):
+    """Who may let one job run past its maximum by setting the exception annotation on it."""
+
+    users: list[str] = []
+    groups: list[str] = []
+
+
+class DurationCheck(Strict):
+    """spec.activeDeadlineSeconds (runPolicy.activeDeadlineSeconds of an MPIJob): a default that
+    /mutate sets on jobs without one, a maximum, and overrides (the first that matches wins)."""
+
+    enabled: bool = True
+    defaultSeconds: int | None = Field(default=None, ge=1)
+    maxSeconds: int | None = Field(default=None, ge=1)
+    overrides: list[DurationOverride] = Field(default=[], max_length=256)
+    exceptions: DurationExceptions = DurationExceptions()
+
+    @model_validator(mode="after")
+    def _default_within_maximum(self) -> "DurationCheck":
+        """A default over its maximum would have /mutate set what /validate then refuses."""
+        for where, default, maximum in [("", self.defaultSeconds, self.maxSeconds)] + [
+                (f"overrides[{i}]: ", o.defaultSeconds or self.defaultSeconds, o.maxSeconds or self.maxSeconds)
+                for i, o in enumerate(self.overrides)]:
+            if default is not None and maximum is not None and default > maximum:
+                raise ValueError(f"{where}defaultSeconds {default} is over maxSeconds {maximum}")
+        return self
+
+
+class ImagePair(Strict):
+    """A launcher image that may run beside a different worker image (policies/imageref.py ImageRef.covers)."""
+
+    launcher: str
+    worker: str
+
+    @field_validator("launcher", "worker")
+    @classmethod
+    def _reference(cls, value: str) -> str:
+        try:
+            imageref.parse(value)
+        except imageref.InvalidImage as exc:
+            raise ValueError(f"{value!r}: {exc}") from None
+        return value
+
+
+class ImageCheck(Strict):
+    """Image references (policies/checks/images.py): valid always; pinned by digest and one image
+    across the launcher and the workers when asked."""
+
+    enabled: bool = True
+    requireDigest: bool = False
+    sameImage: Literal["deny", "warn", "ignore"] = "deny"
+    allowedPairs: list[ImagePair] = Field(default=[], max_length=256)
+
+
 class Checks(Strict):
     quota: QuotaCheck | None = None
     gpu: GpuCheck | None = None
     shape: ShapeCheck | None = None
     podSecurity: PodSecurityCheck | None = None
     limitRange: LimitRangeCheck | None = None
+    duration: DurationCheck | None = None
+    images: ImageCheck | None = None
+    schedulability: SchedulabilityCheck | None = None
 
 
 class IstioMutation(Strict):
@@ -172,11 +256,78 @@ class CostLabelsMutation(Strict):
     fromNamespaceLabels: list[str] = []
 
 
+# A node label value (apimachinery IsValidLabelValue), as affinity values must be.
+LabelValue = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")]
+
+
+class Toleration(Strict):
+    """A core/v1 Toleration, checked as the API server validates one (ValidateTolerations)."""
+
+    key: str = Field(default="", max_length=316)
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: str = Field(default="", max_length=63)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None  # None: every effect
+    tolerationSeconds: int | None = None
+
+    @model_validator(mode="after")
+    def _valid(self) -> "Toleration":
+        if self.operator == "Exists" and self.value:
+            raise ValueError("a toleration with operator Exists has no value")
+        if not self.key and self.operator != "Exists":
+            raise ValueError("a toleration without a key must have operator Exists")
+        if self.tolerationSeconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerationSeconds applies only to effect NoExecute")
+        return self
+
+
+class NodeSelectorRequirement(Strict):
+    """A core/v1 NodeSelectorRequirement (a matchExpressions item of a nodeSelectorTerm)."""
+
+    key: str = Field(min_length=1, max_length=316)
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
+    values: list[LabelValue] = Field(default=[], max_length=256)
+
+    @model_validator(mode="after")
+    def _valid(self) -> "NodeSelectorRequirement":
+        if self.operator in ("In", "NotIn") and not self.values:
+            raise ValueError(f"operator {self.operator} needs values")
+        if self.operator in ("Exists", "DoesNotExist") and self.values:
+            raise ValueError(f"operator {self.operator} takes no values")
+        if self.operator in ("Gt", "Lt") and (len(self.values) != 1 or not self.values[0].lstrip("-").isdigit()):
+            raise ValueError(f"operator {self.operator} takes one integer value")
+        return self
+
+
+class AcceleratorTargeting(Strict):
+    """What the nodes of one accelerator family need from the pods that request it."""
+
+    resources: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(min_length=1, max_length=64)
+    tolerations: list[Toleration] = Field(default=[], max_length=16)
+    matchExpressions: list[NodeSelectorRequirement] = Field(default=[], max_length=16)
+    productLabel: str | None = Field(default=None, min_length=1, max_length=316)  # the node label naming the model
+    products: list[LabelValue] = Field(default=[], max_length=256)
+
+    @model_validator(mode="after")
+    def _products(self) -> "AcceleratorTargeting":
+        if self.products and self.productLabel is None:
+            raise ValueError("products need a productLabel (the node label that names the GPU model)")
+        return self
+
+
+class NodeTargetingMutation(Strict):
+    """Tolerations and required node affinity for the pods that request accelerators, and the GPU
+    model a job may ask for by annotation (policies/nodetargeting.py)."""
+
+    accelerators: list[AcceleratorTargeting] = Field(default=[], max_length=32)
+    productAnnotation: str = Field(default="trainjob-admission.io/gpu-product", min_length=1, max_length=316)
+
+
 class Mutations(Strict):
     istio: IstioMutation | None = None
     scheduling: SchedulingMutation | None = None
     securityDefaults: SecurityDefaultsMutation | None = None
     costLabels: CostLabelsMutation | None = None
+    nodeTargeting: NodeTargetingMutation | None = None
 
 
 class SshKeyInjection(Strict):

@@ -20,6 +20,7 @@ import lark
 import re2
 from celpy.evaluation import Evaluator
 
+from .celfast import compile_tree
 from .resources import QuantityError, to_decimal
 
 VARIABLES = ("object", "oldObject", "request", "params", "namespaceObject", "job")
@@ -328,14 +329,20 @@ class CompiledExpression:
     program: celpy.Runner
     variables: frozenset[str]  # the top-level variables it reads, so callers convert only those
     reads: dict[str, Fields] = field(default_factory=dict)  # per variable, the fields it reads (see prune)
+    fast: Optional[Callable[[dict, Budget], Any]] = None  # the compiled closures (policies/celfast.py), if any
 
-    def evaluate(self, activation: dict[str, Any], budget: Budget | None = None) -> Any:
-        """The expression's value; every step is charged to ``budget`` (a fresh one if None)."""
+    def evaluate(self, activation: dict[str, Any], budget: Budget | None = None, *, reference: bool = False) -> Any:
+        """The expression's value; every step is charged to ``budget`` (a fresh one if None). The
+        compiled closures run it unless ``reference`` asks for cel-python's interpreter (the oracle)
+        or the expression uses a construct they leave to it."""
         budget = budget or Budget()
         budget.start_expression()
-        evaluator = _BudgetedEvaluator(self.program.ast, self.program.new_activation(), budget)
+        variables = {name: activation[name] for name in self.variables}
         try:
-            return evaluator.evaluate({name: activation[name] for name in self.variables})
+            if self.fast is not None and not reference:
+                return self.fast(variables, budget)
+            evaluator = _BudgetedEvaluator(self.program.ast, self.program.new_activation(), budget)
+            return evaluator.evaluate(variables)
         except celpy.CELEvalError as exc:
             raise CelEvalError(describe_eval_error(exc)) from None
         except CelEvalError:
@@ -369,7 +376,8 @@ def compile_expression(source: str) -> CompiledExpression:
     _check_depth(tree)
     reads = _lint(tree)
     program = _ENVIRONMENT.program(tree, functions=FUNCTIONS)
-    return CompiledExpression(source, program, frozenset(reads), {name: _freeze(t) for name, t in reads.items()})
+    fast = compile_tree(tree, FUNCTIONS, ITERATION_STEPS, CHARS_PER_STEP)
+    return CompiledExpression(source, program, frozenset(reads), {name: _freeze(t) for name, t in reads.items()}, fast)
 
 
 def _check_depth(tree: lark.Tree) -> None:

@@ -38,6 +38,14 @@ class JobModelError(ValueError):
     """The object cannot be turned into an effective job (its runtime is missing, a value is bad)."""
 
 
+class MutationRefused(JobModelError):
+    """A mutation that cannot be made as the job asks (policies/nodetargeting.py): reported under
+    the mutation's own rule, by the bundle whose settings of it were used."""
+
+    rule: str = "job-model"
+    mutation: str = ""  # the bundle.Mutations field
+
+
 class RuntimeNotFound(JobModelError):
     """The runtime the TrainJob names is not in the state: offline, state the reviewer left out."""
 
@@ -317,12 +325,35 @@ def _pod_level_resource(name: str) -> bool:
 
 
 def _finish(pod_set: PodSet, accelerators: tuple[str, ...]) -> PodSet:
+    malformed = _malformed(pod_set.pod)
+    if malformed:
+        raise JobModelError(f"{pod_set.source}: {malformed}: the API server refuses such a pod template")
     try:
         pod_set.requests, pod_set.limits = pod_resources(pod_set.pod.get("spec") or {})
     except QuantityError as exc:
         raise JobModelError(f"{pod_set.source}: {exc}") from exc
     pod_set.gpus = {name: amount for name, amount in pod_set.requests.items() if is_accelerator(name, accelerators)}
     return pod_set
+
+
+def _malformed(pod: dict) -> str | None:
+    """The first field of a pod template that is not of its schema's type, where the model reads
+    it: /mutate sees an object before the API server checks it against the schema."""
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return "spec is not an object"
+    for key in ("containers", "initContainers", "ephemeralContainers"):
+        containers = spec.get(key)
+        if containers is None:
+            continue
+        if not isinstance(containers, list):
+            return f"spec.{key} is not a list"
+        for index, container in enumerate(containers):
+            if not isinstance(container, dict):
+                return f"spec.{key}[{index}] is not an object"
+            if not isinstance(container.get("resources") or {}, dict):
+                return f"spec.{key}[{index}].resources is not an object"
+    return None
 
 
 def _container(pod_spec: dict, name: str) -> dict | None:
@@ -351,10 +382,18 @@ def build(obj: dict, state: ClusterState, accelerators: tuple[str, ...] = DEFAUL
     ``accelerators``: the resource patterns counted as GPUs (PodSet.gpus, totals["gpus"])."""
     kind = obj.get("kind")
     group = str(obj.get("apiVersion", "")).split("/")[0]
-    if kind == "TrainJob" and group == TRAINER_GROUP:
-        return _as_admitted(from_trainjob(obj, state, accelerators), state, accelerators)
-    if kind == "MPIJob" and group == MPIJOB_GROUP:
-        return _as_admitted(from_mpijob(obj, accelerators), state, accelerators)
+    try:
+        if kind == "TrainJob" and group == TRAINER_GROUP:
+            return _as_admitted(from_trainjob(obj, state, accelerators), state, accelerators)
+        if kind == "MPIJob" and group == MPIJOB_GROUP:
+            return _as_admitted(from_mpijob(obj, accelerators), state, accelerators)
+    except (AttributeError, TypeError) as exc:
+        # /mutate sees the object before the API server checks it against its schema, so a value of
+        # the wrong type anywhere (a string where an object belongs) is refused here as it would be.
+        meta = obj.get("metadata")
+        name = meta.get("name", "") if isinstance(meta, dict) else ""
+        raise JobModelError(f"{kind} {name}: a field is not of the type its "
+                            f"schema requires ({exc}); the API server refuses such an object") from exc
     raise JobModelError(f"unsupported object {obj.get('apiVersion')}/{kind}: expected trainer.kubeflow.org TrainJob or kubeflow.org MPIJob")
 
 
@@ -625,10 +664,11 @@ def _add_flux_installer(pod_spec: dict, node_container: dict | None) -> str:
 
 def with_patch(job: EffectiveJob, obj: dict, index: int) -> EffectiveJob:
     """``job``, built from ``obj`` without its ``spec.runtimePatches[index]``, with that patch
-    merged into its pods as Trainer merges it, for a patch of pod metadata and securityContext
-    only (the service's own mutation, policies/mutations.py): such a patch changes no count,
-    resource, role or container, so the pods need not be built again, which would double the
-    cost of every mutated CREATE. tests/unit/test_trainer_rules.py holds it equal to build(obj)."""
+    merged into its pods as Trainer merges it, for a patch of pod metadata, securityContext,
+    tolerations and node affinity only (the service's own mutation, policies/mutations.py): such a
+    patch changes no count, resource, role or container, so the pods need not be built again, which
+    would double the cost of every mutated CREATE. tests/unit/test_corpus.py holds it equal to
+    build(obj)."""
     patch = runtimepatch.template_patch(obj["spec"]["runtimePatches"][index])
     by_name = {rjob.get("name"): rjob for rjob in (patch.get("spec") or {}).get("replicatedJobs") or []}
     pod_sets = []
@@ -703,6 +743,8 @@ def from_mpijob(mpijob: dict, accelerators: tuple[str, ...] = DEFAULT_ACCELERATO
         replica = replica_specs.get(key)
         if not replica:
             continue
+        if not isinstance(replica, dict) or not isinstance(replica.get("template") or {}, dict):
+            raise JobModelError(f"MPIJob {name}: spec.mpiReplicaSpecs.{key} and its template must be objects")
         pod = smp.clone(replica.get("template") or {})
         pod.setdefault("metadata", {})
         pod.setdefault("spec", {})

@@ -12,10 +12,11 @@ from typing import Any, Callable
 from . import effective_job, injections, limits, mutations, objectcounts, queueing, quotascope, redaction
 from .bundle import Bundle, Injections, Mutations, accelerators, merged
 from .cel import Budget, CelEvalError, CompiledExpression, Fields, prune, to_cel, to_python
+from .checks import duration
 from .checks.base import CheckContext, Finding
 from .checks.registry import CHECKS
 from .decision import Decision, Effect, Result, RuleResult, allows
-from .effective_job import EffectiveJob, JobModelError, RuntimeNotFound
+from .effective_job import EffectiveJob, JobModelError, MutationRefused, RuntimeNotFound
 from .snapshot import running_state
 from .state import ClusterState
 
@@ -180,7 +181,13 @@ def _runtime_gone(request: AdmissionInput, exc: JobModelError) -> bool:
 def _job_model_error(request: AdmissionInput, exc: JobModelError, active: list[Bundle]) -> list[RuleResult]:
     """A job that cannot be modelled is denied, except an UPDATE that :func:`_runtime_gone` admits, with a warning."""
     if not _runtime_gone(request, exc):
-        return [RuleResult(b.name, "job-model", Result.FAIL, Effect.DENY, [str(exc)], [""]) for b in active]
+        # A mutation's own refusal (policies/nodetargeting.py) names its rule, and belongs to the
+        # enforce bundle whose settings of that mutation were used (the first that sets them).
+        refused = exc if isinstance(exc, MutationRefused) else None
+        owner = next((b for b in active if refused and b.spec.mode == "enforce"
+                      and getattr(b.spec.mutations, refused.mutation) is not None), None)
+        return [RuleResult(b.name, refused.rule if refused else "job-model", Result.FAIL, Effect.DENY, [str(exc)], [""])
+                for b in ([owner] if owner else active)]
     message = (f"{exc.missing} and no valid runtime snapshot of this job: this update changes nothing that shapes "
                "its pods (only metadata or spec.suspend), so it is admitted unchecked; Trainer cannot rebuild the "
                "job until that runtime exists again")
@@ -244,6 +251,9 @@ def _unchecked(request: AdmissionInput, state: ClusterState, active: list[Bundle
             effective_job.claim_class(c) is None for c in job.volume_claims) and any(
             objectcounts.STORAGE_CLASS_SUFFIX in key for q in quotas for key in (q.get("spec") or {}).get("hard") or {}):
         unchecked.append({"check": "quota", "reason": "no StorageClass (claims naming none get the cluster's default)"})
+    schedulability = next(c for c in CHECKS if c.rule == "schedulability")
+    if not state.nodes and any(schedulability.settings(b.spec.checks) is not None for b in active):
+        unchecked.append({"check": "schedulability", "reason": "no Nodes (whether the job can ever be placed)"})
     classes = {ps.pod["spec"].get("runtimeClassName") for ps in job.pod_sets} if job is not None else set()
     for runtime_class in sorted(c for c in classes if isinstance(c, str) and c and state.runtime_class(c) is None):
         # Its pod overhead was counted as none (online, RuntimeClass admission refuses such pods).
@@ -283,7 +293,8 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
                 settings = merged(Mutations, [b.spec.mutations for b in enforcing])
                 base = mutations.without_own_patch(obj)  # planned on the pods as the runtime and user made them
                 planned_on = job if base is None else effective_job.build(base, state, families)
-                patch, patched = mutations.plan(obj, planned_on, settings, namespace)
+                patch, patched = mutations.plan(obj, planned_on, settings, namespace,
+                                                duration.default_seconds(enforcing, request.namespace, request.groups))
                 if patch:
                     mutated = patched
                     job = mutations.mutated_job(planned_on, mutated) or effective_job.build(mutated, state, families)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from . import effective_job, smp
+from . import effective_job, nodetargeting, smp
+from .checks import duration
 from .bundle import Mutations
 from .effective_job import EffectiveJob, all_containers
 from .patch_diff import make_patch
@@ -74,13 +75,17 @@ def security_defaults(pod_spec: dict, added: frozenset[str] = frozenset()) -> di
     return patch
 
 
-def plan(obj: dict, job: EffectiveJob, settings: Mutations, namespace: dict) -> tuple[list[dict], dict]:
+def plan(obj: dict, job: EffectiveJob, settings: Mutations, namespace: dict,
+         deadline: int | None = None) -> tuple[list[dict], dict]:
     """JSONPatch operations for ``obj`` (empty when there is nothing to change) and the object
-    they produce, so the caller need not apply them to a copy again."""
+    they produce, so the caller need not apply them to a copy again. ``deadline``: the default
+    duration (policies/checks/duration.py), set on a job that has none."""
     labels = job_labels(obj, settings, namespace)
     cost = {k: v for k, v in labels.items() if settings.costLabels and k in settings.costLabels.fromNamespaceLabels}
     metadata = pod_metadata(settings, cost)
     defaults = settings.securityDefaults is not None and settings.securityDefaults.enabled
+    targeting = settings.nodeTargeting
+    product = nodetargeting.requested_product(obj, targeting) if targeting else None
     mutated = smp.clone(obj)
     if labels:
         mutated.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
@@ -90,7 +95,10 @@ def plan(obj: dict, job: EffectiveJob, settings: Mutations, namespace: dict) -> 
             pod_patch: dict = {}
             if metadata:
                 pod_patch["metadata"] = smp.clone(metadata)
-            spec_patch = security_defaults(ps.pod.get("spec") or {}, ps.added_containers) if defaults else {}
+            pod_spec = ps.pod.get("spec") or {}
+            spec_patch = security_defaults(pod_spec, ps.added_containers) if defaults else {}
+            if targeting:  # only the pods that request the accelerators (never a launcher without)
+                spec_patch.update(nodetargeting.pod_spec_patch(pod_spec, ps.requests, targeting, product))
             if spec_patch:
                 pod_patch["spec"] = spec_patch
             if pod_patch:
@@ -111,14 +119,37 @@ def plan(obj: dict, job: EffectiveJob, settings: Mutations, namespace: dict) -> 
                     template.setdefault("metadata", {}).setdefault(part, {}).update(metadata[part])
             if defaults:
                 template["spec"] = _merge_defaults(template.get("spec") or {})
+            if targeting:
+                requests = next((ps.requests for ps in job.pod_sets if ps.name == key.lower()), {})
+                found = nodetargeting.pod_spec_patch(template.get("spec") or {}, requests, targeting, product)
+                if found:
+                    template["spec"] = smp.merge(template.get("spec") or {}, found)
+    if deadline is not None:
+        set_default_deadline(mutated, job.kind, deadline)
     return _minimal_patch(obj, mutated), mutated
+
+
+def set_default_deadline(obj: dict, kind: str, seconds: int) -> None:
+    """The job's deadline field set to ``seconds`` unless it has one. A top-level field: neither
+    Trainer nor mpi-operator puts it into a pod, so the effective job stays as it was built."""
+    *parents, name = duration.FIELDS[kind]
+    holder = obj
+    for key in parents:
+        child = holder.get(key)
+        if child is None:
+            child = holder[key] = {}
+        if not isinstance(child, dict):
+            return  # a malformed job: the API server refuses it, and the check reports it
+        holder = child
+    if holder.get(name) is None:
+        holder[name] = seconds
 
 
 def mutated_job(planned_on: EffectiveJob, mutated: dict) -> EffectiveJob | None:
     """The effective job of ``mutated`` from the job its mutation was planned on, without building
     it again (effective_job.with_patch): for a TrainJob, whose mutation is labels and one
-    runtimePatch of pod metadata and securityContext. None for an MPIJob (its templates change:
-    build it)."""
+    runtimePatch of pod metadata, securityContext, tolerations and node affinity. None for an
+    MPIJob (its templates change: build it)."""
     if planned_on.kind != "TrainJob":
         return None
     patches = (mutated.get("spec") or {}).get("runtimePatches") or []

@@ -6,7 +6,9 @@ to the decision log, its stdout copy, the API server's audit log (the denial's s
 submitter's terminal, so the engine replaces every verbatim occurrence of such a value of
 ``MIN_LENGTH`` characters or more with ``[redacted]`` before the decision leaves it. Shorter
 values ("1", "true", "debug") are kept: they are not secrets, and replacing them would garble
-the numbers and words around them. docs/auditor-guide.md, "Redaction", states the rule.
+the numbers and words around them. Annotations under ``trainjob-admission.io/`` are kept too: they
+are requests to this service (a GPU product, a duration grant) that its messages must name.
+docs/auditor-guide.md, "Redaction", states the rule.
 
 Replacing finds only whole values, so the service's own error texts never echo part of one:
 :func:`shown` names a submitted value whole when it is short, else by its length only.
@@ -16,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 REDACTED = "[redacted]"
+OWN_ANNOTATIONS = "trainjob-admission.io/"
 MIN_LENGTH = 8
 SHOWN_CHARS = 24  # the longest value an error text repeats
 
@@ -32,7 +35,8 @@ def echoable_values(*objects: Any) -> list[str]:
                 if key == "env" and isinstance(value, list):
                     found.update(e["value"] for e in value if isinstance(e, dict) and isinstance(e.get("value"), str))
                 elif key == "annotations" and isinstance(value, dict):
-                    found.update(v for v in value.values() if isinstance(v, str))
+                    found.update(v for k, v in value.items()
+                                 if isinstance(v, str) and not str(k).startswith(OWN_ANNOTATIONS))
                 if isinstance(value, (dict, list)):
                     stack.append(value)
         elif isinstance(node, list):

@@ -241,10 +241,12 @@ def _add_review_inputs(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--cluster-state", action="append", metavar="F",
                         help="objects as `kubectl get -o yaml` prints them: runtimes, Namespace, ResourceQuotas, "
-                             "LimitRanges, RuntimeClasses, PriorityClasses, StorageClasses, a job's "
-                             "<job>-runtime-snapshot ConfigMap for --operation UPDATE (repeatable)")
+                             "LimitRanges, RuntimeClasses, PriorityClasses, StorageClasses, Nodes and the Pods "
+                             "bound to them (the schedulability pre-check; without Pods, no 'busy now' warning), "
+                             "a job's <job>-runtime-snapshot ConfigMap for --operation UPDATE (repeatable)")
     source.add_argument("--kubeconfig", metavar="K", help="read runtimes, namespace, quotas, LimitRanges, the Runtime-, Priority- "
-                                                          "and StorageClasses and PolicyBundles from a live cluster "
+                                                          "and StorageClasses, Nodes and Pods (when the user may list "
+                                                          "them) and PolicyBundles from a live cluster "
                                                           "(read-only), as serve does")
     parser.add_argument("--bundle-selector", metavar="SEL",
                         help="with --kubeconfig: only PolicyBundles with these labels, as serve's --bundle-selector")

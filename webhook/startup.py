@@ -2,7 +2,8 @@
 
 Without a cluster the state is a fixed set of objects and the bundles are files. With one
 (a kubeconfig or the pod's service account) the state and the PolicyBundles are watched, the
-injector creates Secrets and NetworkPolicies, and reconcilers adopt or remove them; /readyz
+injector creates Secrets and NetworkPolicies, and reconcilers adopt or remove them, and each
+running TrainJob gets a Warning Event at 80% of its deadline (webhook/deadlines.py); /readyz
 waits for the first complete list of everything watched.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from policies.state import ClusterState
 from .bundles import BundleRegistry
 from .checkpointer import LeaseStore
 from .clusterbundles import ClusterBundles
+from .deadlines import DeadlineWarnings
 from .injector import Injector, only_in
 from .kube.client import KubeApi, api_client
 from .kube.resources import POLICY_BUNDLES
@@ -116,7 +118,8 @@ async def _start_with_cluster(config: ServerConfig, options: ClusterOptions,
     own = own_namespace()
     reconcilers = [Reconciler(api, options.provenance, namespace=ns, own_namespace=own)
                    for ns in sorted(set(options.namespaces))] or [Reconciler(api, options.provenance, own_namespace=own)]
-    tasks = [asyncio.create_task(sync.wait_synced(ready), name="state sync")] + [
+    tasks = [asyncio.create_task(sync.wait_synced(ready), name="state sync"),
+             asyncio.create_task(DeadlineWarnings(api).run(), name="deadline warnings")] + [
         asyncio.create_task(r.run(), name=f"reconciler ({r.namespace or 'all namespaces'})") for r in reconcilers]
     for task in tasks:
         task.add_done_callback(_report_crash)

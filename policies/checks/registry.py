@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..bundle import Checks
-from . import gpu, limitrange, podsecurity, quota, shape
+from . import duration, gpu, images, limitrange, podsecurity, quota, schedulability, shape
 from .base import Check
 
 
@@ -29,4 +29,7 @@ CHECKS: tuple[BuiltinCheck, ...] = (
     BuiltinCheck("job-shape", "shape", shape.check),
     BuiltinCheck("pod-security", "podSecurity", podsecurity.check),
     BuiltinCheck("limit-range", "limitRange", limitrange.check),
+    BuiltinCheck("duration", "duration", duration.check),
+    BuiltinCheck("image-policy", "images", images.check),
+    BuiltinCheck("schedulability", "schedulability", schedulability.check),
 )

@@ -241,6 +241,7 @@ def test_base_rbac_is_least_privilege(base):
         ("", "nodes"): {"list", "watch"},  # the schedulability pre-check; never get (nor proxy)
         ("", "pods"): {"list", "watch"},
         ("", "configmaps"): {"get"},  # a job's runtime snapshot, by name: never list or watch
+        ("", "events"): {"create"},  # the deadline warning: never read, update or delete
         ("node.k8s.io", "runtimeclasses"): {"get", "list", "watch"},
         ("scheduling.k8s.io", "priorityclasses"): {"get", "list", "watch"},
         ("storage.k8s.io", "storageclasses"): {"get", "list", "watch"},
@@ -275,6 +276,7 @@ def test_service_rbac_covers_every_call_the_code_makes(tmp_path):
     for res in (*resources.STATE_RESOURCES, resources.POLICY_BUNDLES):
         missing += [(res.plural, v) for v in ("list", "watch") if not granted(rules, group(res.api_version), res.plural, v)]
     missing += [("configmaps", "get")] * (not granted(rules, "", resources.CONFIG_MAPS.plural, "get"))
+    missing += [("events", "create")] * (not granted(rules, "", resources.EVENTS.plural, "create"))
     bundle_group = group(resources.POLICY_BUNDLES.api_version)
     missing += [("policybundles/status", "patch")] * (not granted(rules, bundle_group, "policybundles/status", "patch"))
     for job in resources.JOBS.values():  # injector reads the job; reconciler watches TrainJobs

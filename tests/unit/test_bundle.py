@@ -14,10 +14,10 @@ def _problems(build, fixture: str):
 
 def test_every_example_bundle_and_the_builtin_default_compile(build):
     bundles = load_bundles([str(build.examples / "bundles"), "builtin:default"])
-    assert {b.name for b in bundles} == {"production", "gpu-budget-rollout", "default"}
+    assert {b.name for b in bundles} == {"production", "gpu-budget-rollout", "gpu-nodes", "default"}
     assert "default" in builtin_names()
-    # Ordered by priority: production (10) and the rollout (50) before default (1000).
-    assert [b.name for b in bundles] == ["production", "gpu-budget-rollout", "default"]
+    # Ordered by priority, then name: production (10), the rollout and gpu-nodes (50), default (1000).
+    assert [b.name for b in bundles] == ["production", "gpu-budget-rollout", "gpu-nodes", "default"]
     for bundle in bundles:
         assert bundle.digest.startswith("sha256:") and len(bundle.digest) == 7 + 64
         assert all(rule.expression.source == rule.rule.expression for rule in bundle.rules)

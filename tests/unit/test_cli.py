@@ -129,6 +129,7 @@ def test_strict_makes_missing_state_exit_2(cli):
     assert json.loads(result.stdout)["unchecked"] == [
         {"check": "namespace labels", "reason": "no Namespace team-a"},
         {"check": "quota", "reason": "no ResourceQuota for team-a"},
+        {"check": "schedulability", "reason": "no Nodes (whether the job can ever be placed)"},
     ]
     assert cli["review-strict"].returncode == 0, out(cli["review-strict"])  # complete state: as without --strict
     explain = cli["explain-no-runtime-strict"]
@@ -237,7 +238,7 @@ def test_every_example_bundle_and_the_default_lint_clean(cli):
     assert result.returncode == 0, out(result)
     lines = result.stdout.splitlines()
     assert all(line.startswith("OK ") for line in lines), result.stdout
-    assert {line.split("bundle ")[1].split()[0] for line in lines} == {"production", "gpu-budget-rollout", "default"}
+    assert {line.split("bundle ")[1].split()[0] for line in lines} == {"production", "gpu-budget-rollout", "gpu-nodes", "default"}
 
 
 def test_lint_reports_good_and_bad_and_fails(cli):
@@ -270,10 +271,11 @@ def test_policy_test_wrong_expectation_fails_and_names_it(cli):
 def test_explain_lists_every_rule_with_its_result(cli):
     result = cli["explain"]
     assert result.returncode == 0, out(result)
-    rows = [line.split(None, 4) for line in result.stdout.splitlines()[1:7]]
+    rows = [line.split(None, 4) for line in result.stdout.splitlines()[1:8]]
     assert [(r[1], r[2], r[3]) for r in rows] == [
         ("quota", "fail", "deny"), ("gpu-limits", "pass", "allow"), ("job-shape", "pass", "allow"),
-        ("pod-security", "pass", "allow"), ("limit-range", "pass", "allow"), ("max-job-gpus", "pass", "allow")]
+        ("pod-security", "pass", "allow"), ("limit-range", "pass", "allow"), ("schedulability", "pass", "allow"),
+        ("max-job-gpus", "pass", "allow")]
     assert "24 are in use" in rows[0][4]
 
 
@@ -282,7 +284,7 @@ def test_explain_json(cli):
     assert result.returncode == 0
     body = json.loads(result.stdout)
     assert [r["rule"] for r in body["results"]] == ["quota", "gpu-limits", "job-shape", "pod-security", "limit-range",
-                                                    "max-job-gpus"]
+                                                    "schedulability", "max-job-gpus"]
     assert body["job"]["totals"]["gpus"] == 4 and body["job"]["numNodes"] == 4
 
 

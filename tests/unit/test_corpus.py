@@ -4,6 +4,7 @@ would have it, through the engine `review` and the webhook use; and docs/corpus.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -11,6 +12,7 @@ from policies import effective_job, mutations
 from policies.bundle import Mutations, default_bundles
 from policies.decision import Effect
 from policies.engine import AdmissionInput, evaluate
+from policies.resources import DEFAULT_ACCELERATORS
 from tests.support import corpus, upstream
 
 CASES = corpus.cases()
@@ -91,11 +93,17 @@ def test_the_mutated_job_without_a_rebuild_is_the_rebuilt_one() -> None:
     settings = Mutations.model_validate({"securityDefaults": {"enabled": True}, "istio": {"disableSidecar": True},
                                          "scheduling": {"queueLabel": "kueue.x-k8s.io/queue-name",
                                                         "defaultQueue": "default"},
-                                         "costLabels": {"fromNamespaceLabels": ["cost-center"]}})
-    compared = []
+                                         "costLabels": {"fromNamespaceLabels": ["cost-center"]},
+                                         "nodeTargeting": {"accelerators": [{
+                                             "resources": list(DEFAULT_ACCELERATORS),
+                                             "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                                             "matchExpressions": [{"key": "gpu.present", "operator": "In", "values": ["true"]}],
+                                             "productLabel": "gpu.product"}]}})
+    compared, targeted = [], []
     for case in (c for c in CASES if c.scenario == "team"):
         try:
             job, state = case.job(), case.state()
+            job.setdefault("metadata", {}).setdefault("annotations", {})[settings.nodeTargeting.productAnnotation] = "A100"
             planned_on = effective_job.build(job, state)
         except upstream.UpstreamMissing as exc:
             pytest.skip(f"upstream source not available: {exc}")
@@ -109,4 +117,7 @@ def test_the_mutated_job_without_a_rebuild_is_the_rebuilt_one() -> None:
         assert fast.labels == rebuilt.labels, case.id
         assert [dataclasses.asdict(ps) for ps in fast.pod_sets] == [dataclasses.asdict(ps) for ps in rebuilt.pod_sets], case.id
         compared.append(case.id)
+        targeted += [case.id] if any("tolerations" in json.dumps(p) for p in mutated["spec"]["runtimePatches"]
+                                     if p.get("manager") == mutations.MANAGER) else []
     assert len(compared) >= 40, compared
+    assert 5 <= len(targeted) < len(compared), targeted  # GPU jobs got tolerations and affinity, others none

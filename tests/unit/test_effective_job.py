@@ -516,3 +516,34 @@ def test_quantity_decimal_and_exponent_forms():
     assert to_number("cpu", "1e3") == 1_000_000
     assert to_number("cpu", "1u") == 1  # a microcore rounds up to a millicore
     assert to_number("memory", "1.5Gi") == 3 * (1 << 29)
+
+
+# --- values of the wrong type (/mutate sees objects before the API server's schema check) ------
+def _every_path(node, path=()):
+    yield path
+    children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, child in children:
+        yield from _every_path(child, (*path, key))
+
+
+def _replaced(obj: dict, path: tuple, value) -> dict:
+    obj = copy.deepcopy(obj)
+    holder = obj
+    for key in path[:-1]:
+        holder = holder[key]
+    holder[path[-1]] = value
+    return obj
+
+
+@pytest.mark.parametrize("name", ["allowed", "legacy-mpijob"])
+def test_a_value_of_the_wrong_type_anywhere_is_a_job_model_denial_never_a_crash(name, example_job, example_state):
+    job = example_job(name)
+    paths = [p for p in _every_path(job) if p and p[0] == "spec"]
+    assert len(paths) > 10
+    for path in paths:
+        for value in ("junk", 7, ["x"], None, {"x": 1}):
+            try:
+                effective(_replaced(job, path, value), example_state)
+            except JobModelError:
+                pass
+            # any other exception fails the test, naming the path

@@ -22,7 +22,7 @@ def test_allowed_example(example_job, example_state, default, review):
     assert decision.bundles == [default[0].ref]
     assert {r.result for r in decision.results} == {"pass"}
     assert [r.rule for r in decision.results] == ["quota", "gpu-limits", "job-shape", "pod-security", "limit-range",
-                                                  "max-job-gpus"]
+                                                  "schedulability", "max-job-gpus"]
     totals = decision.as_json()["job"]
     assert totals["gpus"] == 4 and totals["pods"] == 4 and totals["cpu"] == 8000 and totals["memory"] == 32 << 30
 
@@ -351,7 +351,10 @@ def test_unchecked_names_missing_state_only_when_asked(build, default):
     decision = evaluate(AdmissionInput(job), default, empty, report_unchecked=True)
     assert decision.unchecked == [{"check": "every check of the job", "reason": "no ClusterTrainingRuntime 'rt'"},
                                   {"check": "namespace labels", "reason": "no Namespace team-a"},
-                                  {"check": "quota", "reason": "no ResourceQuota for team-a"}]
+                                  {"check": "quota", "reason": "no ResourceQuota for team-a"},
+                                  {"check": "schedulability", "reason": "no Nodes (whether the job can ever be placed)"}]
     assert evaluate(AdmissionInput(job), default, empty).unchecked == []  # the webhook's path
-    full = build.state(build.runtime(), build.namespace(), build.quota({"requests.cpu": "100"}))
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"},
+            "status": {"allocatable": {"cpu": "64", "memory": "256Gi", "pods": "110"}}}
+    full = build.state(build.runtime(), build.namespace(), build.quota({"requests.cpu": "100"}), node)
     assert evaluate(AdmissionInput(job), default, full, report_unchecked=True).unchecked == []

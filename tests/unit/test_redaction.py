@@ -23,6 +23,12 @@ def test_env_values_and_annotations_anywhere_in_the_job_longest_first():
         "note [redacted], key [redacted], DEBUG=1, owner ml"
 
 
+def test_the_services_own_annotations_are_requests_to_it_and_kept():
+    job = {"metadata": {"annotations": {"trainjob-admission.io/gpu-product": "NVIDIA-A100-SXM4-80GB",
+                                        "example.com/trainjob-admission.io/x": "kept-out-12345"}}}
+    assert echoable_values(job) == ["kept-out-12345"]
+
+
 def test_hostile_shapes_are_ignored():
     assert echoable_values({"env": "x" * 20, "annotations": ["y" * 20], "spec": {"env": [None, 3, {"value": 5}]}}) == []
 

@@ -37,6 +37,9 @@ FIELD_SELECTORS = {PODS: "spec.nodeName!=,status.phase!=Succeeded,status.phase!=
 # Trainer's runtime snapshot of one job, read by name on its UPDATE (webhook/snapshots.py): get only.
 CONFIG_MAPS = Resource("ConfigMap", "v1", "configmaps")
 
+# The Warning Event at 80% of a TrainJob's deadline (webhook/deadlines.py): create only.
+EVENTS = Resource("Event", "v1", "events")
+
 POLICY_BUNDLES = Resource("PolicyBundle", "policy.trainjob-admission.io/v1alpha1", "policybundles")
 
 # What the injector creates and the reconciler adopts, by kind.

@@ -1,0 +1,89 @@
+"""CEL rule cost for bench/engine.py: 0, 10, 50 and 200 realistic ``job.*``/``object.*`` rules
+evaluated by the compiled closures (policies/celfast.py) and by cel-python's interpreter (the
+baseline), the sides interleaved in the same run, with the time to compile the rules."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+
+from bench.latency import percentile
+from policies.bundle import API_VERSION, KIND, compile_document
+from policies.engine import AdmissionInput, evaluate
+
+# Realistic rules over the TrainJob and the effective job; {i} makes each one distinct.
+RULE_TEMPLATES = [
+    "job.totals.gpus <= {i} + 64",
+    "!has(object.spec.trainer.numNodes) || object.spec.trainer.numNodes <= {i} + 100",
+    "object.metadata.name.size() < 64 + {i} && !object.metadata.name.startsWith('tmp-{i}')",
+    "!has(object.metadata.labels) || object.metadata.labels.all(k, !k.startsWith('forbidden.io/{i}'))",
+    "object.spec.trainer.image.startsWith('quay.io/') || object.spec.trainer.image.contains('registry-{i}')",
+    "!has(object.spec.trainer.command) || object.spec.trainer.command.exists(c, c == 'mpirun') || {i} < 0",
+    "object.metadata.namespace in ['team-a', 'team-b', 'team-c', 'ns-{i}'] || "
+    "object.metadata.namespace.endsWith('-dev')",
+    "!has(object.spec.trainer.env) || object.spec.trainer.env.all(e, e.name.matches('^[A-Z_][A-Z0-9_]*$'))"
+    " || {i} < 0",
+    "!has(job.mpi.implementation) || job.mpi.implementation in ['OpenMPI', 'Intel', 'MPICH', 'x{i}']",
+    "!has(object.spec.trainer.resourcesPerNode.limits) || "
+    "object.spec.trainer.resourcesPerNode.limits.size() <= {i} + 8",
+]
+RULE_COUNTS = (0, 10, 50, 200)
+SIDES = ("compiled", "cel-python")
+
+
+def rule_bundle(count: int):
+    rules = [{"name": f"rule-{i}", "expression": RULE_TEMPLATES[i % len(RULE_TEMPLATES)].format(i=i),
+              "message": "bench", "severity": "warn"} for i in range(count)]
+    return compile_document({"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": f"rules-{count}"},
+                             "spec": {"validations": rules}}, f"<{count} rules>")
+
+
+def on_cel_python(bundle):
+    """``bundle`` with every rule on cel-python's interpreter (the compiled closures dropped)."""
+    def reference(expression):
+        return expression and dataclasses.replace(expression, fast=None)
+    return dataclasses.replace(bundle, rules=tuple(
+        dataclasses.replace(r, expression=reference(r.expression), message_expression=reference(r.message_expression))
+        for r in bundle.rules))
+
+
+def review_times(jobs, bundles, state, seconds: float) -> list[float]:
+    times: list[float] = []
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        for _, obj in jobs:
+            request = AdmissionInput(copy.deepcopy(obj), username="bench")
+            t0 = time.perf_counter()
+            evaluate(request, bundles, state)
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def report(jobs, state, seconds_per_side: float, rounds: int = 3) -> None:
+    """Print p50 review time, reviews/s and the cost per rule at each count, both sides."""
+    compile_ms = {}
+    bundles = {}
+    for count in RULE_COUNTS:
+        t0 = time.perf_counter()
+        bundles[count] = rule_bundle(count)
+        compile_ms[count] = (time.perf_counter() - t0) * 1e3
+    sides = {(count, "compiled"): [bundles[count]] for count in RULE_COUNTS}
+    sides.update({(count, "cel-python"): [on_cel_python(bundles[count])] for count in RULE_COUNTS})
+    for value in sides.values():  # warm-up
+        review_times(jobs, value, state, 0.05)
+    samples: dict = {key: [] for key in sides}
+    for _ in range(rounds):
+        for key, value in sides.items():
+            samples[key] += review_times(jobs, value, state, seconds_per_side / rounds)
+    print(f"\nCEL rules: {len(RULE_TEMPLATES)} templates round-robin, {len(jobs)} sample jobs, sides interleaved")
+    print(f"{'rules':>5} | {'compiled p50 us':>15} {'reviews/s':>9} {'us/rule':>7} | "
+          f"{'cel-python p50 us':>17} {'reviews/s':>9} {'us/rule':>7} | {'compile ms':>10}")
+    base = {side: percentile(samples[(0, side)], 50) for side in SIDES}
+    for count in RULE_COUNTS:
+        cells = []
+        for side, width in zip(SIDES, (15, 17)):
+            p50 = percentile(samples[(count, side)], 50)
+            rate = len(samples[(count, side)]) / sum(samples[(count, side)])
+            per_rule = (p50 - base[side]) / count * 1e6 if count else 0.0
+            cells.append(f"{p50 * 1e6:>{width}.0f} {rate:>9.0f} {per_rule:>7.1f}")
+        print(f"{count:>5} | {cells[0]} | {cells[1]} | {compile_ms[count]:>10.1f}")

@@ -1,0 +1,153 @@
+"""Duration limits: a job's deadline (TrainJob spec.activeDeadlineSeconds, MPIJob
+spec.runPolicy.activeDeadlineSeconds) at most the maximum for its namespace and submitter, or
+further by an exception annotation that only the users and groups the bundle names may set.
+
+The deadline is judged when it is set: at CREATE, and on an UPDATE that changes it (a TrainJob's
+cannot change, Trainer's CRD says ``self == oldSelf``; an MPIJob's can), so the updates Kueue and
+Trainer make to running jobs always pass. Trainer counts the time from creation or from the last
+resume and fails the job at the deadline (trainjob_controller.go reconcileDeadline); mpi-operator
+copies runPolicy.activeDeadlineSeconds into the launcher Job (mpi_job_controller.go newLauncherJob).
+Neither copies it into a pod, so the pods and their quota scopes stay as they are.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..bundle import Bundle, DurationCheck
+from .base import CheckContext, Finding
+
+ANNOTATION = "trainjob-admission.io/max-duration-seconds"  # the longest this one job may run, granted
+FIELDS = {"TrainJob": ("spec", "activeDeadlineSeconds"), "MPIJob": ("spec", "runPolicy", "activeDeadlineSeconds")}
+_UNITS = (("d", 86400), ("h", 3600), ("min", 60), ("s", 1))
+
+
+@dataclass(frozen=True)
+class Limits:
+    default: int | None
+    maximum: int | None
+    scope: str  # where these limits hold, for messages: "in namespace research", "for group ml-leads"
+
+
+def limits(settings: DurationCheck, namespace: str, groups: Sequence[str]) -> Limits:
+    """The first matching override's limits, each field it leaves unset taken from the check."""
+    override = next((o for o in settings.overrides if o.matches(namespace, groups)), None)
+    if override is None:
+        return Limits(settings.defaultSeconds, settings.maxSeconds, "")
+    group = next((g for g in groups if g in override.groups), None)
+    scope = " ".join(part for part in (f"in namespace {namespace}" if override.namespaces else "",
+                                       f"for group {group}" if group else "") if part)
+    return Limits(settings.defaultSeconds if override.defaultSeconds is None else override.defaultSeconds,
+                  settings.maxSeconds if override.maxSeconds is None else override.maxSeconds, scope)
+
+
+def deadline(obj: dict, kind: str) -> Any:
+    """The job's deadline field as stored (None when unset), whatever its type."""
+    value: Any = obj
+    for key in FIELDS.get(kind, FIELDS["TrainJob"]):
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def field_name(kind: str) -> str:
+    return ".".join(FIELDS.get(kind, FIELDS["TrainJob"]))
+
+
+def human(seconds: int) -> str:
+    """``1209600 (14 d)``: the exact number a field takes, and what it means."""
+    parts, left = [], seconds
+    for unit, size in _UNITS:
+        if left >= size:
+            parts.append(f"{left // size} {unit}")
+            left %= size
+    return f"{seconds} ({' '.join(parts[:2]) or '0 s'})"
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check(context: CheckContext, settings: DurationCheck) -> list[Finding]:
+    obj = context.object
+    kind = str(obj.get("kind") or context.job.kind)
+    value = deadline(obj, kind)
+    if context.operation != "CREATE" and context.old_object is not None and deadline(context.old_object, kind) == value:
+        return []  # judged when it was set
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    namespace = str(meta.get("namespace") or "")
+    limit = limits(settings, namespace, context.groups)
+    if limit.maximum is None:
+        return []
+    name = field_name(kind)
+    maximum = f"the maximum{' ' + limit.scope if limit.scope else ''}"
+    if value is None:
+        return [Finding(f"{name} is not set, so the job could run without end; {maximum} is {human(limit.maximum)}",
+                        f"set {name} to {limit.maximum} or less")]
+    if not _whole(value):
+        return [Finding(f"{name} is {value!r}, not a whole number of seconds; {maximum} is {human(limit.maximum)}",
+                        f"set {name} to a whole number of seconds, {limit.maximum} or less")]
+    if value <= limit.maximum:
+        return []
+    return [_exception(context, settings, meta, name, value, limit.maximum, maximum)]
+
+
+def _exception(context: CheckContext, settings: DurationCheck, meta: dict, name: str, value: int, limit: int,
+               maximum: str) -> Finding:
+    """The job is over ``limit`` (``maximum`` names it: "the maximum in namespace research"):
+    granted when an allowed user set the annotation to at least its deadline (a warning naming
+    who granted what, which the decision log keeps), else refused."""
+    over = f"{name} is {human(value)}; {maximum} is {human(limit)}"
+    grantors = _grantors(settings)
+    annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
+    granted = annotations.get(ANNOTATION)
+    if granted is None:
+        ask = (f", or ask {grantors} to submit it with the annotation {ANNOTATION}: \"{value}\"" if grantors
+               else ", or ask your admin to raise the maximum")
+        return Finding(over, f"lower {name} to {limit} or less{ask}")
+    who = _authority(settings, context.username, context.groups)
+    if who is None:
+        return Finding(f"{over}; the annotation {ANNOTATION} was set by {context.username or 'an unknown user'}, "
+                       "who may not grant duration exceptions",
+                       f"lower {name} to {limit} or less, or ask {grantors or 'your admin'} to submit the job")
+    allowed = _seconds(granted)
+    if allowed is None or value > allowed:
+        shown = human(allowed) if allowed is not None else repr(granted)
+        return Finding(f"{over}; the exception {ANNOTATION} allows {shown}",
+                       f"lower {name} to {allowed if allowed is not None else limit} or less, or set the "
+                       f"annotation to a whole number of seconds of at least {value}")
+    return Finding(f"duration exception granted by {who}: {name} is {human(value)}, over {maximum} of "
+                   f"{human(limit)}; the annotation {ANNOTATION} allows {human(allowed)}", severity="warn")
+
+
+def _seconds(text: Any) -> int | None:
+    """An annotation's whole number of seconds (ASCII digits only), else None."""
+    ok = isinstance(text, str) and text.isascii() and text.isdigit() and len(text) <= 18
+    return int(text) if ok else None
+
+
+def _grantors(settings: DurationCheck) -> str:
+    """Who may grant an exception, as a submitter reads it."""
+    names = [f"a member of {', '.join(settings.exceptions.groups)}"] if settings.exceptions.groups else []
+    names += [", ".join(settings.exceptions.users)] if settings.exceptions.users else []
+    return " or ".join(names)
+
+
+def _authority(settings: DurationCheck, username: str, groups: Sequence[str]) -> str | None:
+    """``user alice`` or ``alice (group platform-admins)`` when the submitter may grant, else None."""
+    if username and username in settings.exceptions.users:
+        return f"user {username}"
+    group = next((g for g in groups if g in settings.exceptions.groups), None)
+    return f"{username or 'an unnamed user'} (group {group})" if group else None
+
+
+def default_seconds(bundles: Sequence[Bundle], namespace: str, groups: Sequence[str]) -> int | None:
+    """The default duration /mutate sets: that of the first bundle (priority order) whose enabled
+    duration check has one for this namespace and submitter, as mutation settings combine."""
+    for bundle in bundles:
+        settings = bundle.spec.checks.duration
+        if settings is not None and settings.enabled:
+            default = limits(settings, namespace, groups).default
+            if default is not None:
+                return default
+    return None

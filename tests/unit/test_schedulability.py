@@ -1,0 +1,223 @@
+"""The schedulability pre-check through the engine: Nodes in the cluster state refuse a job that
+can never be placed, warn about one that cannot start now, and say nothing without Nodes."""
+from __future__ import annotations
+
+import copy
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from policies.bundle import SchedulabilityCheck
+from policies.checks import schedulability
+from policies.checks.base import CheckContext
+from policies.effective_job import EffectiveJob, PodSet
+from policies.state import ClusterState, load_objects
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+TOLERATE_GPU = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+
+
+def node(name, cpu="64", memory="256Gi", gpus=0, taints=(), labels=None, unschedulable=False):
+    allocatable = {"cpu": cpu, "memory": memory, "pods": "110", **({"nvidia.com/gpu": str(gpus)} if gpus else {})}
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
+            "spec": {"taints": list(taints), **({"unschedulable": True} if unschedulable else {})},
+            "status": {"allocatable": allocatable}}
+
+
+def gpu_nodes(count, gpus=8, **kwargs):
+    return [node(f"gpu-{i}", gpus=gpus, taints=[GPU_TAINT], **kwargs) for i in range(count)]
+
+
+def bound_pod(name, node_name, gpus, phase="Running"):
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "other"},
+            "spec": {"nodeName": node_name, "containers": [
+                {"name": "c", "resources": {"limits": {"nvidia.com/gpu": gpus}}}]},
+            "status": {"phase": phase}}
+
+
+@pytest.fixture
+def setup(build, make_bundle, review):
+    """review(job objects..., nodes, **settings) with a bundle holding only this check; a runtime
+    whose workers ask ``gpus`` and tolerate the GPU taint, a 1-cpu launcher without GPUs, and a
+    small node only that launcher fits."""
+
+    def run(nodes, *, num_nodes=2, gpus=8, tolerate=True, extra=(), settings=None, labels=None, operation="CREATE",
+            suspend=None, node_spec=None, resumed=False):
+        worker = node_spec or build.pod_spec(cpu="8", memory="32Gi", gpus=gpus,
+                                             **({"tolerations": TOLERATE_GPU} if tolerate else {}))
+        runtime = build.runtime(launcher_as_node=False, node=worker, launcher=build.pod_spec(cpu="1", memory="2Gi"))
+        job = build.trainjob(numNodes=num_nodes, labels=labels)
+        if suspend is not None:
+            job["spec"]["suspend"] = suspend
+        host = [node("launcher-host", cpu="2", memory="4Gi")] if nodes else []  # for the launcher alone
+        state = build.state(runtime, build.namespace(), *nodes, *host, *extra)
+        bundle = make_bundle({"checks": {"schedulability": settings or {}}})
+        old = None
+        if operation == "UPDATE":
+            old = copy.deepcopy(job)
+            if resumed:
+                old["spec"]["suspend"] = True
+        return review(job, [bundle], state, operation=operation, old=old)
+
+    return run
+
+
+def result(decision, effect="deny"):
+    found = [r for r in decision.results if r.rule == "schedulability" and r.effect.value == effect
+             and r.result.value == "fail"]
+    return found[0] if found else None
+
+
+def test_a_worker_larger_than_every_node_is_refused_with_the_numbers_and_the_fix(setup):
+    decision = setup(gpu_nodes(2) + [node("cpu-1")], gpus=9)
+    assert not decision.allowed
+    (message,), (fix,) = result(decision).messages, result(decision).remediations
+    assert message == ("each worker asks 9 nvidia.com/gpu and fits on none of the 4 nodes: 2 nodes have 8 "
+                       "nvidia.com/gpu; 2 nodes have no nvidia.com/gpu")
+    assert fix.startswith("ask for at most 8 nvidia.com/gpu per pod (")
+    assert "more nodes (spec.trainer.numNodes)" in fix
+
+
+def test_one_node_takes_the_singular(setup):
+    decision = setup(gpu_nodes(1, gpus=4) + gpu_nodes(2)[1:], gpus=9)
+    assert result(decision).messages[0].endswith(
+        "1 node has 4 nvidia.com/gpu; 1 node has 8 nvidia.com/gpu; 1 node has no nvidia.com/gpu")
+
+
+def test_a_job_larger_than_the_cluster_is_refused_with_the_total(setup):
+    decision = setup(gpu_nodes(4), num_nodes=5)
+    (message,), (fix,) = result(decision).messages, result(decision).remediations
+    assert message == "the job needs 40 nvidia.com/gpu at once (5 workers x 8); the 4 nodes that can take its pods have 32 in all"
+    assert fix == "reduce spec.trainer.numNodes to 4, or ask your admin for more nodes"
+    assert setup(gpu_nodes(4), num_nodes=4).allowed
+
+
+def test_more_workers_than_nodes_that_hold_one_is_refused(setup):
+    decision = setup([node(f"c{i}", cpu="12") for i in range(2)], gpus=0, num_nodes=3)
+    (message,) = result(decision).messages
+    assert message == "the job runs 3 workers at once, but the 2 nodes that can take one hold 2 of them in all (2 nodes x 1)"
+    assert result(decision).remediations == ["reduce spec.trainer.numNodes to 2, or ask for less per pod so that more fit on a node"]
+
+
+def test_without_nodes_the_check_says_nothing(setup):
+    decision = setup([], gpus=9)
+    assert result(decision) is None and result(decision, "warn") is None
+
+
+def test_an_untolerated_taint_refuses_unless_a_queue_may_add_the_toleration(setup):
+    nodes = gpu_nodes(2)
+    denied = setup(nodes, tolerate=False)
+    assert "2 nodes have the taint nvidia.com/gpu=present:NoSchedule that it does not tolerate" in result(denied).messages[0]
+    assert "tolerations of replicatedJobs[node] through spec.runtimePatches" in result(denied).remediations[0]
+    queued = setup(nodes, tolerate=False, labels={"kueue.x-k8s.io/queue-name": "gpu"})
+    assert queued.allowed and "ResourceFlavor adds the tolerations" in result(queued, "warn").messages[0]
+    strict = setup(nodes, tolerate=False, labels={"kueue.x-k8s.io/queue-name": "gpu"},
+                   settings={"queueAddsTolerations": False})
+    assert not strict.allowed
+
+
+def test_label_mismatch_is_named(setup, build):
+    worker = build.pod_spec(cpu="8", memory="32Gi", gpus=4, tolerations=TOLERATE_GPU,
+                            nodeSelector={"nvidia.com/gpu.product": "A100"})
+    decision = setup(gpu_nodes(3, labels={"nvidia.com/gpu.product": "H100"}), node_spec=worker)
+    assert result(decision).messages[0] == "each worker fits on none of the 4 nodes: 4 nodes lack label nvidia.com/gpu.product=A100"
+
+
+def test_cordoned_and_not_ready_nodes_still_count_for_ever_but_warn_now(setup):
+    nodes = gpu_nodes(1, unschedulable=True) + [node("gpu-nr", gpus=8, taints=[
+        GPU_TAINT, {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}])]
+    decision = setup(nodes, extra=[], num_nodes=2)
+    assert decision.allowed and result(decision) is None
+    assert result(decision, "warn") is None  # nothing is known of the pods: no "now" verdict
+    busy = setup(nodes, extra=[bound_pod("p", "elsewhere", 1)], num_nodes=2)
+    (message,) = result(busy, "warn").messages
+    assert message.startswith("the job fits the cluster's nodes but not their free capacity: no node has room "
+                              "for one worker now (1 node is cordoned (spec.unschedulable); 1 node has the taint "
+                              "node.kubernetes.io/not-ready:NoSchedule")
+
+
+def test_busy_nodes_warn_with_what_is_free(setup):
+    nodes = gpu_nodes(4)
+    pods = [bound_pod("a", "gpu-0", 8), bound_pod("b", "gpu-1", 4), bound_pod("done", "gpu-2", 8, phase="Succeeded")]
+    decision = setup(nodes, num_nodes=3, extra=pods)
+    assert decision.allowed
+    (message,) = result(decision, "warn").messages
+    # gpu-0 is full, gpu-1 has 4 of 8 left (less than a worker), a finished pod holds nothing
+    assert message == ("the job fits the cluster's nodes but not their free capacity: it needs 24 nvidia.com/gpu at "
+                       "once and the nodes with room for one of its pods have 16 free now (2 nodes); its pods wait in "
+                       "Pending until enough is free")
+    assert result(setup(nodes, num_nodes=2, extra=pods), "warn") is None
+    assert result(setup(nodes, num_nodes=3, extra=pods, settings={"warnWhenBusy": False}), "warn") is None
+    assert result(setup(nodes, num_nodes=3, extra=pods, suspend=True), "warn") is None  # waits in its queue
+    # a running job's own pods hold its room: an UPDATE does not warn
+    assert result(setup(nodes, num_nodes=3, extra=pods, operation="UPDATE"), "warn") is None
+    assert result(setup(nodes, num_nodes=3, extra=pods, operation="UPDATE", resumed=True), "warn") is not None
+
+
+def test_on_update_the_job_exists_so_a_refusal_becomes_advice(setup):
+    decision = setup(gpu_nodes(4), num_nodes=5, operation="UPDATE")
+    assert decision.allowed and "40 nvidia.com/gpu" in result(decision, "warn").messages[0]
+
+
+def test_init_and_sidecar_containers_count_as_the_scheduler_counts_them(setup, build):
+    """An init container's request is the pod's if larger; a sidecar adds to the containers."""
+    init = build.pod_spec(cpu="8", memory="8Gi", initContainers=[
+        {"name": "prep", "image": "busybox", "resources": {"requests": {"cpu": "20", "memory": "1Gi"}}}])
+    assert "asks 20 cpu" in result(setup([node("c0", cpu="16")], node_spec=init, num_nodes=1)).messages[0]
+    sidecar = build.pod_spec(cpu="10", memory="8Gi", initContainers=[
+        {"name": "proxy", "image": "envoy", "restartPolicy": "Always", "resources": {"requests": {"cpu": "8"}}}])
+    assert "asks 18 cpu" in result(setup([node("c0", cpu="16")], node_spec=sidecar, num_nodes=1)).messages[0]
+    assert setup([node("c0", cpu="18")], node_spec=sidecar, num_nodes=1).allowed
+
+
+def phased_job(depends_on):
+    """An initializer holding 8 GPUs, then 4 workers with 8 each."""
+    init = PodSet("dataset-initializer", "initializer", 1, {"spec": {}}, "rt", requests={"nvidia.com/gpu": 8})
+    workers = PodSet("node", "worker", 4, {"spec": {}}, "rt", requests={"nvidia.com/gpu": 8}, depends_on=depends_on)
+    return EffectiveJob("TrainJob", "j", "team-a", {}, {}, {}, [init, workers], {})
+
+
+@pytest.mark.parametrize("status, refused", [("Complete", False), ("Ready", True)])
+def test_pod_sets_chained_by_depends_on_complete_never_run_together(status, refused):
+    state = ClusterState.from_objects([node(f"g{i}", gpus=8) for i in range(4)])
+    job = phased_job((("dataset-initializer", status),))
+    findings = schedulability.check(CheckContext(job, state=state), SchedulabilityCheck())
+    assert bool(findings) is refused
+    if refused:
+        assert findings[0].message.startswith("the job needs 40 nvidia.com/gpu at once")
+
+
+def test_nodes_are_parsed_once_per_state_version():
+    state = ClusterState.from_objects([node("a"), node("b")])
+    first = schedulability.classes(state)
+    assert schedulability.classes(state) is first and len(first) == 1 and first[0].count == 2
+    state.upsert(node("c", cpu="8"))
+    assert len(schedulability.classes(state)) == 2
+
+
+def test_review_with_nodes_in_the_state_file_decides_the_same():
+    files = ["runtimes/mpi-openmpi.yaml", "cluster-nodes.yaml"]
+    args = [str(ROOT / ".venv/bin/trainjob-admission"), "review", "-f", "examples/jobs/too-many-gpus.yaml"]
+    for name in files:
+        args += ["--cluster-state", f"examples/{name}"]
+    out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert ("x default/schedulability: each worker asks 9 nvidia.com/gpu and fits on none of the 6 nodes" in out.stdout)
+    assert len(load_objects(ROOT / "examples/cluster-nodes.yaml")) == 6
+
+
+def test_a_failed_packing_only_warns():
+    """A 6-cpu launcher and two 6-cpu workers on two 10-cpu nodes: no placement, but the refusal
+    rules are necessary conditions only, and a packing is not one."""
+    launcher = PodSet("launcher", "launcher", 1, {"spec": {}}, "rt", requests={"cpu": 6000})
+    workers = PodSet("node", "worker", 2, {"spec": {}}, "rt", requests={"cpu": 6000})
+    job = EffectiveJob("TrainJob", "j", "team-a", {}, {}, {}, [launcher, workers], {})
+    state = ClusterState.from_objects([node(f"c{i}", cpu="10") for i in range(2)])
+    (finding,) = schedulability.check(CheckContext(job, state=state), SchedulabilityCheck())
+    assert finding.severity == "warn"
+    assert finding.message == "the job's 3 pods may not fit the nodes all at once: a first-fit packing placed 2 of them"
+    ignored = SchedulabilityCheck(ignoredResources=["c*"])  # nothing left to judge but the pod count
+    assert schedulability.check(CheckContext(job, state=state), ignored) == []
