@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .decision import Decision, Verdict
+from .checks.fields import plural
 from .resources import format_amount
 
 HEADLINES = {Verdict.ALLOW: "ALLOWED", Verdict.WARN: "ALLOWED with warnings", Verdict.DENY: "DENIED"}
@@ -16,7 +17,7 @@ def job_summary(decision: Decision) -> str:
     shape = " + ".join(f"{ps.count} {ps.name}" for ps in job.pod_sets)
     return (f"job: {totals['pods']} pods ({shape}), {gpus}, cpu {format_amount('cpu', totals['cpu'])}, "
             f"memory {format_amount('memory', totals['memory'])}"
-            + (f", {job.mpi['numProcPerNode']} slots per node" if job.mpi else ""))
+            + (f", {plural(job.mpi['numProcPerNode'], 'slot')} per node" if job.mpi else ""))
 
 
 def decision_text(obj: dict, decision: Decision) -> str:

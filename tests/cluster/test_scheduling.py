@@ -26,12 +26,16 @@ DURATION_ANNOTATION = "trainjob-admission.io/max-duration-seconds"
 A100 = "NVIDIA-A100-SXM4-80GB"
 DEFAULT_SECONDS, MAX_SECONDS = 3600, 7200
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
-RUNTIME = "mpi-cpu-launcher"  # mpi-openmpi with a launcher that is not a node: it asks no GPU
+# mpi-openmpi with a launcher that is not a node. Trainer then gives spec.trainer.resourcesPerNode
+# to the launcher (the trainer ancestor), so the workers' 8 GPUs come from the runtime itself.
+GPU_WORKERS = "mpi-gpu-workers"
 
 
-def _runtime(namespace: str) -> dict:
-    doc = runtime(RUNTIME, namespace)
+def _gpu_workers_runtime(namespace: str) -> dict:
+    doc = runtime(GPU_WORKERS, namespace)
     doc["spec"]["mlPolicy"]["mpi"]["runLauncherAsNode"] = False
+    (node,) = [r for r in doc["spec"]["template"]["spec"]["replicatedJobs"] if r["name"] == "node"]
+    node["template"]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] = {GPU: "8"}
     return doc
 
 
@@ -73,7 +77,11 @@ def sched(control_plane, policybundle_crd, tmp_path_factory):
     try:
         cluster.apply_objects([
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {LABEL: run}}},
-            _runtime(ns),
+            _gpu_workers_runtime(ns),
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+             "metadata": {"name": "platform-admins-edit", "namespace": ns},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "platform-admins"}]},
             {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
              "metadata": {"name": "alice-edit", "namespace": ns},
              "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
@@ -103,11 +111,14 @@ def job_pods(ns: str, job: str) -> list[dict]:
     return json.loads(kc("get", "pods", "-n", ns, "-l", f"{JOBSET_NAME}={job}", "-o", "json").stdout)["items"]
 
 
-def gpu_job(name: str, ns: str, *, nodes: int, gpus: int, product: str | None = None,
-            deadline: int | None = None, grant: int | None = None, runs: str = "3s") -> dict:
-    """A job whose pods KWOK runs for ``runs``."""
-    job = trainjob(name, ns, nodes=nodes, gpus=gpus, runtime=RUNTIME, runtime_kind="TrainingRuntime",
-                   pod_annotations={"kwok.x-k8s.io/run-duration": runs})
+def gpu_job(name: str, ns: str, *, nodes: int, gpus: int = 0, workers_have_gpus: bool = False,
+            product: str | None = None, deadline: int | None = None, grant: int | None = None,
+            runs: str = "3s") -> dict:
+    """A job whose pods KWOK runs for ``runs``: on mpi-openmpi (the launcher is a node; each pod
+    limited to ``gpus``), or with ``workers_have_gpus`` on GPU_WORKERS (8 per worker, a CPU launcher)."""
+    runtime_args = dict(runtime=GPU_WORKERS, runtime_kind="TrainingRuntime") if workers_have_gpus else {}
+    job = trainjob(name, ns, nodes=nodes, gpus=gpus, pod_annotations={"kwok.x-k8s.io/run-duration": runs},
+                   **runtime_args)
     annotations = {**({PRODUCT_ANNOTATION: product} if product else {}),
                    **({DURATION_ANNOTATION: str(grant)} if grant else {})}
     if annotations:
@@ -135,7 +146,7 @@ def test_a_job_larger_than_the_cluster_is_refused_with_the_numbers(sched):
 
 def test_a_fitting_job_is_targeted_and_its_pods_land_only_on_matching_nodes(sched, wait_for):
     name = "on-a100"
-    p = submit(gpu_job(name, sched, nodes=2, gpus=8, product=A100))
+    p = submit(gpu_job(name, sched, nodes=2, workers_have_gpus=True, product=A100))
     assert p.returncode == 0, p.stderr
     tj = get("trainjob", name, sched)
     assert tj["spec"]["activeDeadlineSeconds"] == DEFAULT_SECONDS  # the duration default, from /mutate
@@ -157,39 +168,40 @@ def test_a_fitting_job_is_targeted_and_its_pods_land_only_on_matching_nodes(sche
 
 def test_a_job_that_fits_but_not_now_is_admitted_with_a_warning(sched, wait_for):
     """The A100 nodes busy with one job: a second as large fits the cluster, not its free room."""
-    assert submit(gpu_job("busy", sched, nodes=2, gpus=8, product=A100, runs="120s")).returncode == 0
+    busy = submit(gpu_job("busy", sched, nodes=2, workers_have_gpus=True, product=A100, runs="120s"))
+    assert busy.returncode == 0, busy.stderr
     wait_for("the busy job's pods running on the A100 nodes", lambda: sum(
         p["status"].get("phase") == "Running" for p in job_pods(sched, "busy")) == 3, 120)
-    wait_for("the service sees them bound", lambda: kc(
-        "create", "--dry-run=server", "-f", "-", input=json.dumps(gpu_job("probe", sched, nodes=2, gpus=8, product=A100)),
-        kubeconfig=cluster.USER_A_KUBECONFIG).stderr.count("free"), 30)
-    p = submit(gpu_job("waits", sched, nodes=2, gpus=8, product=A100))
+    probe = json.dumps(gpu_job("probe", sched, nodes=2, workers_have_gpus=True, product=A100))
+    wait_for("the service sees them bound", lambda: "free" in kc(
+        "create", "--dry-run=server", "-f", "-", input=probe, kubeconfig=cluster.USER_A_KUBECONFIG).stderr, 30)
+    p = submit(gpu_job("waits", sched, nodes=2, workers_have_gpus=True, product=A100))
     assert p.returncode == 0, p.stderr
     assert "Warning:" in p.stderr and "schedulability" in p.stderr and "free" in p.stderr, p.stderr
     kc("delete", "trainjob", "busy", "waits", "-n", sched, "--wait=false")
 
 
 def test_a_product_the_bundle_does_not_list_is_refused_with_the_list(sched):
-    p = submit(gpu_job("h200", sched, nodes=1, gpus=1, product="NVIDIA-H200"))
+    p = submit(gpu_job("h200", sched, nodes=1, workers_have_gpus=True, product="NVIDIA-H200"))
     assert p.returncode != 0 and A100 in p.stderr and "NVIDIA-L4" in p.stderr, p.stderr
 
 
 def test_over_the_maximum_refused_unless_an_admin_grants_it(sched):
     over = MAX_SECONDS * 2
-    p = submit(gpu_job("long", sched, nodes=1, gpus=0, deadline=over))
+    p = submit(gpu_job("long", sched, nodes=1, deadline=over))
     assert p.returncode != 0 and str(over) in p.stderr and str(MAX_SECONDS) in p.stderr, p.stderr
     # alice cannot grant herself the exception
-    p = submit(gpu_job("long", sched, nodes=1, gpus=0, deadline=over, grant=over))
+    p = submit(gpu_job("long", sched, nodes=1, deadline=over, grant=over))
     assert p.returncode != 0 and "platform-admins" in p.stderr, p.stderr
     # a member of platform-admins can
-    p = submit(gpu_job("long", sched, nodes=1, gpus=0, deadline=over, grant=over), as_user=("carol", "platform-admins"))
+    p = submit(gpu_job("long", sched, nodes=1, deadline=over, grant=over), as_user=("carol", "platform-admins"))
     assert p.returncode == 0, p.stderr
     assert get("trainjob", "long", sched)["spec"]["activeDeadlineSeconds"] == over
 
 
 def test_a_warning_event_at_80_percent_of_the_deadline(sched, wait_for):
     name = "short"
-    job = gpu_job(name, sched, nodes=1, gpus=0, deadline=10, runs="60s")  # still running at the deadline
+    job = gpu_job(name, sched, nodes=1, deadline=10, runs="60s")  # still running at the deadline
     assert submit(job).returncode == 0
     event = wait_for("the DeadlineApproaching Event", lambda: next((e for e in json.loads(kc(
         "get", "events", "-n", sched, "--field-selector", f"involvedObject.name={name}", "-o", "json").stdout)["items"]
