@@ -1,13 +1,18 @@
 """CEL rule cost for bench/engine.py: 0, 10, 50 and 200 realistic ``job.*``/``object.*`` rules
 evaluated by the compiled closures (policies/celfast.py) and by cel-python's interpreter (the
-baseline), the sides interleaved in the same run, with the time to compile the rules."""
+baseline), the sides interleaved in the same run, with the time to compile the rules: first in the
+process (no text compiled and no shape parsed before: policies/celparse.py), again as a bundle
+reload (every text known), and cel-python's parse alone (what rules of all-different shapes cost)."""
 from __future__ import annotations
 
 import copy
 import dataclasses
 import time
 
+import celpy
+
 from bench.latency import percentile
+from policies import cel
 from policies.bundle import API_VERSION, KIND, compile_document
 from policies.engine import AdmissionInput, evaluate
 
@@ -47,15 +52,19 @@ def on_cel_python(bundle):
         for r in bundle.rules))
 
 
-def review_times(jobs, bundles, state, seconds: float) -> list[float]:
+def review_times(jobs, bundles, state, seconds: float, cpu: list[float] | None = None) -> list[float]:
+    """Wall time per review; with ``cpu``, this thread's CPU time per review appended to it (on a
+    loaded machine a review of a few ms is preempted, and only the CPU time shows its own cost)."""
     times: list[float] = []
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
         for _, obj in jobs:
             request = AdmissionInput(copy.deepcopy(obj), username="bench")
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             evaluate(request, bundles, state)
             times.append(time.perf_counter() - t0)
+            if cpu is not None:
+                cpu.append(time.thread_time() - c0)
     return times
 
 
@@ -64,6 +73,7 @@ def report(jobs, state, seconds_per_side: float, rounds: int = 3) -> None:
     compile_ms = {}
     bundles = {}
     for count in RULE_COUNTS:
+        cel.clear_caches()
         t0 = time.perf_counter()
         bundles[count] = rule_bundle(count)
         compile_ms[count] = (time.perf_counter() - t0) * 1e3
@@ -72,12 +82,13 @@ def report(jobs, state, seconds_per_side: float, rounds: int = 3) -> None:
     for value in sides.values():  # warm-up
         review_times(jobs, value, state, 0.05)
     samples: dict = {key: [] for key in sides}
+    cpu: dict = {key: [] for key in sides}
     for _ in range(rounds):
         for key, value in sides.items():
-            samples[key] += review_times(jobs, value, state, seconds_per_side / rounds)
+            samples[key] += review_times(jobs, value, state, seconds_per_side / rounds, cpu[key])
     print(f"\nCEL rules: {len(RULE_TEMPLATES)} templates round-robin, {len(jobs)} sample jobs, sides interleaved")
-    print(f"{'rules':>5} | {'compiled p50 us':>15} {'reviews/s':>9} {'us/rule':>7} | "
-          f"{'cel-python p50 us':>17} {'reviews/s':>9} {'us/rule':>7} | {'compile ms':>10}")
+    print(f"{'rules':>5} | {'compiled p50 us':>15} {'cpu us':>7} {'reviews/s':>9} {'us/rule':>7} | "
+          f"{'cel-python p50 us':>17} {'cpu us':>7} {'reviews/s':>9} {'us/rule':>7} | {'compile ms':>10}")
     base = {side: percentile(samples[(0, side)], 50) for side in SIDES}
     for count in RULE_COUNTS:
         cells = []
@@ -85,5 +96,28 @@ def report(jobs, state, seconds_per_side: float, rounds: int = 3) -> None:
             p50 = percentile(samples[(count, side)], 50)
             rate = len(samples[(count, side)]) / sum(samples[(count, side)])
             per_rule = (p50 - base[side]) / count * 1e6 if count else 0.0
-            cells.append(f"{p50 * 1e6:>{width}.0f} {rate:>9.0f} {per_rule:>7.1f}")
+            cpu_p50 = percentile(cpu[(count, side)], 50)
+            cells.append(f"{p50 * 1e6:>{width}.0f} {cpu_p50 * 1e6:>7.0f} {rate:>9.0f} {per_rule:>7.1f}")
         print(f"{count:>5} | {cells[0]} | {cells[1]} | {compile_ms[count]:>10.1f}")
+    top, low = RULE_COUNTS[-1], RULE_COUNTS[1]
+    marginal = [(percentile(samples[(top, side)], 50) - percentile(samples[(low, side)], 50)) / (top - low) * 1e6
+                for side in SIDES]
+    print(f"per rule from {low} to {top} rules (the variables' conversion, paid once per review, left out): "
+          f"compiled {marginal[0]:.1f} us, cel-python {marginal[1]:.1f} us")
+    compile_report(top)
+
+
+def compile_report(count: int) -> None:
+    """The compile time of ``count`` rules as a bundle reload (every shape known) and cel-python's
+    parse of the same texts alone (a lark parse per rule: what rules of all-different shapes cost)."""
+    t0 = time.perf_counter()
+    rule_bundle(count)
+    reload_ms = (time.perf_counter() - t0) * 1e3
+    texts = [r.expression.source for r in rule_bundle(count).rules]
+    environment = celpy.Environment()
+    t0 = time.perf_counter()
+    for text in texts:
+        environment.compile(text)
+    parse_ms = (time.perf_counter() - t0) * 1e3
+    print(f"compile {count} rules: {reload_ms:.1f} ms as a reload; cel-python's parse alone {parse_ms:.1f} ms "
+          f"({parse_ms / count:.2f} ms per rule of a new shape)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from importlib import resources
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import imageref
-from .cel import CelCompileError, CompiledExpression, compile_expression
+from .cel import CelCompileError, CompiledExpression, Fields, compile_expression, merged_reads
 from .resources import DEFAULT_ACCELERATORS, QuantityError, to_decimal
 
 API_VERSION = "policy.trainjob-admission.io/v1alpha1"
@@ -156,6 +157,9 @@ class SchedulabilityCheck(Strict):
     # Resources not judged (fnmatch patterns): the scheduler's ignoredResources, or extended
     # resources a DRA DeviceClass serves (DRAExtendedResource) on nodes that do not list them.
     ignoredResources: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(default=[], max_length=64)
+    # Node pools that scale (cluster autoscaler, Karpenter): a job the nodes of now can never hold
+    # may get nodes of its own, so every "never" is a warning instead.
+    nodesMayBeAdded: bool = False
 
 
 class DurationOverride(Strict):
@@ -479,6 +483,12 @@ class Bundle:
     @property
     def ref(self) -> dict[str, str]:
         return {"name": self.name, "version": self.version, "digest": self.digest}
+
+    @cached_property
+    def cel_reads(self) -> dict[str, Fields]:
+        """Per variable, the fields any of the bundle's expressions reads: the engine converts each
+        variable to CEL once per review for all of them, not once per rule."""
+        return merged_reads(e for r in self.rules for e in (r.expression, r.message_expression) if e is not None)
 
 
 def compile_document(document: Any, source: str) -> Bundle:

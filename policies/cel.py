@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import lru_cache, total_ordering, wraps
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
 import celpy
 import celpy.celtypes as ct
@@ -20,6 +20,7 @@ import lark
 import re2
 from celpy.evaluation import Evaluator
 
+from . import celparse
 from .celfast import compile_tree
 from .resources import QuantityError, to_decimal
 
@@ -337,10 +338,10 @@ class CompiledExpression:
         or the expression uses a construct they leave to it."""
         budget = budget or Budget()
         budget.start_expression()
-        variables = {name: activation[name] for name in self.variables}
         try:
             if self.fast is not None and not reference:
-                return self.fast(variables, budget)
+                return self.fast(activation, budget)  # the closures read only the variables they name
+            variables = {name: activation[name] for name in self.variables}
             evaluator = _BudgetedEvaluator(self.program.ast, self.program.new_activation(), budget)
             return evaluator.evaluate(variables)
         except celpy.CELEvalError as exc:
@@ -365,16 +366,30 @@ def compile_expression(source: str) -> CompiledExpression:
     """Parse, lint and prepare ``source``; raises CelCompileError with the position."""
     if not isinstance(source, str) or not source.strip():
         raise CelCompileError("expression is empty")
+    return _compile(source)
+
+
+def clear_caches() -> None:
+    """Forget compiled texts and parsed shapes, as a fresh process starts (bench/celrules.py times
+    a first compile with it)."""
+    _compile.cache_clear()
+    celparse.clear()
+
+
+@lru_cache(maxsize=1024)  # a reload recompiles the same texts; what is compiled is never changed
+def _compile(source: str) -> CompiledExpression:
     try:
-        tree = _ENVIRONMENT.compile(source)
+        tree, reads = celparse.parse(source, _ENVIRONMENT.compile)
     except celpy.CELParseError as exc:
         line, column = getattr(exc, "line", None), getattr(exc, "column", None)
         pointer = str(exc.args[0]).rstrip() if exc.args else source
         raise CelCompileError(f"syntax error:\n{pointer}", line, column) from None
     except (lark.exceptions.LarkError, RecursionError) as exc:
         raise CelCompileError(f"syntax error: {exc}") from None
-    _check_depth(tree)
-    reads = _lint(tree)
+    if reads is None:  # a new shape (one seen before passed both, with these reads)
+        _check_depth(tree)
+        reads = _lint(tree)
+        celparse.remember(source, tree, reads)
     program = _ENVIRONMENT.program(tree, functions=FUNCTIONS)
     fast = compile_tree(tree, FUNCTIONS, ITERATION_STEPS, CHARS_PER_STEP)
     return CompiledExpression(source, program, frozenset(reads), {name: _freeze(t) for name, t in reads.items()}, fast)
@@ -486,6 +501,25 @@ def _add_path(used: dict[str, _Tree], name: str, path: list[str]) -> None:
     tree[path[-1]] = None
 
 
+def merged_reads(expressions: Iterable[CompiledExpression]) -> dict[str, Fields]:
+    """Per variable, the fields any of ``expressions`` reads (None: the whole value). Pruned to
+    these, a value still gives each expression what the whole value gives it (see prune)."""
+    used: dict[str, _Tree] = {}
+    for expression in expressions:
+        for name, fields in expression.reads.items():
+            for path in _paths(fields):
+                _add_path(used, name, path)
+    return {name: _freeze(tree) for name, tree in used.items()}
+
+
+def _paths(fields: Fields, prefix: tuple[str, ...] = ()) -> Iterator[list[str]]:
+    if fields is None:
+        yield list(prefix)
+        return
+    for key, below in fields:
+        yield from _paths(below, (*prefix, key))
+
+
 def _freeze(tree: _Tree) -> Fields:
     return None if tree is None else tuple(sorted((k, _freeze(v)) for k, v in tree.items()))
 
@@ -508,23 +542,29 @@ def _macro_variable(expr: lark.Tree) -> str | None:
     return None
 
 
+_INT64 = range(-(1 << 63), 1 << 63)
+
+
 def to_cel(value: Any) -> Any:
     """JSON-like Python values to CEL values, as ``celpy.json_to_cel`` converts them; plain types
     are dispatched on their exact type (the library's isinstance checks against typing generics
-    cost more than the conversion), anything else goes to the library."""
+    cost more than the conversion) and built with the base type's constructor (the same value
+    without celtypes' Python-level ``__new__``), anything else goes to the library."""
     kind = type(value)
     if kind is str:
-        return ct.StringType(value)
+        return str.__new__(ct.StringType, value)
     if kind is int:
-        return ct.IntType(value)
+        return int.__new__(ct.IntType, value) if value in _INT64 else ct.IntType(value)
     if kind is dict:
-        return ct.MapType({to_cel(k): to_cel(v) for k, v in value.items()})
+        result = ct.MapType()
+        dict.update(result, {to_cel(k): to_cel(v) for k, v in value.items()})
+        return result
     if kind is list:
         return ct.ListType([to_cel(v) for v in value])
     if kind is bool:
         return ct.BoolType(value)
     if kind is float:
-        return ct.DoubleType(value)
+        return float.__new__(ct.DoubleType, value)
     if value is None:
         return None
     return celpy.json_to_cel(value)

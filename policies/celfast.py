@@ -14,13 +14,14 @@ on cel-python. cel-python stays the reference: tests/unit/test_cel_fast.py compa
 from __future__ import annotations
 
 import operator
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any, Callable, Optional
 
 import celpy.celtypes as ct
 import lark
 import re2
-from celpy.evaluation import CELEvalError, Evaluator, base_functions, eval_error, function_matches, operator_in
+from celpy.evaluation import (CELEvalError, Evaluator, base_functions, eval_error, function_contains,
+                              function_matches, operator_in)
 
 Closure = Callable[[dict, Any], Any]  # (variables, budget) -> value or CELEvalError
 _TRUE, _FALSE = ct.BoolType(True), ct.BoolType(False)
@@ -62,7 +63,15 @@ _FASTER: dict[str, Callable] = {
     "startsWith": lambda text, prefix: _TRUE if text.startswith(prefix) else _FALSE,
     "endsWith": lambda text, suffix: _TRUE if text.endswith(suffix) else _FALSE,
     "matches": _matches,
+    "size": lambda value: _ZERO if value is None else _int(len(value)),  # function_size, unlogged
+    "contains": lambda container, item: ((_TRUE if item in container else _FALSE)
+                                         if type(container) is ct.StringType and type(item) is ct.StringType
+                                         else function_contains(container, item)),
 }
+_UNSIZED = frozenset(_FASTER)  # their results are bools, ints or errors: cel-python charges nothing for them
+_int = partial(int.__new__, ct.IntType)  # a length is in int64's range: IntType without its (costly) check
+_ZERO = _int(0)
+_FOLD_STEPS = 10_000  # a constant part costing more is left to run per evaluation
 # comparisons of two values of the same plain type, without celtypes' type check (it would pass)
 _PLAIN = {name: {ct.IntType: getattr(int, f"__{name[9:]}__"), ct.StringType: getattr(str, f"__{name[9:]}__")}
           for name in _RELATIONS}
@@ -93,11 +102,53 @@ def _spend(budget: Any, steps: int) -> None:
         budget.settle()
 
 
+class _Tally:
+    """The budget a constant part is folded under at compile time: it counts steps, no clock."""
+
+    __slots__ = ("left", "_ticks")
+
+    def __init__(self) -> None:
+        self.left, self._ticks = _FOLD_STEPS, 1 << 62
+
+    def settle(self) -> None:
+        if self.left < 0:
+            raise Unsupported("constant too costly to fold")
+
+
+def _literal(value: Any, steps: int) -> Closure:
+    """A value known at compile time, still charged the steps cel-python takes to build it."""
+    def run(env: dict, budget: Any) -> Any:
+        budget.left -= steps
+        if budget.left < 0:
+            budget.settle()
+        return value
+
+    run.constant = value  # type: ignore[attr-defined]
+    return run
+
+
 class _Compiler:
     def __init__(self, functions: dict[str, Callable], iteration_steps: int, chars_per_step: int):
         self.functions, self.iteration_steps, self.chars_per_step = functions, iteration_steps, chars_per_step
+        self.names = 0  # identifiers compiled so far: a part during which none was is constant
 
     def node(self, tree: lark.Tree, steps: int = 1) -> Closure:
+        """The closure for ``tree``; a part that reads no variable (``7 + 64``, ``['a', 'b']``) is
+        evaluated once here, charging the same steps per evaluation, when it gives a value."""
+        names = self.names
+        closure = self.build(tree, steps)
+        if self.names != names or hasattr(closure, "constant"):
+            return closure
+        tally = _Tally()
+        try:
+            value = closure({}, tally)
+        except Exception:  # noqa: BLE001 - whatever it raises, it raises per evaluation instead
+            return closure
+        if isinstance(value, CELEvalError):
+            return closure
+        return _literal(value, _FOLD_STEPS - tally.left)
+
+    def build(self, tree: lark.Tree, steps: int) -> Closure:
         """The closure for ``tree``; ``steps`` counts the visits cel-python makes on the way to it
         (single-child nodes are folded into their child and charged there)."""
         while tree.data in _PASS_THROUGH and len(tree.children) == 1:
@@ -141,15 +192,7 @@ class _Compiler:
     # --- operators -----------------------------------------------------------------------------
 
     def node_literal(self, tree: lark.Tree, steps: int) -> Closure:
-        value = _LITERALS.literal(tree)
-
-        def run(env: dict, budget: Any) -> Any:
-            budget.left -= steps
-            if budget.left < 0:
-                budget.settle()
-            return value
-
-        return run
+        return _literal(_LITERALS.literal(tree), steps)
 
     def node_expr(self, tree: lark.Tree, steps: int) -> Closure:
         cond, left, right = (self.node(c) for c in tree.children)
@@ -180,21 +223,35 @@ class _Compiler:
         return self.logical(tree, steps, ct.logical_and, "_&&_")
 
     def logical(self, tree: lark.Tree, steps: int, func: Callable, name: str) -> Closure:
-        """cel-python evaluates both sides (no short circuit) and lets the operator absorb errors."""
+        """cel-python evaluates both sides (no short circuit) and lets the operator absorb errors.
+        Two bools give a bool, which needs no sizing; anything else goes through the operator."""
         left, right = (self.node(c) for c in tree.children)
+        either = name == "_||_"
+
+        def mixed(a: Any, b: Any) -> Any:
+            try:
+                return func(a, b)  # it may hand back a non-bool operand (``x || false`` is x)
+            except TypeError as ex:
+                return CELEvalError(f"found no matching overload for {name} applied to '({type(a)}, {type(b)})'",
+                                    ex.__class__, ex.args)
+
+        sized_mixed = self.sized(lambda operands, budget: mixed(*operands))
 
         def run(env: dict, budget: Any) -> Any:
             budget.left -= steps
             if budget.left < 0:
                 budget.settle()
             a, b = left(env, budget), right(env, budget)
-            try:
-                return func(a, b)
-            except TypeError as ex:
-                return CELEvalError(f"found no matching overload for {name} applied to '({type(a)}, {type(b)})'",
-                                    ex.__class__, ex.args)
+            if type(a) is ct.BoolType:
+                if type(b) is ct.BoolType:
+                    return _TRUE if ((a or b) if either else (a and b)) else _FALSE
+                if isinstance(b, CELEvalError):  # the operator's answer: a bool or the error, unsized
+                    return b if bool(a) != either else a
+            elif type(b) is ct.BoolType and isinstance(a, CELEvalError):
+                return a if bool(b) != either else b
+            return sized_mixed((a, b), budget)
 
-        return self.sized(run)
+        return run
 
     def operands(self, tree: lark.Tree) -> tuple[str, Closure, Closure]:
         """``[op_node(left), right]``: cel-python visits the op node too (one more step)."""
@@ -207,11 +264,15 @@ class _Compiler:
         steps += 1
         label = repr(name)
         if name == "relation_in":
+            strings = _string_set(getattr(right, "constant", None))
+
             def run(env: dict, budget: Any) -> Any:
                 budget.left -= steps
                 if budget.left < 0:
                     budget.settle()
                 a, b = left(env, budget), right(env, budget)
+                if strings is not None and type(a) is ct.StringType:
+                    return _TRUE if a in strings else _FALSE
                 try:
                     return operator_in(a, b)
                 except TypeError as ex:
@@ -275,12 +336,15 @@ class _Compiler:
     def node_unary(self, tree: lark.Tree, steps: int) -> Closure:
         op_tree, operand_tree = tree.children
         op, label, operand, steps = _UNARY[op_tree.data], repr(op_tree.data), self.node(operand_tree), steps + 1
+        negation = op_tree.data == "unary_not"
 
         def run(env: dict, budget: Any) -> Any:
             budget.left -= steps
             if budget.left < 0:
                 budget.settle()
             value = operand(env, budget)
+            if negation and type(value) is ct.BoolType:
+                return _FALSE if value else _TRUE
             try:
                 return op(value)
             except TypeError as ex:
@@ -289,7 +353,7 @@ class _Compiler:
             except ValueError as ex:
                 return CELEvalError("return error for overflow", ex.__class__, ex.args)
 
-        return self.sized(run)
+        return run if negation else self.sized(run)  # a negation gives a bool or an error: nothing to size
 
     # --- members -------------------------------------------------------------------------------
 
@@ -342,9 +406,12 @@ class _Compiler:
             return self.sized(self.macro(tree, steps, name))
         if name == "min":
             return self.sized(self.list_min(tree, steps))
+        func = self.function(name)
+        unsized = name in _UNSIZED and func is _FASTER[name]
+        if len(tree.children) == 3 and len(tree.children[2].children) == 1:
+            return self.method(tree.children[0], func, tree.children[2], steps, unsized)
         target = self.node(tree.children[0])
         args = self.exprlist(tree.children[2]) if len(tree.children) == 3 else None
-        func = self.function(name)
         missing = len(tree.children) == 2
 
         def run(env: dict, budget: Any) -> Any:
@@ -359,7 +426,28 @@ class _Compiler:
                 return values
             return _call(func, (value, *(values or ())))
 
-        return self.sized(run)
+        return run if unsized else self.sized(run)
+
+    def method(self, target_tree: lark.Tree, func: Callable, exprs: lark.Tree, steps: int, unsized: bool) -> Closure:
+        """``target.name(arg)``: the argument list's own visit charged, but no list built for one item."""
+        if not isinstance(exprs, lark.Tree) or exprs.data != "exprlist":
+            raise Unsupported("argument list")
+        target = self.node(target_tree, steps + 1)  # this node's steps, taken when the target takes its own
+        arg = self.node(exprs.children[0])
+
+        def run(env: dict, budget: Any) -> Any:
+            value = target(env, budget)
+            budget.left -= 1  # the exprlist node
+            if budget.left < 0:
+                budget.settle()
+            item = arg(env, budget)
+            if isinstance(value, CELEvalError):
+                return value
+            if isinstance(item, CELEvalError):
+                return item
+            return _call(func, (value, item))
+
+        return run if unsized else self.sized(run)
 
     def macro(self, tree: lark.Tree, steps: int, name: str) -> Closure:
         target = self.node(tree.children[0])
@@ -499,16 +587,12 @@ class _Compiler:
         raise Unsupported(kind)
 
     def ident(self, name: str, steps: int) -> Closure:
+        self.names += 1
         return _field_chain(name, (), steps)
 
     def list_literal(self, child: lark.Tree, steps: int) -> Closure:
         if not child.children:
-            def empty(env: dict, budget: Any) -> Any:
-                budget.left -= steps
-                if budget.left < 0:
-                    budget.settle()
-                return ct.ListType()
-            return empty
+            return _literal(ct.ListType(), steps)
         items = self.node(child.children[0])
 
         def run(env: dict, budget: Any) -> Any:
@@ -521,12 +605,7 @@ class _Compiler:
 
     def map_literal(self, child: lark.Tree, steps: int) -> Closure:
         if not child.children:
-            def empty(env: dict, budget: Any) -> Any:
-                budget.left -= steps
-                if budget.left < 0:
-                    budget.settle()
-                return ct.MapType()
-            return empty
+            return _literal(ct.MapType(), steps)
         inits = self.node(child.children[0])
 
         def run(env: dict, budget: Any) -> Any:
@@ -554,6 +633,8 @@ class _Compiler:
             if len(args) != 1:
                 raise Unsupported(f"{name} with other than one argument")
             (arg,) = args
+            if name == "has" and hasattr(arg, "chain"):
+                return _has_field(*arg.chain, steps)
 
             def macro(env: dict, budget: Any) -> Any:
                 budget.left -= steps
@@ -580,6 +661,14 @@ class _Compiler:
         return run
 
 
+def _string_set(value: Any) -> Optional[frozenset]:
+    """A constant list of strings as a set: ``s in`` it is operator_in's answer for a string ``s``
+    (string equality never raises, so no item can turn the answer into an error)."""
+    if type(value) is ct.ListType and all(type(item) is ct.StringType for item in value):
+        return frozenset(value)
+    return None
+
+
 def _field_chain(root: str, fields: tuple[str, ...], steps: int) -> Closure:
     """A variable and the fields selected from it, as member_dot selects them one after another."""
     missing = {name: f"no such member in mapping: {name!r}" for name in fields}
@@ -588,19 +677,43 @@ def _field_chain(root: str, fields: tuple[str, ...], steps: int) -> Closure:
         budget.left -= steps
         if budget.left < 0:
             budget.settle()
-        value = env[root]
-        for name in fields:
-            if type(value) is ct.MapType:
-                try:
-                    value = dict.__getitem__(value, name)
-                except KeyError:
-                    return CELEvalError(missing[name], KeyError, None)
-            else:
-                value = _select(value, name, missing[name])
-        return value
+        return _walk(env[root], fields, missing)
 
     run.chain = (root, fields, steps)  # type: ignore[attr-defined]
     return run
+
+
+def _has_field(root: str, fields: tuple[str, ...], chain_steps: int, steps: int) -> Closure:
+    """``has(a.b.c)``: the field chain walked for its presence only, without building the error
+    value a missing field would be (the same steps as the macro and the chain)."""
+    steps += chain_steps
+
+    def run(env: dict, budget: Any) -> Any:
+        budget.left -= steps
+        if budget.left < 0:
+            budget.settle()
+        value = _walk(env[root], fields, None)
+        return _FALSE if value is _ABSENT or isinstance(value, CELEvalError) else _TRUE
+
+    return run
+
+
+_ABSENT = object()
+
+
+def _walk(value: Any, fields: tuple[str, ...], missing: Optional[dict[str, str]]) -> Any:
+    """``value``'s fields selected one after another, as member_dot selects them. A key missing
+    from a map gives the error value with its message in ``missing``, or _ABSENT when that is None
+    (has() needs no message)."""
+    for name in fields:
+        if type(value) is ct.MapType:
+            found = dict.get(value, name, _ABSENT)
+            if found is _ABSENT:
+                return _ABSENT if missing is None else CELEvalError(missing[name], KeyError, None)
+            value = found
+        else:
+            value = _select(value, name, "" if missing is None else missing[name])
+    return value
 
 
 def _select(value: Any, name: str, missing: str) -> Any:

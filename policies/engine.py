@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from . import effective_job, injections, limits, mutations, objectcounts, queueing, quotascope, redaction
 from .bundle import Bundle, Injections, Mutations, accelerators, merged
-from .cel import Budget, CelEvalError, CompiledExpression, Fields, prune, to_cel, to_python
+from .cel import Budget, CelEvalError, Fields, prune, to_cel, to_python
 from .checks import duration
 from .checks.base import CheckContext, Finding
 from .checks.registry import CHECKS
@@ -72,8 +72,8 @@ def matches(bundle: Bundle, request: AdmissionInput, namespace: dict, runtime_na
 
 
 class _Activation:
-    """CEL variables, converted only when a rule reads them, and then only the fields it reads
-    (converting a whole job with its pod specs would cost more than the rest of the decision)."""
+    """CEL variables, converted only when a bundle's rules read them, and then only the fields they
+    read (converting a whole job with its pod specs would cost more than the rest of the decision)."""
 
     def __init__(self, sources: dict[str, Callable[[], Any]], parent: _Activation | None = None):
         self._sources, self._parent = sources, parent
@@ -94,17 +94,18 @@ class _Activation:
             self._cache[key] = to_cel(prune(self._values[name], fields))
         return self._cache[key]
 
-    def for_expression(self, expression: CompiledExpression) -> dict[str, Any]:
-        return {name: self.value(name, expression.reads.get(name)) for name in expression.variables}
+    def for_bundle(self, reads: dict[str, Fields]) -> dict[str, Any]:
+        """The variables a bundle's expressions read, each converted once with the fields any of them reads."""
+        return {name: self.value(name, fields) for name, fields in reads.items()}
 
 
 def _run_cel(bundle: Bundle, activation: _Activation, budget: Budget) -> list[RuleResult]:
     results = []
-    scope = activation.with_params(bundle.spec.params)
+    variables = activation.with_params(bundle.spec.params).for_bundle(bundle.cel_reads)
     for compiled in bundle.rules:
         rule = compiled.rule
         try:
-            value = to_python(compiled.expression.evaluate(scope.for_expression(compiled.expression), budget))
+            value = to_python(compiled.expression.evaluate(variables, budget))
             if not isinstance(value, bool):
                 raise CelEvalError(f"expression must evaluate to true or false, got {redaction.shown(value)}")
         except CelEvalError as exc:
@@ -118,8 +119,7 @@ def _run_cel(bundle: Bundle, activation: _Activation, budget: Budget) -> list[Ru
         message = rule.message or f"failed rule {rule.name}: {rule.expression}"
         if compiled.message_expression is not None:
             try:
-                rendered = to_python(compiled.message_expression.evaluate(
-                    scope.for_expression(compiled.message_expression), budget))
+                rendered = to_python(compiled.message_expression.evaluate(variables, budget))
                 if isinstance(rendered, str) and rendered.strip():
                     message = rendered
             except CelEvalError:
@@ -186,7 +186,8 @@ def _job_model_error(request: AdmissionInput, exc: JobModelError, active: list[B
         refused = exc if isinstance(exc, MutationRefused) else None
         owner = next((b for b in active if refused and b.spec.mode == "enforce"
                       and getattr(b.spec.mutations, refused.mutation) is not None), None)
-        return [RuleResult(b.name, refused.rule if refused else "job-model", Result.FAIL, Effect.DENY, [str(exc)], [""])
+        return [RuleResult(b.name, refused.rule if refused else "job-model", Result.FAIL, Effect.DENY, [str(exc)],
+                           [refused.remediation if refused else ""])
                 for b in ([owner] if owner else active)]
     message = (f"{exc.missing} and no valid runtime snapshot of this job: this update changes nothing that shapes "
                "its pods (only metadata or spec.suspend), so it is admitted unchecked; Trainer cannot rebuild the "
@@ -294,7 +295,7 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
                 base = mutations.without_own_patch(obj)  # planned on the pods as the runtime and user made them
                 planned_on = job if base is None else effective_job.build(base, state, families)
                 patch, patched = mutations.plan(obj, planned_on, settings, namespace,
-                                                duration.default_seconds(enforcing, request.namespace, request.groups))
+                                                duration.defaults(enforcing, request.namespace, request.groups))
                 if patch:
                     mutated = patched
                     job = mutations.mutated_job(planned_on, mutated) or effective_job.build(mutated, state, families)
@@ -321,7 +322,7 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
         context = CheckContext(job, namespace, state.namespace_quotas(request.namespace),
                                _old_job(request, state, active), mutated, request.old_object,
                                state.namespace_limit_ranges(request.namespace), planned, state,
-                               request.operation, request.username, tuple(request.groups))
+                               request.operation, request.username, tuple(request.groups), obj, budget)
         for bundle in active:
             budget.check()
             results += _checks(bundle, context)

@@ -1,26 +1,42 @@
 """Whether the pod sets that run at one moment fit a set of nodes all at once.
 
 Refusals must be certain, so the verdicts that deny are necessary conditions of any placement:
-a pod set none of whose pods fits any node; more pods of one set than the nodes that take them
-can hold (exact for one set: its pods are identical); more of a resource than the nodes usable
-for the pods that ask for it have in all. When all hold, several pod sets are packed first-fit,
-largest first; a packing that fails may still have a solution, so it is only a warning.
+a pod set none of whose pods fits any node; more of a resource than the nodes usable for the
+pods that ask for it have in all; more pods of one set than the nodes that take them can hold
+(exact for one set: its pods are identical); more pods asking for a resource, of all the sets
+together, than the nodes hold of the smallest such request each. When all hold, several pod sets
+are packed first-fit, largest first; a packing that fails may still have a solution, so it is
+only a warning.
 
 Nodes are node classes (policies/nodefit.py) whose ``allocatable`` is what each member has left:
 all of it for "can it ever fit", the free part for "can it start now".
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from .resources import format_amount
-from .nodefit import NodeClass, PodNeeds, class_refusal, holds, matching_members, short_of
+from .nodefit import Effort, NodeClass, PodNeeds, class_refusal, holds, matching_members, member_index, short_of
 
 
 MEMO_VERSIONS = 4  # class lists kept at once: "ever" and "now", and the ones they replace
 MEMO_SHAPES = 256  # job shapes kept per class list
-_memo: dict[int, tuple[list[NodeClass], dict]] = {}  # id(classes) -> (classes, {job shape: answer})
+
+
+class _Version:
+    """One class list (one state version), the answers given for it per job shape, its node index."""
+
+    def __init__(self, classes: list[NodeClass]):
+        self.classes, self.answers = classes, {}
+
+    @functools.cached_property
+    def index(self) -> dict[tuple[str, str], list[tuple[int, int]]]:
+        return member_index(self.classes)
+
+
+_memo: dict[int, _Version] = {}  # id(classes) -> its version
 
 
 @dataclass
@@ -48,9 +64,26 @@ class SetFit:
 
 
 @dataclass(frozen=True)
+class Bound:
+    """What every placement obeys: the sum over the pod sets of ``weights`` x pods is at most
+    ``available``, on ``nodes`` nodes. ``kind`` as Problem's."""
+
+    kind: str
+    resource: str
+    weights: tuple[int, ...]  # per pod set
+    available: int
+    nodes: int
+
+    def used(self, fits: list[SetFit]) -> int:
+        return sum(w * fit.count for w, fit in zip(self.weights, fits))
+
+
+@dataclass(frozen=True)
 class Problem:
-    """``kind``: "nowhere" (set), "pods" (set: count vs capacity), "total" (resource: amount vs
-    available on ``nodes`` nodes), "packing" (placed vs amount pods)."""
+    """``kind``: "nowhere" (set), "total" (resource: amount vs available on ``nodes`` nodes),
+    "pods" (set: count vs capacity), "cross" (resource: pods of all sets asking for it vs what
+    the nodes hold of the smallest request), "packing" (placed vs amount pods). ``most``: per pod
+    set, the most pods it may have, the others unchanged, with every bound met (0: none)."""
 
     kind: str
     set: SetFit | None = None
@@ -58,43 +91,43 @@ class Problem:
     amount: int = 0
     available: int = 0
     nodes: int = 0
+    most: tuple[int, ...] = ()
 
 
 def assess(sets: list[tuple[str, int, PodNeeds]], classes: list[NodeClass], *, ever: bool,
-           ignore_taints: bool = False) -> tuple[list[SetFit], Problem | None]:
+           ignore_taints: bool = False, effort: Effort | None = None) -> tuple[list[SetFit], Problem | None]:
     """Each pod set (name, pods, needs) against ``classes``; the first problem found, if any.
     Kept per job shape for as long as ``classes`` (one state version) lives: most jobs of a
-    cluster share a few shapes. The answer is shared: read only."""
-    holder = _memo.get(id(classes))
-    if holder is None or holder[0] is not classes:
+    cluster share a few shapes. The answer is shared: read only. Raises nodefit.TooComplex when
+    matching would take more than ``effort`` allows."""
+    version = _memo.get(id(classes))
+    if version is None or version.classes is not classes:
         if len(_memo) >= MEMO_VERSIONS:
             _memo.pop(next(iter(_memo)), None)
-        holder = _memo[id(classes)] = (classes, {})
+        version = _memo[id(classes)] = _Version(classes)
     key = (tuple((name, count, needs.key) for name, count, needs in sets), ever, ignore_taints)
-    known = holder[1].get(key)
+    known = version.answers.get(key)
     if known is None:
-        known = _assess(sets, classes, ever, ignore_taints)
-        if len(holder[1]) < MEMO_SHAPES:
-            holder[1][key] = known
+        known = _assess(sets, version, ever, ignore_taints, effort or Effort())
+        if len(version.answers) < MEMO_SHAPES:
+            version.answers[key] = known
     return known
 
 
-def _assess(sets: list[tuple[str, int, PodNeeds]], classes: list[NodeClass], ever: bool,
-            ignore_taints: bool) -> tuple[list[SetFit], Problem | None]:
-    fits = [_set_fit(name, count, needs, classes, ever, ignore_taints) for name, count, needs in sets]
+def _assess(sets: list[tuple[str, int, PodNeeds]], version: _Version, ever: bool,
+            ignore_taints: bool, effort: Effort) -> tuple[list[SetFit], Problem | None]:
+    classes = version.classes
+    fits = [_set_fit(name, count, needs, version, ever, ignore_taints, effort) for name, count, needs in sets]
     for fit in fits:
         if not fit.usable:
             return fits, Problem("nowhere", fit)
-    for resource in sorted({r for fit in fits for r in fit.needs.requests}):
-        asking = [fit for fit in fits if resource in fit.needs.requests]
-        amount = sum(fit.count * fit.needs.requests[resource] for fit in asking)
-        nodes = [min(c.count, sum(fit.eligible[i] for fit in asking if fit.per_node[i])) for i, c in enumerate(classes)]
-        available = sum(n * c.allocatable.get(resource, 0) for n, c in zip(nodes, classes))
-        if amount > available:
-            return fits, Problem("total", resource=resource, amount=amount, available=available, nodes=sum(nodes))
-    for fit in fits:
-        if fit.count > fit.capacity:
-            return fits, Problem("pods", fit, amount=fit.count, available=fit.capacity, nodes=fit.usable)
+    bounds = _bounds(fits, classes)
+    for bound in bounds:
+        used = bound.used(fits)
+        if used > bound.available:
+            most = tuple(_most(fits, bounds, i) for i in range(len(fits)))
+            one = fits[bound.weights.index(1)] if bound.kind == "pods" else None
+            return fits, Problem(bound.kind, one, bound.resource, used, bound.available, bound.nodes, most)
     if len(fits) > 1 and not any(fit.needs.per_node for fit in fits):
         placed = _first_fit(fits, classes)
         total = sum(fit.count for fit in fits)
@@ -103,16 +136,56 @@ def _assess(sets: list[tuple[str, int, PodNeeds]], classes: list[NodeClass], eve
     return fits, None
 
 
-def _set_fit(name: str, count: int, needs: PodNeeds, classes: list[NodeClass], ever: bool,
-             ignore_taints: bool) -> SetFit:
+def _bounds(fits: list[SetFit], classes: list[NodeClass]) -> list[Bound]:
+    """The necessary conditions, in the order their refusals are reported."""
+    resources = sorted({r for fit in fits for r in fit.needs.requests})
+    bounds = []
+    for resource in resources:
+        weights = tuple(fit.needs.requests.get(resource, 0) for fit in fits)
+        nodes = _usable_nodes(fits, classes, weights)
+        available = sum(n * c.allocatable.get(resource, 0) for n, c in zip(nodes, classes))
+        bounds.append(Bound("total", resource, weights, available, sum(nodes)))
+    for i, fit in enumerate(fits):
+        bounds.append(Bound("pods", "", tuple(int(j == i) for j in range(len(fits))), fit.capacity, fit.usable))
+    for resource in resources:
+        # A node takes at most its amount // the smallest request of the sets it may take, of them all.
+        weights = tuple(int(resource in fit.needs.requests) for fit in fits)
+        if resource == "pods" or sum(weights) < 2:  # pods: "total" is this; one set: its "pods" is tighter
+            continue
+        nodes = _usable_nodes(fits, classes, weights)
+        available = 0
+        for i, (n, cls) in enumerate(zip(nodes, classes)):
+            smallest = min((fit.needs.requests[resource] for fit, w in zip(fits, weights) if w and fit.per_node[i]),
+                           default=0)
+            available += n * (cls.allocatable.get(resource, 0) // smallest) if smallest else 0
+        bounds.append(Bound("cross", resource, weights, available, sum(nodes)))
+    return bounds
+
+
+def _usable_nodes(fits: list[SetFit], classes: list[NodeClass], weights: tuple[int, ...]) -> list[int]:
+    """Per class, the members that can take a pod of a set with a weight (at most all of them)."""
+    return [min(c.count, sum(fit.eligible[i] for fit, w in zip(fits, weights) if w and fit.per_node[i]))
+            for i, c in enumerate(classes)]
+
+
+def _most(fits: list[SetFit], bounds: list[Bound], which: int) -> int:
+    """The most pods set ``which`` may have, the other sets unchanged, with every bound met."""
+    fit = fits[which]
+    return max(min(((b.available - b.used(fits) + b.weights[which] * fit.count) // b.weights[which]
+                    for b in bounds if b.weights[which]), default=fit.count), 0)
+
+
+def _set_fit(name: str, count: int, needs: PodNeeds, version: _Version, ever: bool,
+             ignore_taints: bool, effort: Effort) -> SetFit:
     fit = SetFit(name, count, needs)
-    for cls in classes:
-        refusal = class_refusal(needs, cls, ever=ever, ignore_taints=ignore_taints)
+    named = _named(needs, version, effort)
+    for c, cls in enumerate(version.classes):
+        refusal = class_refusal(needs, cls, effort, ever=ever, ignore_taints=ignore_taints)
         eligible, per_node = 0, 0
         if refusal:
             _count(fit.refusals, refusal, cls.count)
         else:
-            eligible, refusal = matching_members(needs, cls)
+            eligible, refusal = matching_members(needs, cls, effort, None if named is None else named.get(c, ()))
             if refusal:
                 _count(fit.refusals, refusal, cls.count - eligible)
             per_node = holds(needs, cls.allocatable) if eligible else 0
@@ -127,6 +200,18 @@ def _set_fit(name: str, count: int, needs: PodNeeds, classes: list[NodeClass], e
         fit.per_node.append(per_node)
         fit.nodes += cls.count
     return fit
+
+
+def _named(needs: PodNeeds, version: _Version, effort: Effort) -> dict[int, list[int]] | None:
+    """Per class, the members the pod names (PodNeeds.names); None when it names none."""
+    if needs.names is None:
+        return None
+    effort.spend(len(needs.names))
+    named: dict[int, list[int]] = {}
+    for key in needs.names:
+        for c, m in version.index.get(key, ()):
+            named.setdefault(c, []).append(m)
+    return named
 
 
 def _count(counts: dict[str, int], key: str, amount: int) -> None:

@@ -7,6 +7,7 @@ their replica templates directly.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from . import effective_job, nodetargeting, smp
@@ -76,10 +77,10 @@ def security_defaults(pod_spec: dict, added: frozenset[str] = frozenset()) -> di
 
 
 def plan(obj: dict, job: EffectiveJob, settings: Mutations, namespace: dict,
-         deadline: int | None = None) -> tuple[list[dict], dict]:
+         deadline: duration.Defaults | None = None) -> tuple[list[dict], dict]:
     """JSONPatch operations for ``obj`` (empty when there is nothing to change) and the object
-    they produce, so the caller need not apply them to a copy again. ``deadline``: the default
-    duration (policies/checks/duration.py), set on a job that has none."""
+    they produce, so the caller need not apply them to a copy again. ``deadline``: what the
+    duration limits (policies/checks/duration.py) set on a job that lacks it."""
     labels = job_labels(obj, settings, namespace)
     cost = {k: v for k, v in labels.items() if settings.costLabels and k in settings.costLabels.fromNamespaceLabels}
     metadata = pod_metadata(settings, cost)
@@ -124,15 +125,18 @@ def plan(obj: dict, job: EffectiveJob, settings: Mutations, namespace: dict,
                 found = nodetargeting.pod_spec_patch(template.get("spec") or {}, requests, targeting, product)
                 if found:
                     template["spec"] = smp.merge(template.get("spec") or {}, found)
-    if deadline is not None:
-        set_default_deadline(mutated, job.kind, deadline)
+    if deadline is not None and deadline.seconds is not None:
+        set_default(mutated, duration.FIELDS[job.kind], deadline.seconds)
+    if deadline is not None and deadline.limited and job.kind == "MPIJob":
+        set_default(mutated, duration.CLEAN_POD_POLICY.split("."), duration.STOPS_WORKERS[0])
     return _minimal_patch(obj, mutated), mutated
 
 
-def set_default_deadline(obj: dict, kind: str, seconds: int) -> None:
-    """The job's deadline field set to ``seconds`` unless it has one. A top-level field: neither
-    Trainer nor mpi-operator puts it into a pod, so the effective job stays as it was built."""
-    *parents, name = duration.FIELDS[kind]
+def set_default(obj: dict, path: Sequence[str], value: object) -> None:
+    """The field at ``path`` set to ``value`` unless it has one: the default deadline, and the
+    MPIJob cleanPodPolicy that stops the workers with it. Top-level fields: neither Trainer nor
+    mpi-operator puts them into a pod, so the effective job stays as it was built."""
+    *parents, name = path
     holder = obj
     for key in parents:
         child = holder.get(key)
@@ -142,7 +146,7 @@ def set_default_deadline(obj: dict, kind: str, seconds: int) -> None:
             return  # a malformed job: the API server refuses it, and the check reports it
         holder = child
     if holder.get(name) is None:
-        holder[name] = seconds
+        holder[name] = value
 
 
 def mutated_job(planned_on: EffectiveJob, mutated: dict) -> EffectiveJob | None:

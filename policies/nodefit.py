@@ -16,10 +16,13 @@ from __future__ import annotations
 import fnmatch
 import functools
 import re
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from .resources import QuantityError, to_number
+
+if TYPE_CHECKING:
+    from .cel import Budget
 
 HOSTNAME = "kubernetes.io/hostname"  # the one label every node has with its own value
 UNSCHEDULABLE = "node.kubernetes.io/unschedulable"
@@ -34,9 +37,34 @@ DEFAULT_TOLERATIONS = (("node.kubernetes.io/not-ready", "Exists", "", "NoExecute
 _GO_INT = re.compile(r"[+-]?[0-9]+")  # strconv.ParseInt(s, 10, 64)
 _DECIMAL_INT = re.compile(r"0|-?[1-9][0-9]*")  # content.IsDecimalInteger
 INT64 = 1 << 63
+INT64_DIGITS = 19  # len(str(INT64 - 1)): more significant digits never fit
+# Comparisons (a label requirement or a toleration against a taint, per node or node class) one
+# review may make: past it the job's node selection is too complex to pre-check (a warning, no
+# verdict). About 0.1 s of work; a job that names nodes by hostname or metadata.name In [...] pays
+# only for the nodes it names.
+MAX_WORK = 250_000
 
 Taint = tuple[str, str, str]  # key, value, effect
 Toleration = tuple[str, str, str, str]  # key, operator, value, effect
+
+
+class TooComplex(Exception):
+    """Matching the pod's node selection against the nodes would take more than MAX_WORK comparisons."""
+
+
+class Effort:
+    """What one review may still spend on matching, and the engine's budget (its deadline and
+    cancel flag), looked at as the work goes."""
+
+    def __init__(self, budget: "Budget | None" = None, limit: int = MAX_WORK):
+        self.left, self.budget = limit, budget
+
+    def spend(self, work: int) -> None:
+        self.left -= work
+        if self.left < 0:
+            raise TooComplex(f"more than {MAX_WORK} comparisons")
+        if self.budget is not None:
+            self.budget.check()
 
 
 @dataclass
@@ -74,7 +102,7 @@ def node_classes(nodes: Iterable[dict]) -> list[NodeClass]:
         allocatable = {}
         for resource, value in _mapping(status.get("allocatable")).items():
             try:
-                allocatable[str(resource)] = to_number(str(resource), value)
+                allocatable[str(resource)] = max(to_number(str(resource), value), 0)  # negative: nothing
             except QuantityError:
                 continue
         unschedulable = spec.get("unschedulable") is True
@@ -106,6 +134,20 @@ class Term:
     fields: tuple[Requirement, ...]
     valid: bool = True
 
+    @functools.cached_property
+    def names(self) -> frozenset[tuple[str, str]] | None:
+        """The only nodes it can match, as ("host", hostname label) or ("name", metadata.name), when
+        it names them (hostname In [...], metadata.name In [...]); None when it does not."""
+        if not self.valid:
+            return frozenset()
+        for r in self.expressions:
+            if r.key == HOSTNAME and r.operator == "In":
+                return frozenset(("host", v) for v in r.values)
+        for r in self.fields:
+            if r.key == "metadata.name" and r.operator == "In":
+                return frozenset({("name", r.values[0])})
+        return None
+
 
 @dataclass(frozen=True)
 class PodNeeds:
@@ -122,6 +164,41 @@ class PodNeeds:
         """What the filters read, hashable: pods of the same shape get the same verdicts."""
         return (tuple(self.requests.items()), tuple(self.node_selector.items()), self.terms, self.tolerations,
                 self.node_name)
+
+    @functools.cached_property
+    def cost(self) -> int:
+        """Comparisons one node's labels and name may take (label_refusal)."""
+        return 1 + len(self.node_selector) + sum(len(t.expressions) + len(t.fields) for t in self.terms or ())
+
+    @functools.cached_property
+    def names(self) -> frozenset[tuple[str, str]] | None:
+        """The only nodes it can go on (see Term.names) when it names them; None when it does not."""
+        if self.node_name:
+            return frozenset({("name", self.node_name)})
+        if HOSTNAME in self.node_selector:
+            return frozenset({("host", self.node_selector[HOSTNAME])})
+        if self.terms is None:
+            return None
+        named = [term.names for term in self.terms]
+        return None if any(n is None for n in named) else frozenset().union(*named)  # type: ignore[misc]
+
+    @functools.cached_property
+    def _terms_naming(self) -> dict[tuple[str, str], list[int]]:
+        """("name" | "host", value) -> the indexes of the terms that name that node."""
+        naming: dict[tuple[str, str], list[int]] = {}
+        for i, term in enumerate(self.terms or ()):
+            for key in term.names or ():
+                naming.setdefault(key, []).append(i)
+        return naming
+
+    def for_member(self, name: str, hostname: str | None) -> "PodNeeds":
+        """Itself with only the terms that name this node, when every term names nodes: the others
+        cannot match it, so they need not be matched."""
+        if self.terms is None or self.node_name or HOSTNAME in self.node_selector:
+            return self
+        keys = [("name", name)] + ([("host", hostname)] if hostname is not None else [])
+        indexes = sorted({i for key in keys for i in self._terms_naming.get(key, ())})
+        return replace(self, terms=tuple(self.terms[i] for i in indexes))
 
     @property
     def per_node(self) -> bool:
@@ -145,9 +222,9 @@ def pod_needs(pod_spec: dict, requests: Mapping[str, int], ignored: Iterable[str
         # NewLazyErrorNodeSelector: a term with neither list selects nothing and is dropped.
         terms = tuple(_term(t) for t in _list(required.get("nodeSelectorTerms"))
                       if isinstance(t, dict) and (t.get("matchExpressions") or t.get("matchFields")))
-    tolerations = tuple((str(t.get("key", "") or ""), str(t.get("operator", "") or ""), str(t.get("value", "") or ""),
+    tolerations = tuple(dict.fromkeys((str(t.get("key", "") or ""), str(t.get("operator", "") or ""), str(t.get("value", "") or ""),
                          str(t.get("effect", "") or ""))
-                        for t in _list(pod_spec.get("tolerations")) if isinstance(t, dict)) + DEFAULT_TOLERATIONS
+                        for t in _list(pod_spec.get("tolerations")) if isinstance(t, dict))) + DEFAULT_TOLERATIONS
     node_name = pod_spec.get("nodeName")
     return PodNeeds(needs, selector, terms, tolerations, node_name if isinstance(node_name, str) else "")
 
@@ -179,9 +256,14 @@ def _valid_label_requirement(r: Requirement) -> bool:
 
 
 def _go_int(text: str) -> int | None:
+    """strconv.ParseInt(text, 10, 64), None for its errors (syntax, out of range): leading zeros
+    are read past, so the work stays bounded however long the text."""
     if not _GO_INT.fullmatch(text):
         return None
-    value = int(text)
+    digits = text.lstrip("+-").lstrip("0") or "0"
+    if len(digits) > INT64_DIGITS:
+        return None
+    value = -int(digits) if text.startswith("-") else int(digits)
     return value if -INT64 <= value < INT64 else None
 
 
@@ -249,8 +331,8 @@ def tolerates(toleration: Toleration, taint: Taint) -> bool:
     if operator == "Exists":
         return True
     if operator in ("Lt", "Gt") and _DECIMAL_INT.fullmatch(value) and _DECIMAL_INT.fullmatch(taint[1]):
-        mine, theirs = int(value), int(taint[1])
-        if not (-INT64 <= mine < INT64 and -INT64 <= theirs < INT64):
+        mine, theirs = _go_int(value), _go_int(taint[1])
+        if mine is None or theirs is None:
             return False
         return theirs < mine if operator == "Lt" else theirs > mine
     return False
@@ -272,10 +354,12 @@ def show_taint(taint: Taint) -> str:
     return f"{key}={value}:{effect}" if value else f"{key}:{effect}"
 
 
-def class_refusal(needs: PodNeeds, cls: NodeClass, *, ever: bool, ignore_taints: bool = False) -> str | None:
+def class_refusal(needs: PodNeeds, cls: NodeClass, effort: Effort, *, ever: bool,
+                  ignore_taints: bool = False) -> str | None:
     """Why no node of the class takes the pod, leaving resources aside (see :func:`per_node`).
     ``ever``: cordons and transient taints count as lifted; ``ignore_taints``: every taint does
     (the pod may still gain tolerations)."""
+    effort.spend(1 + len(needs.tolerations) * (1 + (0 if ignore_taints else len(cls.taints))))
     if cls.unschedulable and not needs.node_name and not ever:
         if not any(tolerates(t, (UNSCHEDULABLE, "", "NoSchedule")) for t in needs.tolerations):
             return "are cordoned (spec.unschedulable)"
@@ -286,29 +370,66 @@ def class_refusal(needs: PodNeeds, cls: NodeClass, *, ever: bool, ignore_taints:
     return None
 
 
-def matching_members(needs: PodNeeds, cls: NodeClass) -> tuple[int, str | None]:
-    """How many members pass the nodename and node-affinity filters, and why the others do not."""
+def matching_members(needs: PodNeeds, cls: NodeClass, effort: Effort,
+                     candidates: Iterable[int] | None = None) -> tuple[int, str | None]:
+    """How many members pass the nodename and node-affinity filters, and why the others do not.
+    ``candidates``: the indexes of the only members that can (those it names, PodNeeds.names)."""
     if not needs.per_node:
+        effort.spend(needs.cost)
         refusal = label_refusal(needs, cls.labels, cls.members[0][0] if cls.members else "")
         return (0, refusal) if refusal else (cls.count, None)
+    chosen = None if candidates is None else set(candidates)
+    indexes = range(cls.count) if chosen is None else sorted(chosen)
     count, refusal = 0, None
-    for name, hostname in cls.members:
-        if needs.node_name and needs.node_name != name:
-            refusal = refusal or "are not the node named in spec.nodeName"
-            continue
-        labels = cls.labels if hostname is None else {**cls.labels, HOSTNAME: hostname}
-        why = label_refusal(needs, labels, name)
+    for index in indexes:
+        why = _member_refusal(needs if chosen is None else needs.for_member(*cls.members[index]), cls, index, effort)
         if why:
             refusal = refusal or why
         else:
             count += 1
+    several = bool(needs.terms) and len(needs.terms) > 1  # then a member was matched on the terms naming it only
+    if chosen is not None and count < cls.count and (
+            refusal is None or several and not refusal.startswith("lack label")):
+        refusal = _unnamed_refusal(needs)
     return count, refusal
+
+
+def _unnamed_refusal(needs: PodNeeds) -> str:
+    """Why nodes it does not name (PodNeeds.names) do not take it, said without matching them."""
+    if needs.node_name:
+        return "are not the node named in spec.nodeName"
+    if HOSTNAME in needs.node_selector:
+        return f"lack label {HOSTNAME}={needs.node_selector[HOSTNAME]}"
+    naming = [r for r in needs.terms[0].expressions if r.key == HOSTNAME and r.operator == "In"] if (
+        needs.terms and len(needs.terms) == 1 and needs.terms[0].valid) else []
+    return f"do not match the required node affinity{f' {naming[0]}' if naming else ''}"
+
+
+def member_index(classes: list[NodeClass]) -> dict[tuple[str, str], list[tuple[int, int]]]:
+    """("name", node name) and ("host", hostname label) -> (class, member) indexes: the nodes a pod
+    names are found without matching every node."""
+    index: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    for c, cls in enumerate(classes):
+        for m, (name, hostname) in enumerate(cls.members):
+            index.setdefault(("name", name), []).append((c, m))
+            if hostname is not None:
+                index.setdefault(("host", hostname), []).append((c, m))
+    return index
+
+
+def _member_refusal(needs: PodNeeds, cls: NodeClass, index: int, effort: Effort) -> str | None:
+    effort.spend(needs.cost)
+    name, hostname = cls.members[index]
+    if needs.node_name and needs.node_name != name:
+        return "are not the node named in spec.nodeName"
+    labels = cls.labels if hostname is None else {**cls.labels, HOSTNAME: hostname}
+    return label_refusal(needs, labels, name)
 
 
 def holds(needs: PodNeeds, capacity: Mapping[str, int]) -> int:
     """How many such pods a node with ``capacity`` left takes (fitsRequest; a resource the node
     does not offer counts as 0)."""
-    return min(capacity.get(r, 0) // amount for r, amount in needs.requests.items())
+    return max(min(capacity.get(r, 0) // amount for r, amount in needs.requests.items()), 0)
 
 
 def short_of(needs: PodNeeds, capacity: Mapping[str, int]) -> list[str]:

@@ -32,8 +32,11 @@ class ProductRefused(MutationRefused):
 
 
 def requested_product(obj: dict, settings: NodeTargetingMutation) -> str | None:
-    """The GPU product the job asks for through its annotation (None: any node of the family)."""
-    value = ((obj.get("metadata") or {}).get("annotations") or {}).get(settings.productAnnotation)
+    """The GPU product the job asks for through its annotation (None: any node of the family;
+    annotations that are not a mapping are the API server's to refuse)."""
+    meta = obj.get("metadata")
+    annotations = meta.get("annotations") if isinstance(meta, dict) else None
+    value = annotations.get(settings.productAnnotation) if isinstance(annotations, dict) else None
     return value if isinstance(value, str) and value else None
 
 
@@ -45,6 +48,8 @@ def pod_spec_patch(pod_spec: dict, requests: dict[str, int], settings: NodeTarge
     matched = [(rule, resource) for rule in settings.accelerators if (resource := _requested(rule, requests))]
     if not matched:
         return {}
+    for rule, resource in matched:
+        _refuse_unoffered_selection(pod_spec, rule, resource, settings.productAnnotation)
     patch: dict = {}
     tolerations = _tolerations(pod_spec.get("tolerations"), [t for rule, _ in matched for t in rule.tolerations])
     if tolerations is not None:
@@ -111,23 +116,56 @@ def _requirements(matched: list[tuple[AcceleratorTargeting, str]], product: str 
             continue
         if (rule.productLabel is None or not LABEL_VALUE.fullmatch(product)
                 or (rule.products and product not in rule.products)):
-            raise ProductRefused(_refusal(rule, resource, product, annotation))
+            raise _refusal(rule, resource, product, annotation)
         found.setdefault(rule.productLabel, {"key": rule.productLabel, "operator": "In", "values": [product]})
     return list(found.values())
 
 
-def _refusal(rule: AcceleratorTargeting, resource: str, product: str, annotation: str) -> str:
+def _refusal(rule: AcceleratorTargeting, resource: str, product: str, annotation: str) -> ProductRefused:
     """Names the annotation rather than echoing its value (policies/redaction.py would hide it)."""
     asked = f"the job asks for a GPU product in metadata.annotations[{annotation}]"
     if rule.productLabel is None:
-        return (f"{asked}, but this cluster's policy places {resource} pods on any {resource} node, not by "
-                "product: remove the annotation")
+        return ProductRefused(f"{asked}, but this cluster's policy places {resource} pods on any {resource} node, "
+                              "not by product", "remove the annotation")
     if not LABEL_VALUE.fullmatch(product):
-        return (f"{asked} that is not a node label value (at most 63 letters, digits, '-', '_' or '.', starting "
-                f"and ending with a letter or digit), so no {resource} node can carry it: set the product as "
-                "the nodes' label names it, or remove the annotation")
-    return (f"{asked} that this cluster does not offer for {resource} (offered: {', '.join(rule.products)}): "
-            f"set the annotation to one of those, or remove it to run on any {resource} node")
+        return ProductRefused(f"{asked} that is not a node label value (at most 63 letters, digits, '-', '_' or '.', "
+                              f"starting and ending with a letter or digit), so no {resource} node can carry it",
+                              "set the product as the nodes' label names it, or remove the annotation")
+    return ProductRefused(f"{asked} that this cluster does not offer for {resource} (offered: "
+                          f"{', '.join(rule.products)})",
+                          f"set the annotation to one of those, or remove it to run on any {resource} node")
+
+
+def _refuse_unoffered_selection(pod_spec: dict, rule: AcceleratorTargeting, resource: str, annotation: str) -> None:
+    """The allow-list holds however a product is chosen: a nodeSelector entry or a required term
+    (operator In) on the product label that names a product the family does not list is refused
+    like the annotation would be."""
+    if rule.productLabel is None or not rule.products:
+        return
+    selector = pod_spec.get("nodeSelector")
+    named = [selector[rule.productLabel]] if isinstance(selector, dict) and rule.productLabel in selector else []
+    for term in _required_terms(pod_spec) or []:
+        expressions = term.get("matchExpressions") if isinstance(term, dict) else None
+        named += [value for e in (expressions if isinstance(expressions, list) else [])
+                  if isinstance(e, dict) and e.get("key") == rule.productLabel and e.get("operator") == "In"
+                  for value in (e.get("values") if isinstance(e.get("values"), list) else [])]
+    unoffered = next((value for value in named if value not in rule.products), None)
+    if unoffered is not None:
+        raise ProductRefused(
+            f"the job's {resource} pods select {rule.productLabel}={str(unoffered)[:63]} (their nodeSelector or "
+            f"required node affinity), a GPU product this cluster does not offer for {resource} (offered: "
+            f"{', '.join(rule.products)})",
+            f"select one of those, or remove that selection from spec.runtimePatches (a legacy MPIJob: its replica "
+            f"template) and set the annotation {annotation} to one of them, or leave it unset to run on any "
+            f"{resource} node")
+
+
+def _required_terms(pod_spec: dict) -> object:
+    """The pod's required nodeSelectorTerms as written (not checked to be a list)."""
+    affinity = pod_spec.get("affinity")
+    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, dict) else None
+    required = node_affinity.get(REQUIRED) if isinstance(node_affinity, dict) else None
+    return required.get("nodeSelectorTerms") if isinstance(required, dict) else None
 
 
 def _terms(pod_spec: dict, requirements: list[dict]) -> list | None:
@@ -138,10 +176,7 @@ def _terms(pod_spec: dict, requirements: list[dict]) -> list | None:
     requirements = [r for r in requirements if not (isinstance(selector, dict) and r["key"] in selector)]
     if not requirements:
         return None
-    affinity = pod_spec.get("affinity")
-    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, dict) else None
-    required = node_affinity.get(REQUIRED) if isinstance(node_affinity, dict) else None
-    terms = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
+    terms = _required_terms(pod_spec)
     if not isinstance(terms, list) or not terms:
         return [{"matchExpressions": requirements}]
     out, changed = [], False

@@ -15,6 +15,8 @@ from typing import Any, Iterable
 
 import yaml
 
+from .podresources import requests_on_node
+
 TRAINER_GROUP = "trainer.kubeflow.org"
 # Trainer names a job's runtime snapshot <job> + this (pkg/runtime/core/snapshot.go, runtimeSnapshotSuffix).
 SNAPSHOT_SUFFIX = "-runtime-snapshot"
@@ -57,6 +59,9 @@ class ClusterState:
     # Pods bound to a node and not finished, slimmed to what they request (node_usage): what the
     # nodes' free capacity is now. None: not known (offline without Pods in the state file).
     pods: dict[tuple[str, str], dict] | None = None
+    # Per node name, what those pods request in all ("pods": how many), kept up to date on each
+    # Pod write (a pod event costs its own parse, not a re-sum of every pod); None with pods.
+    node_usage: dict[str, dict[str, int]] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     def upsert(self, obj: dict) -> None:
@@ -66,19 +71,29 @@ class ClusterState:
         self._write(obj, keep=False)
 
     def _write(self, obj: dict, keep: bool) -> None:
+        """A write that changes nothing of what is kept (a node's heartbeat, a pod's IP) keeps the
+        dict, and with it what readers computed from it; an object that stops being kept (a pod
+        that finished) is dropped."""
         kind = obj.get("kind")
-        if kind not in _ATTR or not _kept(kind, obj):
+        key = _key(kind, obj) if kind in _ATTR else None
+        if key is None:
             return
-        key = _key(kind, obj)
+        keep = keep and _kept(kind, obj)
         obj = _slim(kind, obj)
         with self._lock:
-            items = dict(getattr(self, _ATTR[kind]) or {})
+            current = getattr(self, _ATTR[kind])
+            stored = (current or {}).get(key[0], {}).get(key[1]) if kind in _PER_NAMESPACE else (current or {}).get(key)
+            if current is not None and (stored == obj if keep else stored is None):
+                return
+            items = dict(current or {})
             if kind in _PER_NAMESPACE:
                 inner = dict(items.get(key[0], {}))
                 _put(inner, key[1], obj, keep)
                 _put(items, key[0], inner, bool(inner))
             else:
                 _put(items, key, obj, keep)
+            if kind == "Pod":
+                self.node_usage = _moved(self.node_usage or {}, stored, obj if keep else None)
             setattr(self, _ATTR[kind], items)
 
     def replace(self, kind: str, objects: Iterable[dict]) -> None:
@@ -94,6 +109,8 @@ class ClusterState:
             else:
                 items[key] = obj
         with self._lock:
+            if kind == "Pod":
+                self.node_usage = _moved({}, None, *items.values())
             setattr(self, _ATTR[kind], items)
 
     def runtime(self, namespace: str, ref: dict) -> dict | None:
@@ -171,14 +188,20 @@ class ClusterState:
 
 
 def _key(kind: str, obj: dict) -> Any:
+    """``name`` or ``(namespace, name)``; None for metadata the API server never serves (a
+    hand-written state file's), which is then ignored rather than crash the review."""
     meta = obj.get("metadata") or {}
-    name, namespace = meta.get("name", ""), meta.get("namespace", "")
+    name, namespace = (meta.get("name", ""), meta.get("namespace", "")) if isinstance(meta, dict) else (None, None)
+    if not isinstance(name, str) or not isinstance(namespace, str):
+        return None
     return (namespace, name) if kind in _NAMESPACED + _PER_NAMESPACE else name
 
 
 def _kept(kind: str, obj: dict) -> bool:
     """Of ConfigMaps only Trainer's runtime snapshots (a state file may hold any); of Pods only
     those bound to a node and not finished (what holds a node's capacity now)."""
+    if _key(kind, obj) is None:
+        return False
     if kind == "ConfigMap":
         return str((obj.get("metadata") or {}).get("name", "")).endswith(SNAPSHOT_SUFFIX)
     if kind == "Pod":
@@ -191,6 +214,26 @@ FINISHED = ("Succeeded", "Failed")
 # large and never read. {section: fields}; a container keeps its name and resources.
 _SLIM = {"Node": {"metadata": ("name", "labels"), "spec": ("taints", "unschedulable"), "status": ("allocatable",)},
          "Pod": {"metadata": ("name", "namespace"), "spec": ("nodeName", "overhead", "resources"), "status": ("phase",)}}
+
+
+def _moved(usage: dict[str, dict[str, int]], gone: dict | None, *added: dict | None) -> dict[str, dict[str, int]]:
+    """``usage`` without what the pod ``gone`` held and with what ``added`` pods hold: a new dict,
+    and new entries for the nodes that changed (readers hold the old ones)."""
+    usage = dict(usage)
+    for pod, sign in [(gone, -1), *((pod, 1) for pod in added)]:
+        if pod is None:
+            continue
+        node = str((pod.get("spec") or {}).get("nodeName", ""))
+        held = dict(usage.get(node, {}))
+        for resource, amount in {**requests_on_node(pod), "pods": 1}.items():
+            held[resource] = held.get(resource, 0) + sign * amount
+            if not held[resource]:
+                del held[resource]
+        if held.get("pods", 0) > 0:
+            usage[node] = held
+        else:
+            usage.pop(node, None)
+    return usage
 
 
 def _slim(kind: str, obj: dict) -> dict:

@@ -84,23 +84,46 @@ def _iso(seconds: float) -> str:
     return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def event_name(job: dict, running: Clock) -> str:
+@dataclass(frozen=True)
+class Run:
+    """One run of one job: all a timer keeps of it (whole TrainJobs, held for days until their
+    warning is due, would add up)."""
+
+    namespace: str
+    name: str
+    uid: str
+    clock: Clock
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.namespace, self.name
+
+
+def run_of(job: dict) -> Run | None:
+    """The job's current run, or None when no clock runs or the object has no namespace and name."""
+    key = _key(job)
+    running = clock(job) if key is not None else None
+    if key is None or running is None:
+        return None
+    return Run(*key, str(job["metadata"].get("uid") or ""), running)
+
+
+def event_name(run: Run) -> str:
     """The same on every replica for one run of one job: a new run (a resume) gets a new one."""
-    meta = job.get("metadata") or {}
-    digest = hashlib.sha256(f"{meta.get('uid')}/{running.start}/{running.seconds}".encode()).hexdigest()[:10]
-    return f"{str(meta.get('name'))[:200]}.deadline-{digest}"
+    digest = hashlib.sha256(f"{run.uid}/{run.clock.start}/{run.clock.seconds}".encode()).hexdigest()[:10]
+    return f"{run.name[:200]}.deadline-{digest}"
 
 
-def event(job: dict, running: Clock, now: float) -> dict:
+def event(run: Run, now: float) -> dict:
     """A core/v1 Warning Event on the job, as `kubectl describe trainjob` and `kubectl get events` show."""
-    meta = job["metadata"]
+    running = run.clock
     used = min(99, max(int(100 * WARN_AT), int(100 * (now - running.start) / running.seconds)))
     stamp = _iso(now)
     return {
         "apiVersion": "v1", "kind": "Event",
-        "metadata": {"name": event_name(job, running), "namespace": meta["namespace"]},
-        "involvedObject": {"apiVersion": JOBS["TrainJob"].api_version, "kind": "TrainJob", "name": meta["name"],
-                           "namespace": meta["namespace"], "uid": meta.get("uid", "")},
+        "metadata": {"name": event_name(run), "namespace": run.namespace},
+        "involvedObject": {"apiVersion": JOBS["TrainJob"].api_version, "kind": "TrainJob", "name": run.name,
+                           "namespace": run.namespace, "uid": run.uid},
         "type": "Warning", "reason": REASON,
         "message": (f"{used}% of spec.activeDeadlineSeconds {human(running.seconds)} used: Trainer stops the job at "
                     f"{_iso(running.ends)} (reason DeadlineExceeded); save a checkpoint before then"),
@@ -137,16 +160,16 @@ class DeadlineWarnings(Calls):
         key = _key(job)
         if key is None:
             return
-        running = clock(job)
-        name = event_name(job, running) if running is not None else None
+        run = run_of(job)
+        name = event_name(run) if run is not None else None
         current = self.timers.get(key)
         if current is not None and current[0] == name:
             return  # the same run: its timer stands
         self._cancel(key)
-        if running is None or self.posted.get(key) == name or time.time() >= running.ends:
+        if run is None or self.posted.get(key) == name or time.time() >= run.clock.ends:
             return  # past the deadline Trainer fails the job: a warning would come too late
         assert self.loop is not None
-        timer = self.loop.call_later(max(0.0, running.warn_at - time.time()), self._due, key, job, running)
+        timer = self.loop.call_later(max(0.0, run.clock.warn_at - time.time()), self._due, run)
         self.timers[key] = (str(name), timer)
 
     def gone(self, job: dict) -> None:
@@ -169,22 +192,22 @@ class DeadlineWarnings(Calls):
         if current is not None:
             current[1].cancel()
 
-    def _due(self, key: tuple[str, str], job: dict, running: Clock) -> None:
-        self.timers.pop(key, None)
-        task = asyncio.ensure_future(self._post(key, job, running))
+    def _due(self, run: Run) -> None:
+        self.timers.pop(run.key, None)
+        task = asyncio.ensure_future(self._post(run))
         self.posting.add(task)
         task.add_done_callback(self.posting.discard)
 
-    async def _post(self, key: tuple[str, str], job: dict, running: Clock) -> None:
-        body = event(job, running, time.time())
-        name = body["metadata"]["name"]
+    async def _post(self, run: Run) -> None:
+        body = event(run, time.time())
+        name, key = body["metadata"]["name"], run.key
         try:
-            created = await self.create(EVENTS, key[0], body)
+            created = await self.create(EVENTS, run.namespace, body)
         except Exception as exc:  # noqa: BLE001 - the API may be away: try again while it still matters
             log.warning("could not post the deadline Event for TrainJob %s/%s: %s", *key, summary(exc, self.timeout))
-            if key not in self.timers and time.time() + RETRY_SECONDS < running.ends:
+            if key not in self.timers and time.time() + RETRY_SECONDS < run.clock.ends:
                 assert self.loop is not None
-                self.timers[key] = (name, self.loop.call_later(RETRY_SECONDS, self._due, key, job, running))
+                self.timers[key] = (name, self.loop.call_later(RETRY_SECONDS, self._due, run))
             return
         self.posted[key] = name
         if created:

@@ -93,7 +93,7 @@ class Injector(Calls):
 
     async def _body(self, plan: dict, job: EffectiveJob, uid: str, decision: Decision) -> dict:
         if plan["kind"] == "Secret":
-            pair = await asyncio.to_thread(self.keys.take, plan["keyType"])
+            pair = await self.keys.take_async(plan["keyType"])
             return self.provenance.stamp("Secret", secret(job, plan["name"], uid, pair))
         body = injections.network_policy(job, decision.injection_settings.networkPolicy)
         body["metadata"]["annotations"][injections.JOB_UID_ANNOTATION] = uid

@@ -8,6 +8,7 @@ as Go's ssh.MarshalAuthorizedKey writes it ("<type> <base64>\\n", no comment).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import logging
@@ -101,11 +102,21 @@ class KeyPool:
 
     def take(self, key_type: KeyType) -> KeyPair:
         """A pair nobody else has been given: from the pool when one is ready, else fresh."""
+        return self._pop(key_type) or generate(key_type)
+
+    async def take_async(self, key_type: KeyType) -> KeyPair:
+        """:meth:`take` for the event loop: a fast type or a ready pair without a thread hop
+        (which costs more than the key under load); only a slow pair made on the spot takes a thread."""
+        pair = self._pop(key_type)
+        if pair is not None:
+            return pair
+        return generate(key_type) if key_type not in self.SLOW else await asyncio.to_thread(generate, key_type)
+
+    def _pop(self, key_type: KeyType) -> KeyPair | None:
         self.warm(key_type)
         with self._lock:
             ready = self._ready.get(key_type)
-            pair = ready.popleft() if ready else None
-        return pair or generate(key_type)
+            return ready.popleft() if ready else None
 
     def ready(self, key_type: KeyType) -> int:
         with self._lock:

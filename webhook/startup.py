@@ -15,6 +15,7 @@ import logging
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Awaitable, Callable
 
 from policies.state import ClusterState
 
@@ -120,10 +121,18 @@ async def _start_with_cluster(config: ServerConfig, options: ClusterOptions,
                    for ns in sorted(set(options.namespaces))] or [Reconciler(api, options.provenance, own_namespace=own)]
     tasks = [asyncio.create_task(sync.wait_synced(ready), name="state sync"),
              asyncio.create_task(DeadlineWarnings(api).run(), name="deadline warnings")] + [
-        asyncio.create_task(r.run(), name=f"reconciler ({r.namespace or 'all namespaces'})") for r in reconcilers]
+        asyncio.create_task(_when_ready(ready, r.run), name=f"reconciler ({r.namespace or 'all namespaces'})")
+        for r in reconcilers]
     for task in tasks:
         task.add_done_callback(_report_crash)
         cleanup.push_async_callback(_cancel, task)
+
+
+async def _when_ready(ready: asyncio.Event, run: Callable[[], Awaitable[None]]) -> None:
+    """``run`` once the state is synced: a reconciler's first lists (every job and injected
+    object) would otherwise hold up /readyz after a restart, and nothing it does is urgent."""
+    await ready.wait()
+    await run()
 
 
 def own_namespace(path: Path = SERVICE_ACCOUNT_NAMESPACE) -> str:

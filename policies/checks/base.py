@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..cel import Budget
 from ..effective_job import EffectiveJob
 from ..state import ClusterState
 
@@ -34,6 +35,8 @@ class CheckContext:
     operation: str = "CREATE"
     username: str = ""  # who submits (request.userInfo): exceptions only some users may grant
     groups: tuple[str, ...] = ()
+    submitted: dict | None = None  # the object as the user sent it, before the bundles' mutations (None: ``object``)
+    budget: Budget | None = None  # the engine's deadline and cancel flag, for checks whose work grows with the cluster
 
 
 Check = Callable[[CheckContext, Any], list[Finding]]  # (context, the check's settings model) -> findings

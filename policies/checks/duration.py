@@ -8,6 +8,11 @@ Trainer make to running jobs always pass. Trainer counts the time from creation 
 resume and fails the job at the deadline (trainjob_controller.go reconcileDeadline); mpi-operator
 copies runPolicy.activeDeadlineSeconds into the launcher Job (mpi_job_controller.go newLauncherJob).
 Neither copies it into a pod, so the pods and their quota scopes stay as they are.
+
+An MPIJob's deadline ends its launcher Job only: mpi-operator deletes the workers when the job
+finishes only if runPolicy.cleanPodPolicy is Running or All (isCleanUpPods), and it defaults an
+unset policy to None (v2beta1/default.go). So where a default or maximum applies, /mutate sets
+Running on an MPIJob without a policy, and any other policy is refused.
 """
 from __future__ import annotations
 
@@ -20,6 +25,11 @@ from .base import CheckContext, Finding
 
 ANNOTATION = "trainjob-admission.io/max-duration-seconds"  # the longest this one job may run, granted
 FIELDS = {"TrainJob": ("spec", "activeDeadlineSeconds"), "MPIJob": ("spec", "runPolicy", "activeDeadlineSeconds")}
+# The lowest deadline each controller runs: Trainer's CRD says Minimum=1; mpi-operator's
+# validation (ValidateNonnegativeField) refuses a negative one and never starts the job.
+MINIMUM = {"TrainJob": (1, "Trainer's CRD refuses one under 1"), "MPIJob": (0, "mpi-operator refuses a negative one")}
+CLEAN_POD_POLICY = "spec.runPolicy.cleanPodPolicy"
+STOPS_WORKERS = ("Running", "All")  # mpi-operator deletes the workers at the end under these; /mutate sets the first
 _UNITS = (("d", 86400), ("h", 3600), ("min", 60), ("s", 1))
 
 
@@ -28,6 +38,10 @@ class Limits:
     default: int | None
     maximum: int | None
     scope: str  # where these limits hold, for messages: "in namespace research", "for group ml-leads"
+
+    @property
+    def apply(self) -> bool:
+        return self.default is not None or self.maximum is not None
 
 
 def limits(settings: DurationCheck, namespace: str, groups: Sequence[str]) -> Limits:
@@ -44,8 +58,12 @@ def limits(settings: DurationCheck, namespace: str, groups: Sequence[str]) -> Li
 
 def deadline(obj: dict, kind: str) -> Any:
     """The job's deadline field as stored (None when unset), whatever its type."""
+    return _field(obj, FIELDS.get(kind, FIELDS["TrainJob"]))
+
+
+def _field(obj: dict, path: Sequence[str]) -> Any:
     value: Any = obj
-    for key in FIELDS.get(kind, FIELDS["TrainJob"]):
+    for key in path:
         value = value.get(key) if isinstance(value, dict) else None
     return value
 
@@ -71,15 +89,28 @@ def _whole(value: Any) -> bool:
 def check(context: CheckContext, settings: DurationCheck) -> list[Finding]:
     obj = context.object
     kind = str(obj.get("kind") or context.job.kind)
-    value = deadline(obj, kind)
-    if context.operation != "CREATE" and context.old_object is not None and deadline(context.old_object, kind) == value:
-        return []  # judged when it was set
+    old = context.old_object if context.operation != "CREATE" else None
     meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
-    namespace = str(meta.get("namespace") or "")
-    limit = limits(settings, namespace, context.groups)
+    limit = limits(settings, str(meta.get("namespace") or ""), context.groups)
+    findings = _workers_stop(obj, old) if kind == "MPIJob" and limit.apply else []
+    return findings + _deadline(context, settings, kind, old, meta, limit)
+
+
+def _deadline(context: CheckContext, settings: DurationCheck, kind: str, old: dict | None, meta: dict,
+              limit: Limits) -> list[Finding]:
+    value, name = deadline(context.object, kind), field_name(kind)
+    was = deadline(old, kind) if old is not None else None
+    if old is not None and was == value:
+        return []  # judged when it was set
+    minimum, refused = MINIMUM.get(kind, MINIMUM["TrainJob"])
+    if _whole(value) and value < minimum:
+        return [Finding(f"{name} is {value}: {refused}, so the job would never run",
+                        f"set {name} to a whole number of seconds of at least {max(1, minimum)}"
+                        + (f" and at most {limit.maximum}" if limit.maximum is not None else ""))]
+    if _whole(value) and _whole(was) and value <= was:
+        return []  # lowering a deadline, one an admin granted included, only ends the job sooner
     if limit.maximum is None:
         return []
-    name = field_name(kind)
     maximum = f"the maximum{' ' + limit.scope if limit.scope else ''}"
     if value is None:
         return [Finding(f"{name} is not set, so the job could run without end; {maximum} is {human(limit.maximum)}",
@@ -90,6 +121,19 @@ def check(context: CheckContext, settings: DurationCheck) -> list[Finding]:
     if value <= limit.maximum:
         return []
     return [_exception(context, settings, meta, name, value, limit.maximum, maximum)]
+
+
+def _workers_stop(obj: dict, old: dict | None) -> list[Finding]:
+    """An MPIJob under a duration limit must let mpi-operator delete its workers at the deadline;
+    judged when its cleanPodPolicy is set, as the deadline is."""
+    path = CLEAN_POD_POLICY.split(".")
+    policy = _field(obj, path)
+    if policy in STOPS_WORKERS or (old is not None and _field(old, path) == policy):
+        return []
+    shown = f"{policy!r}" if policy is not None else "not set (mpi-operator takes None)"
+    return [Finding(f"{CLEAN_POD_POLICY} is {shown}: at spec.runPolicy.activeDeadlineSeconds mpi-operator stops only "
+                    "the launcher, and the workers keep running and holding their GPUs",
+                    f"set {CLEAN_POD_POLICY} to Running (or All)")]
 
 
 def _exception(context: CheckContext, settings: DurationCheck, meta: dict, name: str, value: int, limit: int,
@@ -141,13 +185,18 @@ def _authority(settings: DurationCheck, username: str, groups: Sequence[str]) ->
     return f"{username or 'an unnamed user'} (group {group})" if group else None
 
 
-def default_seconds(bundles: Sequence[Bundle], namespace: str, groups: Sequence[str]) -> int | None:
-    """The default duration /mutate sets: that of the first bundle (priority order) whose enabled
-    duration check has one for this namespace and submitter, as mutation settings combine."""
-    for bundle in bundles:
-        settings = bundle.spec.checks.duration
-        if settings is not None and settings.enabled:
-            default = limits(settings, namespace, groups).default
-            if default is not None:
-                return default
-    return None
+@dataclass(frozen=True)
+class Defaults:
+    """What /mutate sets for the duration limits that apply to a job."""
+
+    seconds: int | None  # the default deadline, for a job without one
+    limited: bool  # a default or a maximum applies: an MPIJob without a cleanPodPolicy gets Running
+
+
+def defaults(bundles: Sequence[Bundle], namespace: str, groups: Sequence[str]) -> Defaults:
+    """The default duration is that of the first bundle (priority order) whose enabled duration
+    check has one for this namespace and submitter, as mutation settings combine."""
+    found = [limits(b.spec.checks.duration, namespace, groups) for b in bundles
+             if b.spec.checks.duration is not None and b.spec.checks.duration.enabled]
+    return Defaults(next((f.default for f in found if f.default is not None), None),
+                    any(f.apply for f in found))

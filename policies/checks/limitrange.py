@@ -11,7 +11,8 @@ refused earlier, with every other pod the API server refuses (policies/podvalida
 from __future__ import annotations
 
 from ..bundle import LimitRangeCheck
-from ..effective_job import EffectiveJob, PodSet, container_field, pod_resources
+from ..effective_job import EffectiveJob, PodSet, container_field
+from ..podresources import pod_resources
 from ..limitranger import items
 from ..resources import QuantityError, format_amount, numbers
 from .base import CheckContext, Finding

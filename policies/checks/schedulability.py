@@ -5,125 +5,167 @@ free room now.
 "Never" reads the nodes whole, as if nothing else ran, and takes cordons and the taints the node
 controllers lift by themselves (not-ready, pressure, ...) as lifted: a node that comes back is
 room. "Now" reads them as they are, less what the bound, unfinished pods request. Nodes are parsed
-once per state version (the watches swap ``state.nodes`` and ``state.pods`` whole on each write).
+once per state version (the watches swap ``state.nodes`` and ``state.node_usage`` whole on each write
+that changes what is kept of them).
+
+A resource no node offers is left out with a warning: node pools that scale from zero and DRA
+(DRAExtendedResource, beta and on in 1.36, hands such resources to a DeviceClass) may still
+provide it. ``nodesMayBeAdded`` makes every "never" a warning.
 """
 from __future__ import annotations
 
+import fnmatch
+
 from ..bundle import SchedulabilityCheck
-from ..effective_job import EffectiveJob, PodSet, pod_resources
+from ..effective_job import EffectiveJob, PodSet
 from ..jobfit import Problem, SetFit, assess
-from ..nodefit import NodeClass, PodNeeds, node_classes, pod_needs
+from ..nodefit import MAX_WORK, Effort, NodeClass, PodNeeds, TooComplex, node_classes, pod_needs
 from ..phases import groups
 from ..queueing import runs_elsewhere, suspended
-from ..resources import QuantityError, format_amount
+from ..resources import format_amount
 from ..state import ClusterState
 from .base import CheckContext, Finding
 from .fields import per_worker_field, plural, workers_field
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 OVERCOMMITTED = ("cpu", "memory", "ephemeral-storage")
-_classes_cache: tuple[dict, list[NodeClass]] = ({}, [])
+_classes_cache: tuple[dict, list[NodeClass], frozenset[str]] = ({}, [], frozenset())
 _free_cache: tuple[dict, dict | None, list[NodeClass]] = ({}, None, [])
-_requests_memo: dict = {}  # (namespace, name) -> (slim Pod, its requests)
 
 
 def check(context: CheckContext, settings: SchedulabilityCheck) -> list[Finding]:
     state, job, obj = context.state, context.job, context.object
     if not state.nodes or runs_elsewhere(obj):
         return []  # no Nodes known (offline without them), or MultiKueue runs it elsewhere
-    labels = (obj.get("metadata") or {}).get("labels") or {}
-    queued = suspended(obj) or QUEUE_LABEL in labels
-    ignore_taints = queued and settings.queueAddsTolerations
-    needs = {id(ps): pod_needs(ps.pod.get("spec") or {}, ps.requests, settings.ignoredResources)
+    # The queue the user named: a queue label a bundle adds to every job says nothing of tolerations.
+    labels = ((context.submitted if context.submitted is not None else obj).get("metadata") or {}).get("labels")
+    queue = labels.get(QUEUE_LABEL) if isinstance(labels, dict) else None
+    ignore_taints = bool(queue) and settings.queueAddsTolerations
+    missing = _unoffered(job, offered(state), settings)
+    needs = {id(ps): pod_needs(ps.pod.get("spec") or {}, {r: n for r, n in ps.requests.items() if r not in missing},
+                               settings.ignoredResources)
              for ps in job.with_pods}
     phases = [[ps for ps in (job.pod_sets[i] for i in group) if ps.count] for group in groups(job.pod_sets)]
-    findings: list[Finding] = []
+    findings = [_not_offered(missing, len(state.nodes))] if missing else []
+    effort = Effort(context.budget)
+    try:
+        never = _nevers(context, settings, phases, needs, queue, ignore_taints, effort)
+        findings += never
+        # A job that runs holds its own room: on UPDATE only a resume starts pods.
+        starts_now = not suspended(obj) and (context.operation == "CREATE" or suspended(context.old_object))
+        if never or not settings.warnWhenBusy or state.pods is None or not starts_now:
+            return _unique(findings)
+        for pod_sets in phases:
+            sets = [(ps.name, ps.count, needs[id(ps)]) for ps in pod_sets]
+            fits, problem = assess(sets, free_classes(state), ever=False, ignore_taints=ignore_taints, effort=effort)
+            if problem is not None:
+                findings.append(_busy(job, pod_sets, fits, problem))
+    except TooComplex:
+        findings.append(Finding(
+            f"the job's node selection (nodeSelector, node affinity, tolerations) is too complex to pre-check "
+            f"against the {plural(len(state.nodes), 'node')}: it would take more than {MAX_WORK} comparisons",
+            "none needed: the scheduler still judges it; to have it pre-checked, name fewer nodes or use fewer "
+            "node affinity terms and expressions", severity="warn"))
+    return _unique(findings)
+
+
+def _nevers(context: CheckContext, settings: SchedulabilityCheck, phases: list[list[PodSet]], needs: dict,
+            queue: str | None, ignore_taints: bool, effort: Effort) -> list[Finding]:
+    """What the nodes can never hold, phase by phase (pod sets that run together)."""
+    job, state, findings = context.job, context.state, []
     for pod_sets in phases:
         sets = [(ps.name, ps.count, needs[id(ps)]) for ps in pod_sets]
-        fits, problem = assess(sets, classes(state), ever=True, ignore_taints=ignore_taints)
+        fits, problem = assess(sets, classes(state), ever=True, ignore_taints=ignore_taints, effort=effort)
         if problem is None and ignore_taints:
-            fits, problem = assess(sets, classes(state), ever=True)
+            fits, problem = assess(sets, classes(state), ever=True, effort=effort)
             if problem is not None:
-                findings.append(_tolerations_pending(job, pod_sets, fits, problem))
+                findings.append(_tolerations_pending(job, pod_sets, fits, problem, str(queue)))
                 continue
         if problem is not None:
             finding = _never(job, pod_sets, fits, problem)
+            if settings.nodesMayBeAdded:
+                finding = Finding(f"{finding.message}; it runs only if the cluster adds nodes that take it",
+                                  finding.remediation, severity="warn")
             # The job already exists on UPDATE: refusing the change frees nothing, so advise.
             if problem.kind == "packing" or context.operation != "CREATE":
                 finding = Finding(finding.message, finding.remediation, severity="warn")
             findings.append(finding)
-    # A job that runs holds its own room: on UPDATE only a resume starts pods.
-    starts_now = not suspended(obj) and (context.operation == "CREATE" or suspended(context.old_object))
-    if findings or not settings.warnWhenBusy or state.pods is None or not starts_now:
-        return _unique(findings)
-    for pod_sets in phases:
-        sets = [(ps.name, ps.count, needs[id(ps)]) for ps in pod_sets]
-        fits, problem = assess(sets, free_classes(state), ever=False, ignore_taints=ignore_taints)
-        if problem is not None:
-            findings.append(_busy(job, pod_sets, fits, problem))
-    return _unique(findings)
+    return findings
 
 
 def classes(state: ClusterState) -> list[NodeClass]:
     """The nodes as classes, once per version of ``state.nodes`` (kept by identity, with the dict)."""
+    return _parsed(state)[0]
+
+
+def offered(state: ClusterState) -> frozenset[str]:
+    """The resources some node has a positive amount of."""
+    return _parsed(state)[1]
+
+
+def _parsed(state: ClusterState) -> tuple[list[NodeClass], frozenset[str]]:
     global _classes_cache
-    nodes, cached = _classes_cache
+    nodes, cached, resources = _classes_cache
     if nodes is not state.nodes:
         cached = node_classes(state.nodes.values())
-        _classes_cache = (state.nodes, cached)
-    return cached
+        resources = frozenset(r for cls in cached for r, n in cls.allocatable.items() if n > 0)
+        _classes_cache = (state.nodes, cached, resources)
+    return cached, resources
+
+
+def _unoffered(job: EffectiveJob, resources: frozenset[str], settings: SchedulabilityCheck) -> list[str]:
+    """What the job asks that no node offers (and the bundle does not already leave out)."""
+    asked = {r for ps in job.with_pods for r, n in ps.requests.items() if n > 0 and r != "pods"}
+    return sorted(r for r in asked - resources
+                  if not any(fnmatch.fnmatchcase(r, p) for p in settings.ignoredResources))
+
+
+def _not_offered(missing: list[str], nodes: int) -> Finding:
+    names = ", ".join(missing)
+    return Finding(
+        f"no node offers {names} now (of the {plural(nodes, 'node')}), so the pre-check leaves "
+        f"{'it' if len(missing) == 1 else 'them'} out",
+        f"none needed if your cluster adds nodes with {names} on demand (node autoscaling) or serves "
+        f"{'it' if len(missing) == 1 else 'them'} through DRA (DRAExtendedResource); else its pods stay Pending: "
+        "ask your admin which nodes offer it", severity="warn")
 
 
 def free_classes(state: ClusterState) -> list[NodeClass]:
     """The nodes with what they have left now: a class per node shape and room left, once per
-    version of ``state.nodes`` and ``state.pods``."""
+    version of ``state.nodes`` and ``state.node_usage`` (kept up to date by each Pod write)."""
     global _free_cache
-    nodes, pods, cached = _free_cache
-    if nodes is not state.nodes or pods is not state.pods:
-        cached = _split_by_usage(classes(state), _usage(state.pods or {}))
-        _free_cache = (state.nodes, state.pods, cached)
+    nodes, usage, cached = _free_cache
+    if nodes is not state.nodes or usage is not state.node_usage:
+        cached = _split_by_usage(classes(state), state.node_usage or {})
+        _free_cache = (state.nodes, state.node_usage, cached)
     return cached
 
 
-def _usage(pods: dict) -> dict[str, dict[str, int]]:
-    """Per node name, what its bound unfinished pods request (and how many pods). A pod's requests
-    are kept while its slim object stays the same one: a rebuild after one pod changed costs a
-    dict lookup per pod, not a parse."""
-    global _requests_memo
-    memo: dict = {}
-    used: dict[str, dict[str, int]] = {}
-    for key, pod in pods.items():
-        known = _requests_memo.get(key)
-        requests = known[1] if known is not None and known[0] is pod else _pod_requests(pod)
-        memo[key] = (pod, requests)
-        node = used.setdefault(str((pod.get("spec") or {}).get("nodeName", "")), {})
-        node["pods"] = node.get("pods", 0) + 1
-        for resource, amount in requests.items():
-            node[resource] = node.get(resource, 0) + amount
-    _requests_memo = memo
-    return used
-
-
-def _pod_requests(pod: dict) -> dict[str, int]:
-    try:
-        requests = pod_resources(pod.get("spec") or {})[0]
-    except (QuantityError, AttributeError, TypeError):
-        return {}  # a pod we cannot read still takes its place on the node
-    return {r: n for r, n in requests.items() if r != "pods"}
+_NOTHING: dict[str, int] = {}  # what an idle node holds (one object, so its key is cached too)
+_taken_keys: dict[str, tuple[dict, tuple]] = {}  # node -> (its usage entry, that entry as a key)
 
 
 def _split_by_usage(shapes: list[NodeClass], used: dict[str, dict[str, int]]) -> list[NodeClass]:
+    """Each shape split by the room its nodes have left. A pod event replaces only its node's
+    usage entry, so the others' keys come from the last split by identity, and the room is worked
+    out once per distinct key: the cost after an event is a lookup per node."""
+    global _taken_keys
+    keys: dict[str, tuple[dict, tuple]] = {}
     free: list[NodeClass] = []
     for shape in shapes:
         by_room: dict[tuple, NodeClass] = {}
         for name, hostname in shape.members:
-            taken = used.get(name, {})
-            room = {r: max(amount - taken.get(r, 0), 0) for r, amount in shape.allocatable.items()}
-            key = tuple(sorted(taken.items()))
-            if key not in by_room:
-                by_room[key] = NodeClass(shape.labels, shape.taints, shape.unschedulable, room)
-            by_room[key].members.append((name, hostname))
+            taken = used.get(name, _NOTHING)
+            known = _taken_keys.get(name)
+            key = known[1] if known is not None and known[0] is taken else tuple(sorted(taken.items()))
+            keys[name] = (taken, key)
+            group = by_room.get(key)
+            if group is None:
+                room = {r: max(amount - taken.get(r, 0), 0) for r, amount in shape.allocatable.items()}
+                group = by_room[key] = NodeClass(shape.labels, shape.taints, shape.unschedulable, room)
+            group.members.append((name, hostname))
         free.extend(by_room.values())
+    _taken_keys = keys
     return free
 
 
@@ -149,7 +191,7 @@ def _reasons(fit: SetFit) -> str:
 
 
 # The refusals (policies/nodefit.py, jobfit.py) are worded for several nodes; one node takes the singular.
-_SINGULAR = (("have ", "has "), ("do not ", "does not "), ("lack ", "lacks "), ("are ", "is "))
+_SINGULAR = (("have ", "has "), ("do not ", "does not "), ("lack ", "lacks "), ("are ", "is "), ("hold ", "holds "))
 
 
 def _agreeing(why: str, nodes: int) -> str:
@@ -188,11 +230,20 @@ def _never(job: EffectiveJob, pod_sets: list[PodSet], fits: list[SetFit], proble
         assert problem.set is not None
         ps = by_name[problem.set.name]
         shapes = ", ".join(f"{plural(n, 'node')} x {k}" for n, k in zip(problem.set.eligible, problem.set.per_node) if n and k)
-        fix = "use fewer pods" if ps.role != "worker" else _fewer_workers(job, problem.available)
+        fix = _fewer(job, pod_sets, fits, problem, "ask for less per pod so that more fit on a node")
         return Finding(
             f"the job runs {_pods(ps)} at once, but the {plural(problem.nodes, 'node')} that can take "
-            f"one hold {problem.available} of them in all ({shapes})",
-            f"{fix}, or ask for less per pod so that more fit on a node")
+            f"one {_agreeing(f'hold {problem.available} of them in all', problem.nodes)} ({shapes})",
+            fix if ps.role == "worker" else f"use fewer pods, or {fix}")
+    if problem.kind == "cross":
+        r = problem.resource
+        asking = [(ps, fit) for ps, fit in zip(pod_sets, fits) if r in fit.needs.requests]
+        breakdown = " + ".join(f"{_pods(ps)} x {format_amount(r, fit.needs.requests[r])}" for ps, fit in asking)
+        return Finding(
+            f"the job runs {problem.amount} pods that ask for {r} at once ({breakdown}); a node holds at most its "
+            f"{r} divided by the smallest of these requests, so the {plural(problem.nodes, 'node')} that can take "
+            f"them {_agreeing(f'hold {problem.available} of them in all', problem.nodes)}",
+            _fewer(job, pod_sets, fits, problem, f"ask for less {r} per pod, or ask your admin for more nodes"))
     return Finding(
         f"the job's {problem.amount} pods may not fit the nodes all at once: a first-fit packing placed "
         f"{problem.available} of them",
@@ -223,23 +274,27 @@ def _total(job: EffectiveJob, pod_sets: list[PodSet], fits: list[SetFit], proble
     breakdown = " + ".join(f"{_pods(ps)} x {format_amount(r, fit.needs.requests[r])}" for ps, fit in asking)
     amount = problem.amount if r == "pods" else format_amount(r, problem.amount)
     available = problem.available if r == "pods" else format_amount(r, problem.available)
+    verb = "hold" if r == "pods" else "have"
     message = (f"the job needs {amount} {r} at once ({breakdown}); the {plural(problem.nodes, 'node')} that can "
-               f"take its pods {'hold' if r == 'pods' else 'have'} {available} in all")
-    fix = "ask your admin for more nodes"
-    worker = next(((ps, fit) for ps, fit in asking if ps.role == "worker"), None)
-    if worker is not None:
-        ps, fit = worker
-        others = problem.amount - ps.count * fit.needs.requests[r]
-        most = (problem.available - others) // fit.needs.requests[r]
-        if most >= 1:
-            fix = f"{_fewer_workers(job, most)}, or " + fix
-    return Finding(message, fix)
+               f"take its pods {_agreeing(f'{verb} {available} in all', problem.nodes)}")
+    return Finding(message, _fewer(job, pod_sets, fits, problem, "ask your admin for more nodes"))
 
 
-def _tolerations_pending(job: EffectiveJob, pod_sets: list[PodSet], fits: list[SetFit], problem: Problem) -> Finding:
+def _fewer(job: EffectiveJob, pod_sets: list[PodSet], fits: list[SetFit], problem: Problem, otherwise: str) -> str:
+    """``otherwise``, after the worker count that meets every certain bound (Problem.most) when
+    the workers are part of the problem and one such count is left."""
+    for i, (ps, fit) in enumerate(zip(pod_sets, fits)):
+        involved = fit is problem.set if problem.kind == "pods" else problem.resource in fit.needs.requests
+        if ps.role == "worker" and involved and 1 <= problem.most[i] < ps.count:
+            return f"{_fewer_workers(job, problem.most[i])}, or {otherwise}"
+    return otherwise
+
+
+def _tolerations_pending(job: EffectiveJob, pod_sets: list[PodSet], fits: list[SetFit], problem: Problem,
+                         queue: str) -> Finding:
     finding = _never(job, pod_sets, fits, problem)
-    return Finding(f"{finding.message}; it is queued, so it runs only if its queue's ResourceFlavor adds the tolerations",
-                   finding.remediation, severity="warn")
+    return Finding(f"{finding.message}; it names the Kueue queue {queue} ({QUEUE_LABEL}), so it runs only if that "
+                   "queue's ResourceFlavor adds the tolerations", finding.remediation, severity="warn")
 
 
 def _busy(job: EffectiveJob, pod_sets: list[PodSet], fits: list[SetFit], problem: Problem) -> Finding:
@@ -255,6 +310,9 @@ def _busy(job: EffectiveJob, pod_sets: list[PodSet], fits: list[SetFit], problem
     elif problem.kind == "pods":
         assert problem.set is not None
         now = f"the nodes have free room now for {problem.available} of its {problem.amount} {problem.set.name} pods"
+    elif problem.kind == "cross":
+        now = (f"the nodes have free room now for {problem.available} of its {problem.amount} pods that ask for "
+               f"{problem.resource}")
     else:
         now = f"a first-fit packing found free room now for {problem.available} of its {problem.amount} pods"
     return Finding(f"the job fits the cluster's nodes but not their free capacity: {now}; "

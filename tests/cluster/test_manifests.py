@@ -20,6 +20,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -144,6 +145,8 @@ def test_base_holds_exactly_the_service(base):
         ("Role", "trainjob-admission-checkpoint"), ("RoleBinding", "trainjob-admission-checkpoint"),
         ("ValidatingAdmissionPolicy", "trainjob-admission-managed-objects-only"),
         ("ValidatingAdmissionPolicyBinding", "trainjob-admission-managed-objects-only"),
+        ("ValidatingAdmissionPolicy", "trainjob-admission-deadline-events-only"),
+        ("ValidatingAdmissionPolicyBinding", "trainjob-admission-deadline-events-only"),
         ("Deployment", "trainjob-admission"), ("PodDisruptionBudget", "trainjob-admission"),
         ("Service", "trainjob-admission"), ("NetworkPolicy", "trainjob-admission"),
         ("MutatingWebhookConfiguration", "trainjob-admission"), ("ValidatingWebhookConfiguration", "trainjob-admission"),
@@ -256,8 +259,8 @@ def test_base_rbac_is_least_privilege(base):
     assert have == wanted, "no Secret or NetworkPolicy permission cluster-wide: only per namespace"
     injector = find(base, "ClusterRole", "trainjob-admission-injector")["rules"]
     assert {(r["apiGroups"][0], r["resources"][0]): set(r["verbs"]) for r in injector} == {
-        ("", "secrets"): {"get", "list", "create", "patch", "delete"},
-        ("networking.k8s.io", "networkpolicies"): {"get", "list", "create", "patch", "delete"}}
+        ("", "secrets"): {"get", "list", "watch", "create", "patch", "delete"},
+        ("networking.k8s.io", "networkpolicies"): {"get", "list", "watch", "create", "patch", "delete"}}
 
 
 def test_service_rbac_covers_every_call_the_code_makes(tmp_path):
@@ -279,7 +282,7 @@ def test_service_rbac_covers_every_call_the_code_makes(tmp_path):
     missing += [("events", "create")] * (not granted(rules, "", resources.EVENTS.plural, "create"))
     bundle_group = group(resources.POLICY_BUNDLES.api_version)
     missing += [("policybundles/status", "patch")] * (not granted(rules, bundle_group, "policybundles/status", "patch"))
-    for job in resources.JOBS.values():  # injector reads the job; reconciler watches TrainJobs
+    for job in resources.JOBS.values():  # injector reads the job; reconciler watches the jobs
         missing += [(job.plural, v) for v in ("get", "list", "watch") if not granted(rules, group(job.api_version), job.plural, v)]
     namespaces = reconcile_namespaces(docs)
     bound = sorted(b["metadata"]["namespace"] for b in docs if b["kind"] == "RoleBinding"
@@ -288,7 +291,7 @@ def test_service_rbac_covers_every_call_the_code_makes(tmp_path):
     for ns in namespaces:
         here = service_rules(docs, ns)
         missing += [(ns, res.plural, v) for res in resources.INJECTED.values()
-                    for v in ("get", "list", "create", "patch", "delete")
+                    for v in ("get", "list", "watch", "create", "patch", "delete")
                     if not granted(here, group(res.api_version), res.plural, v)]
     assert not missing, f"manifests/base/rbac.yaml or components/injection-namespaces lacks {missing}"
 
@@ -677,3 +680,42 @@ def test_guard_lets_the_service_account_write_only_managed_objects(installed, ku
         assert p.returncode == 0, f"the service account could not {what}: {p.stderr}"
     # anybody else is not matched by the policy at all
     assert kubectl("label", "secret", "foreign-mpi-ssh-auth", "x=y", "-n", namespace).returncode == 0
+
+
+def test_guard_lets_the_service_account_create_only_deadline_events(installed, kubectl, namespace, wait_for):
+    """RBAC grants the service account create on every Event; the guard narrows it to the one the
+    service posts: a Warning with reason DeadlineApproaching about a TrainJob."""
+    def event(name: str, **changes: Any) -> dict:
+        body = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": name, "namespace": namespace},
+                "involvedObject": {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": "j",
+                                   "namespace": namespace, "uid": "u"},
+                "type": "Warning", "reason": "DeadlineApproaching", "message": "80% used",
+                "source": {"component": "trainjob-admission"}}
+        body.update(changes)
+        return body
+
+    def as_sa(body: dict):
+        return kubectl("create", "-f", "-", f"--as={SA}", "-n", namespace, input=json.dumps(body), check=False)
+
+    wait_for("the guard to refuse a Normal Event", lambda: "trainjob-admission may only" in as_sa(
+        event("probe", type="Normal")).stderr, timeout=60)
+    denied = {
+        "a Normal Event": event("normal", type="Normal"),
+        "another reason": event("reason", reason="BackOff"),
+        "an Event about a Pod": event("pod", involvedObject={"apiVersion": "v1", "kind": "Pod", "name": "p",
+                                                             "namespace": namespace}),
+        "an Event about a look-alike kind": event("fake", involvedObject={"apiVersion": "example.com/v1",
+                                                                          "kind": "TrainJob", "name": "j",
+                                                                          "namespace": namespace}),
+        "an Event without a reason": {k: v for k, v in event("bare").items() if k != "reason"},
+    }
+    for what, body in denied.items():
+        p = as_sa(body)
+        assert p.returncode != 0, f"the service account could create {what}"
+        assert "trainjob-admission may only create Warning Events" in p.stderr, (what, p.stderr)
+        assert "ValidatingAdmissionPolicy" in p.stderr, (what, p.stderr)
+    p = as_sa(event("deadline"))
+    assert p.returncode == 0, f"the service account could not create its deadline Event: {p.stderr}"
+    # anybody else is not matched by the policy at all
+    other = kubectl("create", "-f", "-", "-n", namespace, input=json.dumps(event("other", type="Normal")))
+    assert other.returncode == 0

@@ -1,6 +1,7 @@
 """Duration limits through the real server: /mutate sets the default deadline, /validate refuses
 a job over the maximum with the numbers, and an exception set by an allowed user is admitted
-with the grant, and who made it, in the decision log."""
+with the grant, and who made it, in the decision log; an MPIJob gets the cleanPodPolicy that
+stops its workers at the deadline."""
 from __future__ import annotations
 
 import jsonpatch
@@ -63,3 +64,16 @@ def test_an_exception_by_an_admin_is_admitted_and_logged_with_its_grantor(server
     (grant,) = [r for r in record["rules"] if r["rule"] == "duration" and r["effect"] == "warn"]
     assert grant["messages"][0].startswith("duration exception granted by carol (group platform-admins): "
                                            "spec.activeDeadlineSeconds is 1209600 (14 d)")
+
+
+def test_an_mpijob_gets_a_clean_pod_policy_that_stops_its_workers_at_the_deadline(server):
+    obj = example_job("legacy-mpijob.yaml")
+    mutated = server.review(obj, "mutate")
+    stored = jsonpatch.apply_patch(obj, decode_patch(mutated))
+    assert stored["spec"]["runPolicy"] == {"activeDeadlineSeconds": DAY, "cleanPodPolicy": "Running"}
+    assert server.review(stored, "validate")["allowed"] is True
+    stored["spec"]["runPolicy"]["cleanPodPolicy"] = "None"
+    refused = server.review(stored, "validate")
+    assert refused["allowed"] is False
+    assert ("the workers keep running and holding their GPUs: set spec.runPolicy.cleanPodPolicy to Running (or All)"
+            in refused["status"]["message"])

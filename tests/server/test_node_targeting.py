@@ -1,6 +1,6 @@
 """GPU node targeting through the real server: /mutate adds the tolerations and affinity of
 examples/bundles/gpu-nodes.yaml, /validate of the mutated job finds nothing missing, and a GPU
-product the bundle does not offer is refused with the list."""
+product the bundle does not offer is refused with the list and the fix, however it is chosen."""
 from __future__ import annotations
 
 import jsonpatch
@@ -44,3 +44,17 @@ def test_a_product_not_offered_is_refused_with_the_list(gpu_server):
     assert response["allowed"] is False
     message = response["status"]["message"]
     assert "[gpu-nodes/gpu-node-targeting]" in message and "offered: NVIDIA-A100-SXM4-40GB, NVIDIA-A100-SXM4-80GB" in message
+    assert message.endswith("NVIDIA-L40S): set the annotation to one of those, or remove it to run on any "
+                            "nvidia.com/gpu node")
+
+
+def test_a_node_selector_on_a_product_not_offered_is_refused(gpu_server):
+    obj = example_job("allowed.yaml")
+    obj["spec"]["runtimePatches"] = [{"manager": "me", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+        {"name": "node", "template": {"spec": {"template": {"spec": {
+            "nodeSelector": {"nvidia.com/gpu.product": "Tesla-T4"}}}}}}]}}}}]
+    response = gpu_server.review(obj, "validate")
+    assert response["allowed"] is False
+    message = response["status"]["message"]
+    assert "select nvidia.com/gpu.product=Tesla-T4" in message and "offered: NVIDIA-A100-SXM4-40GB" in message
+    assert "remove that selection from spec.runtimePatches" in message

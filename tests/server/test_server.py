@@ -225,13 +225,11 @@ def test_unparseable_quota_in_state_does_not_crash(webhook_server):
     assert json.loads(json.dumps(webhook_server.records()[-1]))["decision"] == "allow"
 
 
-def test_ill_typed_job_is_denied_logged_and_reported_in_one_line(webhook_server, caplog):
+def test_ill_typed_job_is_denied_with_a_job_model_reason_and_logged(webhook_server):
     bad = example_job("allowed.yaml")
     bad["spec"]["trainer"] = ["not", "a", "mapping"]  # the API server's schema check runs after /mutate
-    with caplog.at_level("INFO", logger="trainjob_admission"):
-        response = webhook_server.review(bad)
-    assert response["allowed"] is False and "could not evaluate" in response["status"]["message"]
+    response = webhook_server.review(bad)
+    assert response["allowed"] is False
+    assert "is not of the type its schema requires" in response["status"]["message"], response["status"]["message"]
     record = webhook_server.records()[-1]
-    assert record["decision"] == "error" and record["error"].startswith(("TypeError", "ValueError", "AttributeError"))
-    failures = [r for r in caplog.records if "evaluation failed" in r.getMessage()]
-    assert len(failures) == 1 and failures[0].exc_info is None  # no traceback flood from hostile input
+    assert record["decision"] == "deny" and any(r["rule"] == "job-model" for r in record["rules"])

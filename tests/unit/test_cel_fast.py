@@ -38,12 +38,21 @@ def canonical(value):
     return repr(value)
 
 
+# cel-python crashes formatting some error values (celparser.tree_dump pops an empty stack when
+# `&&` or `all()` over two errors puts them in its message, e.g. `[0, 0].all(x, (!([])).min().min())`):
+# the compiled path answers with the operator's own error and goes on. Listed in docs/cel-conformance.md.
+CEL_PYTHON_CRASH = "IndexError: pop from empty list"
+
+
 def assert_same(source: str, data: dict, steps: int = 100_000) -> None:
     expression = compile_expression(source)
     assert expression.fast is not None, f"{source!r} fell back to cel-python"
     activation = {name: to_cel(data.get(name)) for name in VARIABLES}
     fast = outcome(expression, activation, steps, reference=False)
     reference = outcome(expression, activation, steps, reference=True)
+    if reference[0] == ("error", "CelEvalError", CEL_PYTHON_CRASH):  # the listed divergence
+        assert fast[0][0] == "error", source  # cel-python stops there: the steps differ too
+        return
     assert fast == reference, source
 
 
@@ -109,6 +118,29 @@ def test_generated_expressions_agree_with_cel_python(source, obj, params, steps)
     except CelCompileError:
         return  # lint refused it (e.g. a macro over a literal without a variable): nothing runs
     assert_same(source, {"object": obj, "params": params, "job": {"a": {"b": obj}}}, steps)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=DATA | st.dictionaries(st.text(max_size=3), DATA, max_size=4), big=st.integers(-(2**70), 2**70))
+def test_to_cel_converts_as_cel_python_does(data, big):
+    for value in (data, [data, big]):
+        assert converted(to_cel, value) == converted(celpy.json_to_cel, value)
+
+
+def converted(convert, value):
+    try:
+        return typed(convert(value))
+    except ValueError:  # an int outside int64
+        return ValueError
+
+
+def typed(value):
+    """A value with the type of every part, so IntType(1) and BoolType(True) stay apart."""
+    if isinstance(value, dict):
+        return type(value), sorted((typed(k), typed(v)) for k, v in value.items())
+    if isinstance(value, list):
+        return type(value), [typed(v) for v in value]
+    return type(value).__name__, repr(value)
 
 
 # --- the constructs the engine relies on, one by one ------------------------------------------

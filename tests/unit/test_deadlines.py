@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import gc
+import weakref
 
 import pytest
 
-from webhook.deadlines import WARN_AT, Clock, DeadlineWarnings, clock, event, event_name
+from webhook.deadlines import WARN_AT, Clock, DeadlineWarnings, Run, clock, event, event_name, run_of
 
 
 def stamp(seconds_ago: float) -> str:
@@ -53,19 +55,24 @@ def test_no_clock_runs_where_trainer_counts_none(obj):
 
 
 def test_the_event_names_the_job_the_numbers_and_the_end():
-    obj = job(deadline=3600)
-    running = Clock(1_800_000_000.0, 3600)
-    body = event(obj, running, running.warn_at)
+    run = Run("team-a", "j", "u-1", Clock(1_800_000_000.0, 3600))
+    body = event(run, run.clock.warn_at)
     assert body["type"] == "Warning" and body["reason"] == "DeadlineApproaching"
     assert body["involvedObject"] == {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": "j",
                                       "namespace": "team-a", "uid": "u-1"}
     assert body["message"] == ("80% of spec.activeDeadlineSeconds 3600 (1 h) used: Trainer stops the job at "
                                "2027-01-15T09:00:00Z (reason DeadlineExceeded); save a checkpoint before then")
-    assert body["metadata"]["name"] == event_name(obj, running)
+    assert body["metadata"] == {"name": event_name(run), "namespace": "team-a"}
     # one name per run of one job: every replica posts the same Event, a resumed run a new one
-    assert event_name(obj, running) == event_name(job(deadline=3600), running)
-    assert event_name(obj, running) != event_name(obj, Clock(running.start + 60, 3600))
-    assert event_name(obj, running) != event_name(job(uid="u-2"), running)
+    assert event_name(run) == event_name(Run("team-a", "j", "u-1", Clock(1_800_000_000.0, 3600)))
+    assert event_name(run) != event_name(Run("team-a", "j", "u-1", Clock(run.clock.start + 60, 3600)))
+    assert event_name(run) != event_name(Run("team-a", "j", "u-2", run.clock))
+
+
+def test_a_run_is_read_from_the_job():
+    obj = job(deadline=3600, created=60)
+    assert run_of(obj) == Run("team-a", "j", "u-1", clock(obj))
+    assert run_of(job(suspend=True)) is None and run_of({"spec": {"activeDeadlineSeconds": 5}}) is None
 
 
 def timers(*changes) -> DeadlineWarnings:
@@ -124,4 +131,20 @@ def test_a_job_already_past_80_percent_is_warned_at_once_and_a_posted_run_not_ag
 def test_odd_objects_are_ignored(obj):
     warnings = timers(("seen", obj), ("gone", obj), ("replaced", [obj]))
     assert not warnings.timers
+    warnings.loop.close()
+
+
+class _Job(dict):
+    """A TrainJob that can be watched for being kept (a plain dict cannot be weakly referenced)."""
+
+
+def test_a_timer_keeps_no_job_object():
+    """A timer may wait for days: it holds the job's namespace, name, uid and clock, not the
+    TrainJob object the watch delivered."""
+    obj = _Job(job(deadline=86400 * 14, created=60))
+    alive = weakref.ref(obj)
+    warnings = timers(("seen", obj))
+    del obj
+    gc.collect()
+    assert alive() is None and len(warnings.timers) == 1
     warnings.loop.close()

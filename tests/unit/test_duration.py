@@ -2,6 +2,8 @@
 exception annotation only named users and groups may set (policies/checks/duration.py)."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from policies.bundle import BundleError
@@ -166,3 +168,72 @@ def test_a_default_over_the_maximum_does_not_compile(make_bundle):
                                             (WEEK, "604800 (7 d)")])
 def test_human(seconds, shown):
     assert human(seconds) == shown
+
+
+def mpijob(example_job, seconds=None, clean=None) -> dict:
+    obj = example_job("legacy-mpijob")
+    policy = obj["spec"].setdefault("runPolicy", {})
+    if seconds is not None:
+        policy["activeDeadlineSeconds"] = seconds
+    if clean is not None:
+        policy["cleanPodPolicy"] = clean
+    return obj
+
+
+def test_a_limited_mpijob_gets_a_clean_pod_policy_that_stops_its_workers(example_job, example_state, bundle, review):
+    """mpi-operator defaults cleanPodPolicy to None, under which the deadline ends the launcher
+    only and the workers keep their GPUs: /mutate sets Running where it is unset."""
+    decision = review(mpijob(example_job), [bundle], example_state)
+    assert decision.allowed
+    assert {"op": "add", "path": "/spec/runPolicy/cleanPodPolicy", "value": "Running"} in decision.patch
+    assert decision.mutated["spec"]["runPolicy"] == {"activeDeadlineSeconds": DAY, "cleanPodPolicy": "Running"}
+    kept = review(mpijob(example_job, 3600, "All"), [bundle], example_state)
+    assert kept.allowed and kept.mutated["spec"]["runPolicy"]["cleanPodPolicy"] == "All"
+
+
+def test_an_mpijob_under_no_limit_keeps_its_clean_pod_policy(example_job, example_state, make_bundle, review):
+    decision = review(mpijob(example_job), [make_bundle({"checks": {"duration": {}}})], example_state)
+    assert decision.allowed and "cleanPodPolicy" not in decision.mutated["spec"]["runPolicy"]
+
+
+@pytest.mark.parametrize("limit", [{"maxSeconds": WEEK}, {"defaultSeconds": DAY}])
+def test_a_clean_pod_policy_that_keeps_the_workers_is_refused_with_the_fix(example_job, example_state, make_bundle,
+                                                                            review, limit):
+    bundle = make_bundle({"checks": {"duration": limit}})
+    decision = review(mpijob(example_job, 3600, "None"), [bundle], example_state)
+    assert not decision.allowed
+    (result,) = results(decision)
+    assert result.messages == ["spec.runPolicy.cleanPodPolicy is 'None': at spec.runPolicy.activeDeadlineSeconds "
+                               "mpi-operator stops only the launcher, and the workers keep running and holding "
+                               "their GPUs"]
+    assert result.remediations == ["set spec.runPolicy.cleanPodPolicy to Running (or All)"]
+
+
+def test_a_clean_pod_policy_is_judged_when_an_update_sets_it(example_job, example_state, bundle, review):
+    old = mpijob(example_job, 3600, "Running")
+    dropped = review(mpijob(example_job, 3600), [bundle], example_state, operation="UPDATE", old=old)
+    assert not dropped.allowed and "is not set (mpi-operator takes None)" in results(dropped)[0].messages[0]
+    before = mpijob(example_job, 3600, "None")  # admitted before the limit: its updates pass
+    assert review(mpijob(example_job, 3600, "None"), [bundle], example_state, operation="UPDATE", old=before).allowed
+
+
+def test_a_negative_mpijob_deadline_is_refused_as_mpi_operator_would(example_job, example_state, bundle, review):
+    decision = review(mpijob(example_job, -5, "Running"), [bundle], example_state)
+    assert not decision.allowed
+    (result,) = results(decision)
+    assert result.messages == ["spec.runPolicy.activeDeadlineSeconds is -5: mpi-operator refuses a negative one, so "
+                               "the job would never run"]
+    assert result.remediations == ["set spec.runPolicy.activeDeadlineSeconds to a whole number of seconds of at "
+                                   "least 1 and at most 604800"]
+
+
+def test_anyone_may_lower_a_granted_deadline_but_not_raise_it(example_job, example_state, bundle, review):
+    """An owner who may not grant exceptions lowers what an admin granted: the job only ends sooner."""
+    granted = mpijob(example_job, 20 * DAY, "Running")
+    granted["metadata"]["annotations"] = {ANNOTATION: str(30 * DAY)}
+    lowered = copy.deepcopy(granted)
+    lowered["spec"]["runPolicy"]["activeDeadlineSeconds"] = 10 * DAY
+    assert review(lowered, [bundle], example_state, operation="UPDATE", old=granted, username="bob").allowed
+    raised = copy.deepcopy(granted)
+    raised["spec"]["runPolicy"]["activeDeadlineSeconds"] = 25 * DAY
+    assert not review(raised, [bundle], example_state, operation="UPDATE", old=granted, username="bob").allowed

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from policies import smp
 from policies.effective_job import (
-    JOBSET_NAME_LABEL, MPIJOB_NAME_LABEL, JobModelError, pod_resources,
+    JOBSET_NAME_LABEL, MPIJOB_NAME_LABEL, JobModelError,
 )
+from policies.podresources import pod_resources
 from policies.effective_job import build as effective  # the fixture `build` holds the test builders
 from policies.resources import QuantityError, numbers, to_number
 

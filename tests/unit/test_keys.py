@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
-from webhook.keys import KEY_TYPES, KeyPair, fingerprint, generate
+from webhook.keys import KEY_TYPES, KeyPair, KeyPool, fingerprint, generate
 
 EXPECTED = {
     "rsa-4096": (b"-----BEGIN RSA PRIVATE KEY-----", b"ssh-rsa "),
@@ -96,3 +98,18 @@ def test_openssh_reads_the_private_key(pairs: dict[str, KeyPair], key_type: str,
     listed = subprocess.run([SSH_KEYGEN, "-l", "-E", "sha256", "-f", str(key_file)],
                             check=True, capture_output=True).stdout.decode()
     assert listed.split()[1] == pair.fingerprint
+
+
+def test_the_async_pool_hands_out_each_pair_once_and_makes_fast_types_fresh() -> None:
+    async def take(pool: KeyPool, key_type: str, n: int) -> list[KeyPair]:
+        return [await pool.take_async(key_type) for _ in range(n)]
+
+    fast = asyncio.run(take(KeyPool(), "ed25519", 3))
+    assert len({p.fingerprint for p in fast}) == 3 and {p.key_type for p in fast} == {"ed25519"}
+    pool = KeyPool(size=1)
+    pool.warm("rsa-4096")
+    deadline = time.monotonic() + 60
+    while not pool.ready("rsa-4096") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pooled, fresh = asyncio.run(take(pool, "rsa-4096", 2))  # the ready pair, then one made on a thread
+    assert pooled.fingerprint != fresh.fingerprint and {pooled.key_type, fresh.key_type} == {"rsa-4096"}

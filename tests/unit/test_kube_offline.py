@@ -44,6 +44,19 @@ def test_replace_drops_what_is_gone_for_that_kind_only():
         state.replace("Secret", [])
 
 
+@pytest.mark.parametrize("kind", ["Node", "ConfigMap", "Namespace", "ResourceQuota", "Pod", "TrainingRuntime"])
+@pytest.mark.parametrize("metadata", [["x"], "x", {"name": {"a": 1}}, {"name": "n", "namespace": 5}])
+def test_an_object_with_metadata_no_api_server_serves_is_ignored(kind, metadata):
+    """A hand-written state file's object whose metadata is not a mapping of strings: left out
+    of the state, never a traceback in `review`."""
+    odd = {"kind": kind, "metadata": metadata, "spec": {"nodeName": "n"}}
+    state = ClusterState.from_objects([odd, quota("a", "q1")])
+    state.upsert(odd)
+    state.delete(odd)
+    assert [q["metadata"]["name"] for q in state.namespace_quotas("a")] == ["q1"]
+    assert not state.nodes and not state.namespaces and not state.runtimes and not state.pods
+
+
 def test_resource_paths():
     assert NAMESPACES.path(name="team-a") == "/api/v1/namespaces/team-a"
     assert RESOURCE_QUOTAS.path("team-a") == "/api/v1/namespaces/team-a/resourcequotas"

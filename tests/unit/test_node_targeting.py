@@ -140,11 +140,13 @@ def test_the_product_annotation_becomes_affinity_on_the_product_label(build, bun
     assert "affinity" not in spec_of(decision, "launcher")
 
 
-@pytest.mark.parametrize("product, offered", [
-    ("Tesla-T4", "offered: NVIDIA-A100-SXM4-80GB, NVIDIA-H100-80GB-HBM3"),
-    ("no spaces allowed", "not a node label value"),
+@pytest.mark.parametrize("product, offered, fix", [
+    ("Tesla-T4", "offered: NVIDIA-A100-SXM4-80GB, NVIDIA-H100-80GB-HBM3",
+     "set the annotation to one of those, or remove it to run on any nvidia.com/gpu node"),
+    ("no spaces allowed", "not a node label value", "set the product as the nodes' label names it, or remove the annotation"),
 ])
-def test_a_product_the_bundle_does_not_list_is_refused_with_the_list(build, bundles, default, review, product, offered):
+def test_a_product_the_bundle_does_not_list_is_refused_with_the_list(build, bundles, default, review, product, offered,
+                                                                     fix):
     state = build.state(gpu_runtime(), build.namespace())
     obj = bare_trainjob(numNodes=2)
     obj["metadata"]["annotations"] = {PRODUCT: product}
@@ -153,6 +155,60 @@ def test_a_product_the_bundle_does_not_list_is_refused_with_the_list(build, bund
     (message,) = decision.messages  # from the bundle whose targeting refused it, not from every bundle
     assert message["rule"] == "test/gpu-node-targeting"
     assert offered in message["message"] and f"metadata.annotations[{PRODUCT}]" in message["message"]
+    assert message["remediation"] == fix
+
+
+def user_patch(spec: dict) -> dict:
+    """The submitter's own runtimePatch of the workers' pod spec."""
+    return {"manager": "me", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+        {"name": "node", "template": {"spec": {"template": {"spec": spec}}}}]}}}}
+
+
+def product_term(operator: str, *values: str) -> dict:
+    expression = {"key": "nvidia.com/gpu.product", "operator": operator, **({"values": list(values)} if values else {})}
+    return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [PRESENT]}, {"matchExpressions": [expression]}]}}}}
+
+
+@pytest.mark.parametrize("spec", [
+    {"nodeSelector": {"nvidia.com/gpu.product": "Tesla-T4"}},
+    product_term("In", "NVIDIA-H100-80GB-HBM3", "Tesla-T4"),
+])
+def test_a_product_the_bundle_does_not_list_is_refused_however_it_is_selected(build, bundles, review, spec):
+    """The allow-list means what it says: a nodeSelector or a required term naming an unlisted
+    product is refused like the annotation, not merely left to the user."""
+    state = build.state(gpu_runtime(), build.namespace())
+    obj = bare_trainjob(numNodes=2)
+    obj["spec"]["runtimePatches"] = [user_patch(spec)]
+    decision = review(obj, bundles, state)
+    assert not decision.allowed and decision.patch == []
+    (message,) = decision.messages
+    assert message["rule"] == "test/gpu-node-targeting"
+    assert message["message"] == (
+        "the job's nvidia.com/gpu pods select nvidia.com/gpu.product=Tesla-T4 (their nodeSelector or required node "
+        "affinity), a GPU product this cluster does not offer for nvidia.com/gpu (offered: NVIDIA-A100-SXM4-80GB, "
+        "NVIDIA-H100-80GB-HBM3)")
+    assert message["remediation"].startswith("select one of those, or remove that selection from spec.runtimePatches")
+
+
+@pytest.mark.parametrize("spec", [
+    {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
+    product_term("In", "NVIDIA-H100-80GB-HBM3"), product_term("NotIn", "Tesla-T4"), product_term("Exists"),
+])
+def test_selecting_an_offered_product_or_excluding_one_is_admitted(build, bundles, review, spec):
+    state = build.state(gpu_runtime(), build.namespace())
+    obj = bare_trainjob(numNodes=2)
+    obj["spec"]["runtimePatches"] = [user_patch(spec)]
+    assert review(obj, bundles, state).allowed
+
+
+@pytest.mark.parametrize("annotations", [["x"], "x"])
+def test_annotations_that_are_not_a_mapping_do_not_crash_the_mutation(build, bundles, review, annotations):
+    state = build.state(gpu_runtime(), build.namespace())
+    obj = bare_trainjob(numNodes=1)
+    obj["metadata"]["annotations"] = annotations
+    decision = review(obj, bundles, state)  # the API server refuses such a job; /mutate plans without a product
+    assert terms_of(spec_of(decision, "node")) == [{"matchExpressions": [PRESENT]}]
 
 
 def test_a_product_for_a_family_without_product_label_is_refused(build, bundles, review):
@@ -163,7 +219,8 @@ def test_a_product_for_a_family_without_product_label_is_refused(build, bundles,
     obj["metadata"]["annotations"] = {PRODUCT: "MI300X"}
     decision = review(obj, bundles, state)
     assert not decision.allowed
-    assert "not by product: remove the annotation" in decision.messages[0]["message"]
+    assert decision.messages[0]["message"].endswith("amd.com/gpu pods on any amd.com/gpu node, not by product")
+    assert decision.messages[0]["remediation"] == "remove the annotation"
     del obj["metadata"]["annotations"]
     workers = spec_of(review(obj, bundles, state), "node")
     assert workers["tolerations"] == [{"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]

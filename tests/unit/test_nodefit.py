@@ -7,6 +7,7 @@ import pytest
 
 from policies.jobfit import assess
 from policies.nodefit import (
+    Effort,
     class_refusal,
     holds,
     label_refusal,
@@ -77,10 +78,10 @@ def test_a_pod_with_node_name_skips_cordons_and_noschedule_taints_but_not_noexec
     """The kubelet admits it: NoExecute taints only, and a cordon does not apply."""
     needs = pod_needs({"nodeName": "n1"}, {})
     cls = one([node(taints=[("a", "", "NoSchedule")], unschedulable=True)])
-    assert class_refusal(needs, cls, ever=False) is None
+    assert class_refusal(needs, cls, Effort(), ever=False) is None
     cls = one([node(taints=[("a", "", "NoExecute")])])
-    assert class_refusal(needs, cls, ever=False).startswith("have the taint a:NoExecute")
-    assert matching_members(pod_needs({"nodeName": "n2"}, {}), cls) == (0, "are not the node named in spec.nodeName")
+    assert class_refusal(needs, cls, Effort(), ever=False).startswith("have the taint a:NoExecute")
+    assert matching_members(pod_needs({"nodeName": "n2"}, {}), cls, Effort()) == (0, "are not the node named in spec.nodeName")
 
 
 def test_every_pod_tolerates_not_ready_and_unreachable_noexecute():
@@ -95,22 +96,22 @@ def test_every_pod_tolerates_not_ready_and_unreachable_noexecute():
 def test_a_cordoned_node_refuses_now_but_counts_for_ever():
     cls = one([node(unschedulable=True)])
     needs = pod_needs({}, {})
-    assert class_refusal(needs, cls, ever=False) == "are cordoned (spec.unschedulable)"
-    assert class_refusal(needs, cls, ever=True) is None
+    assert class_refusal(needs, cls, Effort(), ever=False) == "are cordoned (spec.unschedulable)"
+    assert class_refusal(needs, cls, Effort(), ever=True) is None
     tolerant = pod_needs({"tolerations": [{"key": "node.kubernetes.io/unschedulable", "operator": "Exists",
                                            "effect": "NoSchedule"}]}, {})
-    assert class_refusal(tolerant, cls, ever=False) is None
+    assert class_refusal(tolerant, cls, Effort(), ever=False) is None
     everything = pod_needs({"tolerations": [{"operator": "Exists"}]}, {})
-    assert class_refusal(everything, cls, ever=False) is None
+    assert class_refusal(everything, cls, Effort(), ever=False) is None
 
 
 def test_node_controller_taints_count_now_but_not_for_ever():
     cls = one([node(taints=[("node.kubernetes.io/memory-pressure", "", "NoSchedule")])])
     needs = pod_needs({}, {})
-    assert "memory-pressure" in class_refusal(needs, cls, ever=False)
-    assert class_refusal(needs, cls, ever=True) is None
+    assert "memory-pressure" in class_refusal(needs, cls, Effort(), ever=False)
+    assert class_refusal(needs, cls, Effort(), ever=True) is None
     admin = one([node(taints=[("dedicated", "ml", "NoSchedule")])])
-    assert class_refusal(needs, admin, ever=True) == "have the taint dedicated=ml:NoSchedule that it does not tolerate"
+    assert class_refusal(needs, admin, Effort(), ever=True) == "have the taint dedicated=ml:NoSchedule that it does not tolerate"
 
 
 # --- node selector and required node affinity --------------------------------------------------
@@ -173,10 +174,10 @@ def test_hostname_selection_is_judged_per_node_within_a_class():
     (cls,) = node_classes(nodes)  # identical but for the hostname: one class
     assert cls.count == 5
     needs = pod_needs(affinity({"matchExpressions": [expr("kubernetes.io/hostname", "In", "n1", "n3")]}), {})
-    assert matching_members(needs, cls)[0] == 2
+    assert matching_members(needs, cls, Effort())[0] == 2
     by_name = pod_needs(affinity({"matchFields": [expr("metadata.name", "NotIn", "n0")]}), {})
-    assert matching_members(by_name, cls)[0] == 4
-    assert matching_members(pod_needs({}, {}), cls) == (5, None)
+    assert matching_members(by_name, cls, Effort())[0] == 4
+    assert matching_members(pod_needs({}, {}), cls, Effort()) == (5, None)
 
 
 # --- resources (noderesources fitsRequest) ------------------------------------------------------
@@ -237,13 +238,25 @@ def test_more_pods_than_the_nodes_hold_even_when_the_total_fits():
 
 
 def test_a_packing_that_fails_is_only_a_packing_problem():
-    """A 6-cpu launcher and two 6-cpu workers on two 10-cpu nodes: each condition alone holds."""
+    """A 7-cpu launcher and three 4-cpu workers on two 10-cpu nodes: every necessary condition
+    holds (19 of 20 cpu; at most 10 // 4 = 2 of the 4 pods per node), no placement does."""
     classes = node_classes([node(f"c{i}", cpu="10") for i in range(2)])
-    six = pod_needs({}, {"cpu": 6000})
+    seven, four = pod_needs({}, {"cpu": 7000}), pod_needs({}, {"cpu": 4000})
+    _, problem = assess([("launcher", 1, seven), ("node", 3, four)], classes, ever=True)
+    assert (problem.kind, problem.amount, problem.available) == ("packing", 4, 3)
+    assert assess([("launcher", 1, seven), ("node", 2, four)], classes, ever=True)[1] is None
+
+
+def test_pods_of_several_sets_cannot_share_a_node_their_smallest_request_fills():
+    """A 6-cpu launcher and two 6-cpu workers on two 10-cpu nodes: 18 of 20 cpu, 2 workers fit
+    the nodes, but a node takes one of the three pods at most (10 // 6): certain, not a packing."""
+    classes = node_classes([node(f"c{i}", cpu="10") for i in range(2)])
+    six, four = pod_needs({}, {"cpu": 6000}), pod_needs({}, {"cpu": 4000})
     _, problem = assess([("launcher", 1, six), ("node", 2, six)], classes, ever=True)
-    assert (problem.kind, problem.amount, problem.available) == ("packing", 3, 2)
-    four = pod_needs({}, {"cpu": 4000})
-    assert assess([("launcher", 1, four), ("node", 2, six)], classes, ever=True)[1] is None
+    assert (problem.kind, problem.resource, problem.amount, problem.available, problem.nodes) == ("cross", "cpu", 3, 2, 2)
+    assert problem.most == (0, 1)  # one worker beside the launcher; the launcher alone cannot make room
+    assert assess([("launcher", 1, six), ("node", 1, six)], classes, ever=True)[1] is None
+    assert assess([("launcher", 1, four), ("node", 2, six)], classes, ever=True)[1] is None  # 4 + 6 on one
 
 
 def test_first_fit_keeps_identical_nodes_grouped_whatever_the_pod_count():
@@ -253,3 +266,49 @@ def test_first_fit_keeps_identical_nodes_grouped_whatever_the_pod_count():
     assert assess(sets, classes, ever=True)[1] is None
     sets[1] = ("node", 64000, sets[1][2])
     assert assess(sets, classes, ever=True)[1].kind == "total"
+
+
+# --- bounded work ----------------------------------------------------------------------------
+
+def test_integers_of_any_length_parse_as_go_parseint_does_without_crashing():
+    """strconv.ParseInt(s, 10, 64): leading zeros are fine, more than int64 is an error (the
+    requirement then matches nothing), and a 5000-digit value costs no more than a short one."""
+    from policies.nodefit import _go_int
+    assert _go_int("0" * 5000 + "7") == 7 and _go_int("+9223372036854775807") == 2**63 - 1
+    assert _go_int("9223372036854775808") is None and _go_int("1" * 5000) is None
+    huge = pod_needs(affinity({"matchExpressions": [expr("rank", "Gt", "1" * 5000)]}), {})
+    assert label_refusal(huge, {"rank": "5"}, "n1") == "do not match the required node affinity"
+    assert not tolerates(("rank", "Lt", "1" * 5000, "NoSchedule"), ("rank", "5", "NoSchedule"))
+    assert not tolerates(("rank", "Gt", "1", "NoSchedule"), ("rank", "9" * 5000, "NoSchedule"))
+
+
+def test_matching_past_the_cap_raises_instead_of_burning_the_cpu():
+    from policies.nodefit import MAX_WORK, TooComplex
+    classes = node_classes([node(f"n{i}", cpu="8") for i in range(2000)])
+    terms = [{"matchExpressions": [expr("kubernetes.io/hostname", "NotIn", f"n{t}-{j}") for j in range(10)]}
+             for t in range(200)]
+    needs = pod_needs(affinity(*terms), {"cpu": 1000})
+    effort = Effort()
+    with pytest.raises(TooComplex):
+        assess([("node", 2, needs)], classes, ever=True, effort=effort)
+    assert effort.left < 0 and -effort.left <= needs.cost  # stopped at the cap, not after all 2000 x 200 terms
+    assert MAX_WORK < 2000 * needs.cost
+
+
+def test_nodes_named_by_hostname_are_found_through_the_index_not_by_matching_every_node():
+    classes = node_classes([node(f"n{i}", cpu="8") for i in range(2000)])
+    terms = [{"matchExpressions": [expr("kubernetes.io/hostname", "In", f"n{t}"), expr("x", "DoesNotExist")]}
+             for t in range(300)]
+    needs = pod_needs(affinity(*terms), {"cpu": 8000})
+    effort = Effort()
+    fits, problem = assess([("node", 301, needs)], classes, ever=True, effort=effort)
+    assert fits[0].usable == 300 and problem.kind == "total"
+    assert fits[0].refusals == {"do not match the required node affinity": 1700}
+    assert effort.left > Effort().left - 300 * 2000  # a few per named node, not every term on every node
+
+
+def test_a_negative_allocatable_holds_nothing():
+    cls = one([node(cpu="-4", memory="1Gi")])
+    assert cls.allocatable["cpu"] == 0 and holds(pod_needs({}, {"cpu": 1000}), cls.allocatable) == 0
+    _, problem = assess([("node", 1, pod_needs({}, {"cpu": 1000}))], [cls], ever=True)
+    assert problem.kind == "nowhere"

@@ -210,14 +210,104 @@ def test_review_with_nodes_in_the_state_file_decides_the_same():
 
 
 def test_a_failed_packing_only_warns():
-    """A 6-cpu launcher and two 6-cpu workers on two 10-cpu nodes: no placement, but the refusal
+    """A 7-cpu launcher and three 4-cpu workers on two 10-cpu nodes: no placement, but the refusal
     rules are necessary conditions only, and a packing is not one."""
-    launcher = PodSet("launcher", "launcher", 1, {"spec": {}}, "rt", requests={"cpu": 6000})
-    workers = PodSet("node", "worker", 2, {"spec": {}}, "rt", requests={"cpu": 6000})
+    launcher = PodSet("launcher", "launcher", 1, {"spec": {}}, "rt", requests={"cpu": 7000})
+    workers = PodSet("node", "worker", 3, {"spec": {}}, "rt", requests={"cpu": 4000})
     job = EffectiveJob("TrainJob", "j", "team-a", {}, {}, {}, [launcher, workers], {})
     state = ClusterState.from_objects([node(f"c{i}", cpu="10") for i in range(2)])
     (finding,) = schedulability.check(CheckContext(job, state=state), SchedulabilityCheck())
     assert finding.severity == "warn"
-    assert finding.message == "the job's 3 pods may not fit the nodes all at once: a first-fit packing placed 2 of them"
+    assert finding.message == "the job's 4 pods may not fit the nodes all at once: a first-fit packing placed 3 of them"
     ignored = SchedulabilityCheck(ignoredResources=["c*"])  # nothing left to judge but the pod count
     assert schedulability.check(CheckContext(job, state=state), ignored) == []
+
+
+def gpu_job(launcher_gpus, workers, gpus):
+    launcher = PodSet("launcher", "launcher", 1, {"spec": {}}, "rt", requests={"nvidia.com/gpu": launcher_gpus})
+    nodes = PodSet("node", "worker", workers, {"spec": {}}, "rt", requests={"nvidia.com/gpu": gpus})
+    return EffectiveJob("TrainJob", "j", "team-a", {}, {}, {}, [launcher, nodes], {})
+
+
+def test_pods_of_several_sets_that_no_node_holds_two_of_are_refused_and_the_fix_passes():
+    """A 5-GPU launcher and two 5-GPU workers on two 8-GPU nodes: 15 of 16 GPUs, but a node
+    holds one 5-GPU pod, so three cannot run; the suggested worker count can."""
+    state = ClusterState.from_objects([node(f"g{i}", gpus=8) for i in range(2)])
+    (finding,) = schedulability.check(CheckContext(gpu_job(5, 2, 5), state=state), SchedulabilityCheck())
+    assert finding.severity is None and finding.message.startswith(
+        "the job runs 3 pods that ask for nvidia.com/gpu at once (1 launcher x 5 + 2 workers x 5)")
+    assert finding.remediation.startswith("reduce spec.trainer.numNodes to 1, or ")
+    assert schedulability.check(CheckContext(gpu_job(5, 1, 5), state=state), SchedulabilityCheck()) == []
+
+
+@pytest.mark.parametrize("workers", [4, 6, 9])
+def test_the_suggested_worker_count_always_passes(workers):
+    state = ClusterState.from_objects([node(f"g{i}", gpus=8) for i in range(3)])
+    (finding,) = schedulability.check(CheckContext(gpu_job(3, workers, 5), state=state), SchedulabilityCheck())
+    most = int(finding.remediation.split(" to ")[1].split(",")[0])
+    assert schedulability.check(CheckContext(gpu_job(3, most, 5), state=state), SchedulabilityCheck()) == []
+    assert schedulability.check(CheckContext(gpu_job(3, most + 1, 5), state=state), SchedulabilityCheck())
+
+
+def test_a_resource_no_node_offers_warns_instead_of_refusing():
+    """GPU pools that scale from zero and DRA-served extended resources have no node listing them."""
+    state = ClusterState.from_objects([node("cpu-1"), node("cpu-2")])
+    (finding,) = schedulability.check(CheckContext(gpu_job(0, 2, 8), state=state), SchedulabilityCheck())
+    assert finding.severity == "warn"
+    assert finding.message == "no node offers nvidia.com/gpu now (of the 2 nodes), so the pre-check leaves it out"
+    assert "DRA" in finding.remediation
+
+
+def test_nodes_may_be_added_turns_never_into_a_warning():
+    state = ClusterState.from_objects([node(f"g{i}", gpus=8) for i in range(2)])
+    (finding,) = schedulability.check(CheckContext(gpu_job(0, 3, 8), state=state),
+                                      SchedulabilityCheck(nodesMayBeAdded=True))
+    assert finding.severity == "warn" and finding.message.endswith("it runs only if the cluster adds nodes that take it")
+
+
+def test_one_node_takes_the_singular_in_totals():
+    state = ClusterState.from_objects([node("g0", gpus=8)])
+    (finding,) = schedulability.check(CheckContext(gpu_job(0, 2, 8), state=state), SchedulabilityCheck())
+    assert finding.message.endswith("the 1 node that can take its pods has 8 in all")
+
+
+def test_only_a_queue_the_user_named_may_add_tolerations():
+    """A bundle that labels every job with a default queue does not make taint refusals advice."""
+    worker = PodSet("node", "worker", 1, {"spec": {}}, "rt", requests={"cpu": 1000})
+    job = EffectiveJob("TrainJob", "j", "team-a", {}, {}, {}, [worker], {})
+    state = ClusterState.from_objects(gpu_nodes(2))
+    labelled = {"metadata": {"labels": {"kueue.x-k8s.io/queue-name": "gpu"}}}
+    (denied,) = schedulability.check(CheckContext(job, state=state, object=labelled, submitted={}), SchedulabilityCheck())
+    assert denied.severity is None
+    (warned,) = schedulability.check(CheckContext(job, state=state, object=labelled, submitted=labelled),
+                                     SchedulabilityCheck())
+    assert warned.severity == "warn" and "it names the Kueue queue gpu (kueue.x-k8s.io/queue-name)" in warned.message
+
+
+def test_writes_that_change_nothing_kept_keep_the_dicts_and_a_finished_pod_is_dropped():
+    state = ClusterState.from_objects([node("a"), node("b")])
+    state.replace("Pod", [bound_pod("p1", "a", 2), bound_pod("p2", "b", 1)])
+    nodes, pods = state.nodes, state.pods
+    heartbeat = {**node("a"), "status": {**node("a")["status"], "conditions": [{"type": "Ready"}]}}
+    state.upsert(heartbeat)
+    state.upsert({**bound_pod("p1", "a", 2), "status": {"phase": "Running", "podIP": "10.0.0.1"}})
+    assert state.nodes is nodes and state.pods is pods  # the caches built on them stay
+    state.upsert(bound_pod("p2", "b", 1, phase="Succeeded"))  # finished: it holds nothing any more
+    assert set(state.pods) == {("other", "p1")} and set(pods) == {("other", "p1"), ("other", "p2")}
+
+
+def test_node_usage_follows_each_pod_event_as_a_full_recount_would():
+    """The per-node sums the state keeps on each Pod write equal a recount from the pods, through
+    adds, changes, finishing, deletes and relists."""
+    state = ClusterState()
+    state.replace("Pod", [bound_pod("a", "n1", 2), bound_pod("b", "n1", 1), bound_pod("c", "n2", 4)])
+    events = [("upsert", bound_pod("d", "n2", 3)), ("upsert", bound_pod("a", "n1", 5)),
+              ("upsert", bound_pod("b", "n1", 1, phase="Succeeded")), ("delete", bound_pod("c", "n2", 4)),
+              ("delete", bound_pod("zz", "n3", 1)), ("upsert", bound_pod("e", "n3", 0))]
+    for verb, pod in events:
+        getattr(state, verb)(pod)
+        recount = ClusterState()
+        recount.replace("Pod", list(state.pods.values()))
+        assert state.node_usage == recount.node_usage, (verb, pod["metadata"]["name"])
+    assert state.node_usage == {"n1": {"pods": 1, "nvidia.com/gpu": 5}, "n2": {"pods": 1, "nvidia.com/gpu": 3},
+                                "n3": {"pods": 1}}

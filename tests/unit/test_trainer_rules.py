@@ -12,7 +12,8 @@ import yaml
 
 from policies import phases, podvalidation, runtimepatch
 from policies.checks import quota
-from policies.effective_job import FLUX_INSTALLER_IMAGE, JobModelError, pod_resources
+from policies.effective_job import FLUX_INSTALLER_IMAGE, JobModelError
+from policies.podresources import pod_resources
 from policies.effective_job import build as effective
 from policies.engine import AdmissionInput, evaluate
 from tests.support import upstream

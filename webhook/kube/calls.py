@@ -1,15 +1,24 @@
 """API calls for the event loop (the injector and the reconciler): each runs the synchronous
 client in a worker thread, bounded by the request's own timeout and by the event loop's, so a
 silent API server costs a bounded wait and never a stuck admission; during an admission request
-also by its deadline (webhook/deadline.py)."""
+also by its deadline (webhook/deadline.py).
+
+The threads are their own pool, as large as the client's connection pool (webhook/kube/client.py
+POOL): asyncio's default pool has cpu+4 threads, so 20 jobs submitted together (40 creations)
+queued behind each other in our process instead of reaching the API server at once."""
 from __future__ import annotations
 
 import asyncio
+import functools
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .. import deadline
-from .client import ApiError, ClusterUnreachable, KubeApi, call_json, list_all
+from .client import POOL, ApiError, ClusterUnreachable, KubeApi, call_json, list_all
 from .resources import JOBS, Resource
+
+
+_THREADS = ThreadPoolExecutor(max_workers=POOL, thread_name_prefix="kube-call")
 
 
 class Calls:
@@ -22,8 +31,8 @@ class Calls:
         limit = deadline.bound(self.timeout + 1)  # the event loop's bound, a second after the client's own
         timeout = min(self.timeout, limit)
         try:
-            return await asyncio.wait_for(asyncio.to_thread(fn, self.api, *args, timeout=(timeout, timeout), **kwargs),
-                                          timeout=limit)
+            call = functools.partial(fn, self.api, *args, timeout=(timeout, timeout), **kwargs)
+            return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(_THREADS, call), timeout=limit)
         except (TimeoutError, ClusterUnreachable) as exc:
             left = deadline.remaining()
             if left is not None and left <= 0 and (isinstance(exc, TimeoutError) or exc.timed_out):

@@ -18,6 +18,9 @@ from .resources import Resource
 CONNECT_TIMEOUT = 5.0
 REQUEST_TIMEOUT = (CONNECT_TIMEOUT, 30.0)  # (connect, read) for every plain request
 LIST_PAGE = 500
+# Connections kept to the API server, and threads making calls on the event loop's behalf
+# (webhook/kube/calls.py): a burst of admissions each creating two objects at once.
+POOL = 32
 
 
 class ClusterUnreachable(Exception):
@@ -69,6 +72,7 @@ def api_client(kubeconfig: str | None) -> KubeApi:
     except (config.ConfigException, yaml.YAMLError, OSError) as exc:
         where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account (not running in a pod?)"
         raise KubeconfigError(f"cannot load {where}: {exc}") from None
+    cfg.connection_pool_maxsize = POOL
     api = KubeApi(cfg)
     api.kubeconfig = kubeconfig
     return api
