@@ -1,23 +1,27 @@
 """Server-side commands: serve, demo, decisions query/verify, certs issue/checkpoint-key.
 
-The heavy modules (aiohttp, the Kubernetes client, cryptography) are imported inside the
-command that uses them, so that ``review`` and ``--help`` do not pay for them.
+The heavy modules (aiohttp, the Kubernetes client, cryptography, the decision log, asyncio) are
+imported inside the command that uses them, so that ``review`` and ``--help`` do not pay for them
+(docs/architecture.md "CLI start").
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
 import errno
-import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .cli_errors import EXIT_INVALID, EXIT_NOT_FOUND, CliError
-from .decisionlog import Anchors, Filters, VerifyReport, log_files, parse_time, query, render, scan, verify, verify_stream
 
+if TYPE_CHECKING:
+    from .decisionlog import Anchors, Filters, VerifyReport
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
     from certs.reload import RejectedPair
 
     from . import settings, startup  # the server's whole stack: only serve needs it (start-up time)
@@ -77,6 +81,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def _read_log(log: str) -> list[Path] | bytes:
     """The log's files (oldest first), or the bytes of stdin for ``-``."""
+    from .decisionlog import log_files
+
     if log == "-":
         return sys.stdin.buffer.read()
     files = log_files(log)
@@ -86,10 +92,14 @@ def _read_log(log: str) -> list[Path] | bytes:
 
 
 def _verified(source: list[Path] | bytes, anchors: Anchors | None = None) -> VerifyReport:
+    from .decisionlog import verify, verify_stream
+
     return verify_stream(source, anchors=anchors) if isinstance(source, bytes) else verify(source, anchors)
 
 
 def cmd_decisions_query(args: argparse.Namespace) -> int:
+    from .decisionlog import Filters, render
+
     filters = Filters(user=args.user, namespace=args.namespace, name=args.name, kind=args.kind, decision=args.decision,
                       rule=args.rule, endpoint=args.endpoint, decision_id=args.id, **_window(args))
     records: list[dict] = []
@@ -98,6 +108,7 @@ def cmd_decisions_query(args: argparse.Namespace) -> int:
 
 
 def cmd_decisions_report(args: argparse.Namespace) -> int:
+    from .decisionlog import Filters
     from .decisionlog.report import Summary, render_summary
 
     summary = Summary()
@@ -106,6 +117,8 @@ def cmd_decisions_report(args: argparse.Namespace) -> int:
 
 
 def _window(args: argparse.Namespace) -> dict:
+    from .decisionlog import parse_time
+
     try:
         return {"since": parse_time(args.since) if args.since else None,
                 "until": parse_time(args.until) if args.until else None}
@@ -116,6 +129,8 @@ def _window(args: argparse.Namespace) -> dict:
 def _scan(args: argparse.Namespace, filters: Filters, on_match: Callable[[dict], None]) -> VerifyReport | None:
     """Hand each matching record to ``on_match`` and, unless --no-verify, verify the whole log in
     the same read."""
+    from .decisionlog import query, scan
+
     source = _read_log(args.log)
     if args.no_verify:
         for record in query(source, filters):
@@ -154,6 +169,7 @@ def _anchors(checkpoint: str | None, public_key: str | None, log: str) -> Anchor
                        "(an unsigned checkpoint proves nothing)", EXIT_INVALID)
     if checkpoint == "-" and log == "-":
         raise CliError("--checkpoint - and --log - cannot both read stdin; save one to a file", EXIT_INVALID)
+    from .decisionlog import Anchors
     from .decisionlog.checkpoint import CheckpointError, load_public_key, parse_checkpoints  # cryptography
 
     try:

@@ -150,3 +150,26 @@ def test_help_loads_neither_the_engine_nor_cel() -> None:
              "print(sorted(m for m in ('celpy', 'lark', 'policies.engine', 'policies.cel') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True)
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout
+
+
+# The server's libraries and the decision log: serve, demo, decisions and certs import them when they run.
+SERVER_STACK = ("aiohttp", "prometheus_client", "kubernetes", "urllib3", "cryptography", "asyncio", "ssl",
+                "webhook.server", "webhook.startup", "webhook.decisionlog", "webhook.kube.client")
+
+
+def loaded(argv: list[str], modules: tuple[str, ...]) -> list[str]:
+    """Which of ``modules`` a CLI process has imported once ``argv`` has run."""
+    probe = ("import sys\nfrom webhook.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+             f"import json\nprint(json.dumps(sorted(m for m in {modules!r} if m in sys.modules)), file=sys.stderr)")
+    result = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    return json.loads(result.stderr.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("argv", [["review", "-f", "examples/jobs/allowed.yaml", *STATE],
+                                  ["policy", "explain", "-f", "examples/jobs/allowed.yaml", *STATE],
+                                  ["policy", "lint", "builtin:default"], ["--help"], ["serve", "--help"]],
+                         ids=["review", "explain", "lint", "help", "serve-help"])
+def test_offline_commands_and_help_load_no_server_stack(argv: list[str]) -> None:
+    """`review` and `policy` decide without the server's libraries, and help names the server-side
+    commands without importing them: their import time is not paid (docs/architecture.md "CLI start")."""
+    assert loaded(argv, SERVER_STACK) == []
