@@ -10,6 +10,12 @@ injections included (an ECDSA P-521 key per admitted job); --key-type rsa-4096 s
 RSA key costs (about a second of CPU here, beyond the server's pool of ready keys).
 
     .venv/bin/python bench/cluster.py [-n 30] [--warmup 3] [--key-type TYPE] [--json]
+
+--peers compares, in the same way and run, no policy, a ValidatingAdmissionPolicy, our webhook and
+Kyverno (bench/peers.py: the default bundle's checks each peer can express), sequentially and in
+bursts of 20, and shows each one's verdict on the same good and bad TrainJobs:
+
+    flock /tmp/cluster.lock .venv/bin/python bench/cluster.py --peers [-n 30] [--bursts 3] [--build-kyverno]
 """
 from __future__ import annotations
 
@@ -32,6 +38,8 @@ sys.path.insert(0, str(ROOT))
 
 from tests.support.objects import trainjob  # noqa: E402
 from tests.support.service import cluster, register, start_service, unregister  # noqa: E402
+
+import peers as peers_mod  # noqa: E402  (bench/)
 
 GROUP, VERSION, PLURAL = "trainer.kubeflow.org", "v1alpha1", "trainjobs"
 SELECTOR_LABEL = "trainjob-admission.io/bench"
@@ -58,7 +66,14 @@ def main(argv=None) -> int:
     ap.add_argument("--key-type", choices=KEY_TYPES,
                     help="SSH key type of the injected Secret (default: the default bundle's)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    ap.add_argument("--peers", action="store_true",
+                    help="compare no policy, ValidatingAdmissionPolicy, our webhook and Kyverno (if built)")
+    ap.add_argument("--bursts", type=int, default=3, help=f"with --peers: bursts of {BURST} per configuration")
+    ap.add_argument("--build-kyverno", action="store_true",
+                    help="with --peers: build Kyverno first if it is not (tens of minutes, one CPU)")
     args = ap.parse_args(argv)
+    if args.peers:
+        return peers(args)
 
     from kubernetes import client, config
 
@@ -120,6 +135,168 @@ def main(argv=None) -> int:
     print(f"  ratio (mean with / without): {result['ratio_mean']:.2f}x")
     return 0
 
+
+# ---------------------------------------------------------------------------------------------
+# --peers: no policy, ValidatingAdmissionPolicy, our webhook and Kyverno (bench/peers.py), each
+# in its own namespace selected by only its own policy or webhook; the same TrainJobs created in
+# turn across them (the order rotates), one at a time and then in bursts of BURST at once.
+# ---------------------------------------------------------------------------------------------
+BURST = 20
+PEER_LABELS = {"none": "no policy", "vap": "ValidatingAdmissionPolicy", "webhook": "our webhook",
+               "kyverno": f"Kyverno {cluster.KYVERNO['version']}"}
+
+
+def _create(api, ns: str, obj: dict) -> float:
+    t0 = time.perf_counter()
+    api.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, obj, _request_timeout=60)
+    return (time.perf_counter() - t0) * 1000
+
+
+def _burst(api, ns: str, prefix: str) -> list[float]:
+    """BURST creations released together; each one's own latency."""
+    from concurrent.futures import ThreadPoolExecutor
+    from threading import Barrier
+
+    start = Barrier(BURST)
+
+    def one(k: int) -> float:
+        obj = trainjob(f"{prefix}-{k}", image=None, command=None, suspend=True)
+        start.wait()
+        return _create(api, ns, obj)
+
+    with ThreadPoolExecutor(BURST) as pool:
+        return list(pool.map(one, range(BURST)))
+
+
+def _verdict(api, ns: str, obj: dict) -> str:
+    """'admit', or 'deny: <the API server's message>' for a dry-run create."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        api.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, obj, dry_run="All", _request_timeout=30)
+        return "admit"
+    except ApiException as e:
+        if e.status not in (400, 403, 422):
+            raise
+        try:
+            return "deny: " + json.loads(e.body)["message"]
+        except (TypeError, ValueError, KeyError):
+            return f"deny: {e.reason}"
+
+
+def _wait_enforcing(api, ns: str, timeout: float = 90) -> None:
+    """Until the namespace's policy denies a job it must deny: policies take effect asynchronously,
+    and Kyverno registers its webhooks before its serving certificate exists (the API server then
+    answers 500 for a few seconds)."""
+    from kubernetes.client.exceptions import ApiException
+
+    bad = next(obj for obj, admitted in peers_mod.CASES.values() if not admitted)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if _verdict(api, ns, bad) != "admit":
+                return
+        except ApiException as e:
+            if e.status < 500 or time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench/cluster: the policy for {ns} does not deny within {timeout:.0f} s")
+        time.sleep(0.5)
+
+
+def peers(args) -> int:
+    import os
+
+    from kubernetes import client, config
+
+    ensure_cluster()
+    if args.build_kyverno:
+        cluster.build_kyverno()
+    configs = ["none", "vap", "webhook"] + (["kyverno"] if cluster.kyverno_binary().exists() else [])
+    run = uuid.uuid4().hex[:6]
+    ns = {c: f"bench-{run}-{c}" for c in configs}
+    work = Path(tempfile.mkdtemp(prefix="bench-peers-"))
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(cluster.ADMIN_KUBECONFIG), client_configuration=cfg)
+    cfg.connection_pool_maxsize = BURST + 4
+    api = client.CustomObjectsApi(client.ApiClient(cfg))
+    cluster.apply_objects([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in ns.values()])
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", ROOT / "examples/runtimes/mpi-openmpi.yaml")
+    name = f"bench-{run}"
+    vap = peers_mod.vap_objects(name, ns["vap"])
+    svc = kyverno = None
+    try:
+        cluster.apply_objects(vap)
+        svc = start_service(work, cluster.ADMIN_KUBECONFIG,
+                            cluster.issue_serving_cert(work / "certs", name="bench-webhook"),
+                            namespaces=[ns["webhook"]],
+                            args=("--bundle", "builtin:default", "--bundle-selector", f"{SELECTOR_LABEL}={run}"))
+        register(svc, name, [ns["webhook"]])
+        if "kyverno" in ns:
+            kyverno = peers_mod.Kyverno(work, peers_mod.kyverno_policy(name, ns["kyverno"]))
+            kyverno.start()
+        for c in configs[1:]:
+            _wait_enforcing(api, ns[c])
+        verdicts = {case: {c: _verdict(api, ns[c], obj) for c in configs}
+                    for case, (obj, _) in peers_mod.CASES.items()}
+        seq: dict[str, list[float]] = {c: [] for c in configs}
+        for i in range(args.warmup + args.n):
+            for c in configs[i % len(configs):] + configs[:i % len(configs)]:
+                dt = _create(api, ns[c], trainjob(f"s{i}", image=None, command=None, suspend=True))
+                if i >= args.warmup:
+                    seq[c].append(dt)
+        burst: dict[str, list[float]] = {c: [] for c in configs}
+        for r in range(args.bursts):
+            for c in configs[r % len(configs):] + configs[:r % len(configs)]:
+                burst[c] += _burst(api, ns[c], f"b{r}")
+        load = os.getloadavg()
+    finally:
+        try:
+            unregister(name)
+            cluster.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", name,
+                            "--ignore-not-found", check=False)
+            cluster.kubectl("delete", "namespace", *ns.values(), "--wait=false", check=False)
+        finally:
+            if svc:
+                svc.stop()
+            if kyverno:
+                kyverno.stop()
+
+    def figures(ms: list[float], base: list[float]) -> dict:
+        p50, p90 = percentile(ms, 50), percentile(ms, 90)
+        return {"n": len(ms), "p50": p50, "p90": p90, "ratio_p50": p50 / percentile(base, 50),
+                "ratio_p90": p90 / percentile(base, 90)}
+
+    result = {"loadavg": load, "sequential": {c: figures(seq[c], seq["none"]) for c in configs},
+              f"concurrent{BURST}": {c: figures(burst[c], burst["none"]) for c in configs},
+              "verdicts": verdicts}
+    print(json.dumps(result, indent=1) if args.json else "\n".join(peers_table(result, configs, args)))
+    return 0
+
+
+def peers_table(result: dict, configs: list[str], args) -> list[str]:
+    load, verdicts = result["loadavg"], result["verdicts"]
+    out = [f"TrainJob create through the API server, same TrainJobs, interleaved (ms); "
+           f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
+           f"  {'':27s} {'sequential':>26s}   {f'{BURST} concurrent':>26s}",
+           f"  {'':27s}" + f" {'p50':>7s} {'p90':>7s} {'x none':>10s}  " * 2]
+    for c in configs:
+        row = "".join(f" {f['p50']:7.1f} {f['p90']:7.1f} {f['ratio_p50']:4.2f}/{f['ratio_p90']:4.2f}  "
+                      for f in (result["sequential"][c], result[f"concurrent{BURST}"][c]))
+        out.append(f"  {PEER_LABELS[c]:27s}{row}")
+    out += [f"  (n = {args.n} sequential and {args.bursts} x {BURST} concurrent per configuration; "
+            "x none = p50/p90 over no policy's)",
+            "Same inputs, dry-run: admitted (A) or denied (D); the default bundle's verdict first",
+            f"  {'':24s} {'bundle':>7s}" + "".join(f" {c:>8s}" for c in configs)]
+    differ = []
+    for case, (_, admitted) in peers_mod.CASES.items():
+        marks = ["A" if verdicts[case][c] == "admit" else "D" for c in configs]
+        out.append(f"  {case:24s} {'A' if admitted else 'D':>7s}" + "".join(f" {m:>8s}" for m in marks))
+        differ += [f"  differs: {case} / {c}: {verdicts[case][c]}" for c, m in zip(configs, marks)
+                   if c != "none" and (m == "A") != admitted]
+    if "kyverno" not in configs:
+        differ.append(f"  Kyverno: not built ({cluster.kyverno_binary()}); --build-kyverno builds it")
+    return out + differ
 
 if __name__ == "__main__":
     sys.exit(main())
