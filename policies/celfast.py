@@ -593,31 +593,12 @@ class _Compiler:
     def list_literal(self, child: lark.Tree, steps: int) -> Closure:
         if not child.children:
             return _literal(ct.ListType(), steps)
-        items = self.node(child.children[0])
-
-        def run(env: dict, budget: Any) -> Any:
-            budget.left -= steps
-            if budget.left < 0:
-                budget.settle()
-            return items(env, budget)
-
-        return run
+        return _charged(self.node(child.children[0]), steps, absorbs=())
 
     def map_literal(self, child: lark.Tree, steps: int) -> Closure:
         if not child.children:
             return _literal(ct.MapType(), steps)
-        inits = self.node(child.children[0])
-
-        def run(env: dict, budget: Any) -> Any:
-            budget.left -= steps
-            if budget.left < 0:
-                budget.settle()
-            try:
-                return inits(env, budget)
-            except (ValueError, TypeError) as ex:
-                return CELEvalError(ex.args[0], ex.__class__, ex.args)
-
-        return run
+        return _charged(self.node(child.children[0]), steps, absorbs=(ValueError, TypeError))
 
     def call(self, child: lark.Tree, steps: int) -> Closure:
         """``name(args)``: the has() and dyn() macros, or a function."""
@@ -738,3 +719,19 @@ def _call(func: Callable, args: Any) -> Any:
         return CELEvalError("return error for overflow", ex.__class__, ex.args)
     except (TypeError, AttributeError) as ex:
         return CELEvalError("no such overload", ex.__class__, ex.args)
+
+
+def _charged(inner: Closure, steps: int, absorbs: tuple[type[Exception], ...]) -> Closure:
+    """``inner`` after charging ``steps``; the exceptions in ``absorbs`` become CEL error values
+    (a map literal's duplicate or ill-typed key), as cel-python makes them."""
+
+    def run(env: dict, budget: Any) -> Any:
+        budget.left -= steps
+        if budget.left < 0:
+            budget.settle()
+        try:
+            return inner(env, budget)
+        except absorbs as ex:
+            return CELEvalError(ex.args[0], ex.__class__, ex.args)
+
+    return run

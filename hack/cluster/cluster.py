@@ -112,14 +112,15 @@ LOOPBACK = "127.0.0.1"
 SERVICE_CIDR = "10.96.0.0/16"  # virtual only: nothing here routes or is ever contacted
 
 # Fake nodes that KWOK keeps Ready, of several shapes (the schedulability pre-check and GPU node
-# targeting): two untainted 8-GPU nodes, a CPU-only node, and GPU nodes tainted as the NVIDIA GPU
-# operator's clusters often are, labelled with their product. Keys other than name, labels and
+# targeting): four untainted 8-GPU nodes (32 GPUs, so the docs' over-quota job meets the quota
+# before it meets the nodes), a CPU-only node, and GPU nodes tainted as the NVIDIA GPU operator's
+# clusters often are, labelled with their product. Keys other than name, labels and
 # taints are the node's capacity (= allocatable).
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 NODES = [
     *({"name": f"kwok-node-{i}", "cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "8", "pods": "110",
-       "labels": {"nvidia.com/gpu.present": "true"}} for i in range(2)),
+       "labels": {"nvidia.com/gpu.present": "true"}} for i in range(4)),
     {"name": "kwok-cpu-0", "cpu": "16", "memory": "64Gi", "pods": "110", "labels": {}},
     *({"name": f"kwok-a100-{i}", "cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8", "pods": "110",
        "labels": {"nvidia.com/gpu.present": "true", GPU_PRODUCT_LABEL: "NVIDIA-A100-SXM4-80GB"},

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from tests.support import objects
-from tests.support.service import REPO, cluster, delete_bindings, register, service_kubeconfig, start_service, unregister
+from tests.support.service import REPO, cluster, service_as_installed
 
 pytestmark = pytest.mark.cluster
 
@@ -44,18 +44,10 @@ def service(control_plane, policybundle_crd, namespace, tmp_path):
     bundle["metadata"] = {"name": hook, "labels": {LABEL: run}}
     bundle["spec"]["match"] = {"namespaces": [namespace]}
     cluster.apply_objects([objects.runtime(runtime), bundle])
-    svc, bindings = None, []
     try:
-        kubeconfig, bindings = service_kubeconfig(tmp_path, f"snapshot-webhook-{run}", [namespace])
-        svc = start_service(tmp_path, kubeconfig, cluster.issue_serving_cert(tmp_path / "certs", name="snapshot"),
-                            namespaces=[namespace], args=("--bundle-selector", f"{LABEL}={run}"))
-        register(svc, hook, [namespace])
-        yield runtime
+        with service_as_installed(tmp_path, hook, [namespace], f"{LABEL}={run}"):
+            yield runtime
     finally:
-        unregister(hook)
-        if svc:
-            svc.stop()
-        delete_bindings(bindings)
         kc("delete", "policybundle", hook, "--ignore-not-found", "--wait=false")
         kc("delete", "clustertrainingruntime", runtime, "--ignore-not-found", "--wait=false")
 

@@ -1,6 +1,6 @@
 """Issue 15 on the real control plane: what the platform promises at submission.
 
-The KWOK nodes come in several shapes (hack/cluster/cluster.py NODES): two untainted 8-GPU nodes,
+The KWOK nodes come in several shapes (hack/cluster/cluster.py NODES): four untainted 8-GPU nodes,
 a CPU-only node, two 8-GPU A100 nodes and a 4-GPU L4 node, both GPU kinds tainted
 nvidia.com/gpu=present:NoSchedule and labelled with their product. The service runs as in
 test_e2e.py (its own user, the manifests' roles, watching Nodes and the pods bound to them) with
@@ -15,8 +15,7 @@ import pytest
 import yaml
 
 from tests.support.objects import GPU, runtime, trainjob
-from tests.support.service import (REPO, cluster, delete_bindings, register, service_kubeconfig, start_service,
-                                   unregister)
+from tests.support.service import REPO, cluster, service_as_installed
 
 pytestmark = pytest.mark.cluster
 
@@ -71,9 +70,7 @@ def _bundle(name: str, run: str, namespace: str) -> dict:
 @pytest.fixture(scope="module")
 def sched(control_plane, policybundle_crd, tmp_path_factory):
     run = uuid.uuid4().hex[:8]
-    ns = hook = f"sched-{run}"
-    work = tmp_path_factory.mktemp("sched")
-    svc, bindings = None, []
+    ns = f"sched-{run}"
     try:
         cluster.apply_objects([
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {LABEL: run}}},
@@ -87,16 +84,9 @@ def sched(control_plane, policybundle_crd, tmp_path_factory):
              "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
              "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}]},
             _bundle(ns, run, ns)])
-        kubeconfig, bindings = service_kubeconfig(work, f"sched-webhook-{run}", [ns])
-        svc = start_service(work, kubeconfig, cluster.issue_serving_cert(work / "certs", name="sched-webhook"),
-                            namespaces=[ns], args=("--bundle-selector", f"{LABEL}={run}"))
-        register(svc, hook, [ns])
-        yield ns
+        with service_as_installed(tmp_path_factory.mktemp("sched"), ns, [ns], f"{LABEL}={run}"):
+            yield ns
     finally:
-        unregister(hook)
-        if svc:
-            svc.stop()
-        delete_bindings(bindings)
         kc("delete", "policybundle", ns, "--ignore-not-found", "--wait=false")
         kc("delete", "namespace", ns, "--ignore-not-found", "--wait=false")
 
@@ -136,11 +126,11 @@ def test_a_worker_larger_than_any_node_is_refused_with_the_numbers(sched):
 
 
 def test_a_job_larger_than_the_cluster_is_refused_with_the_numbers(sched):
-    # 5 workers of 8 GPUs: the nodes a GPU worker may use (gpu.present, the taint tolerated by
-    # targeting) hold 4 such pods: kwok-node-0/1 and the two A100 nodes; the L4 node has 4.
-    p = submit(gpu_job("too-many", sched, nodes=5, gpus=8))
+    # 7 pods of 8 GPUs: the nodes a GPU pod may use (gpu.present, the taint tolerated by
+    # targeting) hold 6 such pods: kwok-node-0..3 and the two A100 nodes; the L4 node has 4.
+    p = submit(gpu_job("too-many", sched, nodes=7, gpus=8))
     assert p.returncode != 0
-    assert "schedulability" in p.stderr and f"needs 40 {GPU}" in p.stderr and "32 in all" in p.stderr, p.stderr
+    assert "schedulability" in p.stderr and f"needs 56 {GPU}" in p.stderr and "48 in all" in p.stderr, p.stderr
     assert get("trainjob", "too-many", sched) is None
 
 

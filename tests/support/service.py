@@ -15,11 +15,13 @@ tier's conftest uses the same one).
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Iterator
 
 from .serve import Serve
 
@@ -125,3 +127,22 @@ def service_kubeconfig(workdir: Path, user: str, namespaces: list[str]) -> tuple
 def delete_bindings(names: list[str]) -> None:
     if names:
         cluster.kubectl("delete", "clusterrolebinding", *names, "--ignore-not-found", check=False)
+
+
+@contextlib.contextmanager
+def service_as_installed(workdir: Path, name: str, namespaces: list[str], selector: str) -> Iterator[Serve]:
+    """The service as the install runs it, for one test module: its own user holding only the
+    manifests' roles (service_kubeconfig), serving the PolicyBundles labelled ``selector``,
+    registered as webhook ``name`` for ``namespaces``; unregistered, stopped and unbound after."""
+    svc, bindings = None, []
+    try:
+        kubeconfig, bindings = service_kubeconfig(workdir, f"{name}-webhook", namespaces)
+        svc = start_service(workdir, kubeconfig, cluster.issue_serving_cert(workdir / "certs", name=name),
+                            namespaces=namespaces, args=("--bundle-selector", selector))
+        register(svc, name, namespaces)
+        yield svc
+    finally:
+        unregister(name)
+        if svc:
+            svc.stop()
+        delete_bindings(bindings)
