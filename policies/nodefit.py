@@ -222,9 +222,8 @@ def pod_needs(pod_spec: dict, requests: Mapping[str, int], ignored: Iterable[str
         # NewLazyErrorNodeSelector: a term with neither list selects nothing and is dropped.
         terms = tuple(_term(t) for t in _list(required.get("nodeSelectorTerms"))
                       if isinstance(t, dict) and (t.get("matchExpressions") or t.get("matchFields")))
-    tolerations = tuple(dict.fromkeys((str(t.get("key", "") or ""), str(t.get("operator", "") or ""), str(t.get("value", "") or ""),
-                         str(t.get("effect", "") or ""))
-                        for t in _list(pod_spec.get("tolerations")) if isinstance(t, dict))) + DEFAULT_TOLERATIONS
+    tolerations = tuple(dict.fromkeys(toleration_of(t) for t in _list(pod_spec.get("tolerations"))
+                                      if isinstance(t, dict))) + DEFAULT_TOLERATIONS
     node_name = pod_spec.get("nodeName")
     return PodNeeds(needs, selector, terms, tolerations, node_name if isinstance(node_name, str) else "")
 
@@ -317,6 +316,11 @@ def label_refusal(needs: PodNeeds, labels: Mapping[str, str], name: str) -> str 
         if failed is not None:
             return f"do not match the required node affinity {failed}"
     return "do not match the required node affinity"
+
+
+def toleration_of(toleration: dict) -> Toleration:
+    """A pod's toleration as (key, operator, value, effect), absent fields as ""."""
+    return tuple(str(toleration.get(field, "") or "") for field in ("key", "operator", "value", "effect"))  # type: ignore[return-value]
 
 
 def tolerates(toleration: Toleration, taint: Taint) -> bool:

@@ -16,6 +16,7 @@ import re
 
 from .bundle import AcceleratorTargeting, NodeTargetingMutation, Toleration
 from .effective_job import MutationRefused
+from .nodefit import toleration_of, tolerates
 from .resources import is_accelerator
 
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
@@ -79,18 +80,15 @@ def _tolerations(existing: object, wanted: list[Toleration]) -> list | None:
 
 
 def _covers(have: dict, wanted: Toleration) -> bool:
-    """Whether ``have`` tolerates every taint ``wanted`` does (Toleration.ToleratesTaint in
-    k8s.io/api core/v1 toleration.go: an empty effect matches all, an empty key with Exists
-    matches every key, Exists matches any value)."""
-    effect = have.get("effect")
-    if effect and effect != wanted.effect:
-        return False
-    key, operator = have.get("key") or "", have.get("operator") or "Equal"
-    if not key:
-        return operator == "Exists"
-    if key != wanted.key:
-        return False
-    return operator == "Exists" or (wanted.operator == "Equal" and (have.get("value") or "") == wanted.value)
+    """Whether ``have`` tolerates every taint ``wanted`` does, judged by nodefit.tolerates
+    (Toleration.ToleratesTaint): for each effect ``wanted`` covers (all, when it names none); an
+    Exists toleration covers every value of its key, so only an Exists of that key (or of every
+    key) covers it."""
+    mine = toleration_of(have)
+    effects = (wanted.effect,) if wanted.effect else ("NoSchedule", "PreferNoSchedule", "NoExecute")
+    if wanted.operator == "Exists":
+        return mine[1] == "Exists" and mine[0] in ("", wanted.key) and all(mine[3] in ("", e) for e in effects)
+    return all(tolerates(mine, (wanted.key, wanted.value, effect)) for effect in effects)
 
 
 def _toleration_dict(toleration: Toleration) -> dict:

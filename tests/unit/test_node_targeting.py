@@ -110,6 +110,22 @@ def test_a_toleration_for_another_effect_or_value_does_not_cover_ours(build, bun
     assert spec_of(decision, "node")["tolerations"] == [*existing, GPU_TOLERATION]
 
 
+@pytest.mark.parametrize("existing, covered", [
+    ({"key": "dedicated", "operator": "Equal", "value": "5", "effect": "NoSchedule"}, True),
+    ({"key": "dedicated", "value": "5"}, True),  # Equal by default, every effect
+    ({"key": "dedicated", "operator": "Lt", "value": "5", "effect": "NoSchedule"}, False),  # 5 < 5 is false
+    ({"key": "dedicated", "operator": "Equal", "value": "5", "effect": "NoExecute"}, False),
+])
+def test_an_equal_toleration_is_covered_only_as_the_scheduler_would_tolerate_its_taint(
+        make_bundle, build, review, existing, covered):
+    wanted = {"key": "dedicated", "operator": "Equal", "value": "5", "effect": "NoSchedule"}
+    bundle = make_bundle({"mutations": {"nodeTargeting": {"accelerators": [
+        {"resources": ["nvidia.com/gpu"], "tolerations": [wanted]}]}}})
+    state = build.state(gpu_runtime(pod_spec(gpus=8, tolerations=[existing])), build.namespace())
+    decision = review(bare_trainjob(numNodes=1), [bundle], state)
+    assert spec_of(decision, "node")["tolerations"] == ([existing] if covered else [existing, wanted])
+
+
 def test_a_node_selector_on_the_key_is_left_to_the_user(build, bundles, review):
     state = build.state(gpu_runtime(pod_spec(gpus=8, nodeSelector={"nvidia.com/gpu.present": "true"})),
                         build.namespace())
