@@ -87,6 +87,13 @@ def parse(image: object) -> ImageRef:
     return ImageRef(match.group("domain") or "", path, match.group("tag"), digest)
 
 
+def registry(image: str) -> str:
+    """The registry an image is pulled from, as the kubelet reads the name ("docker.io" for bare
+    names and index.docker.io), for any string: the registry allow-list judges references that
+    may not parse."""
+    return _split_domain(image)[0]
+
+
 def _split_domain(name: str) -> tuple[str, str]:
     """normalize.go splitDockerDomain: the first component is a registry only if it looks like a
     host (a dot or a port, localhost, capitals); Docker Hub's official images live under library/."""
@@ -94,7 +101,7 @@ def _split_domain(name: str) -> tuple[str, str]:
     if not sep:
         return DEFAULT_DOMAIN, "library/" + name
     if first == "localhost" or any(c in first for c in ".:") or first.lower() != first:
-        domain, remote = ("docker.io" if first == "index.docker.io" else first), rest
+        domain, remote = (DEFAULT_DOMAIN if first == "index.docker.io" else first), rest
     else:
         domain, remote = DEFAULT_DOMAIN, name
     if domain == DEFAULT_DOMAIN and "/" not in remote:

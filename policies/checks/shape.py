@@ -4,17 +4,10 @@ from __future__ import annotations
 
 from ..bundle import ShapeCheck
 from ..effective_job import EffectiveJob, container_field, containers_of
+from ..imageref import registry
 from ..resources import format_amount, to_number
 from .base import CheckContext, Finding
 from .fields import per_worker_field, workers_field
-
-
-def image_registry(image: str) -> str:
-    """The registry host of an image reference; Docker Hub for bare names, as the container runtime does."""
-    first, sep, _ = image.partition("/")
-    if sep and ("." in first or ":" in first or first == "localhost"):
-        return first
-    return "docker.io"
 
 
 def registry_allowed(image: str, allowed: list[str]) -> bool:
@@ -24,7 +17,7 @@ def registry_allowed(image: str, allowed: list[str]) -> bool:
         if "/" in entry:
             if image == entry or image.startswith(entry + "/"):
                 return True
-        elif image_registry(image) == entry:
+        elif registry(image) == entry:
             return True
     return False
 
@@ -61,7 +54,7 @@ def check(context: CheckContext, settings: ShapeCheck) -> list[Finding]:
                 if registry_allowed(image, settings.allowedRegistries):
                     continue
                 findings.append(Finding(
-                    f"{ps.name} image {image!r} comes from {image_registry(image)}, which is not an allowed registry",
+                    f"{ps.name} image {image!r} comes from {registry(image)}, which is not an allowed registry",
                     f"use an image from {', '.join(settings.allowedRegistries)} in "
                     + container_field(job, ps, container.get("name", ""), "image", key),
                 ))

@@ -265,6 +265,9 @@ def test_shape_allowed_runtimes(build):
     ("localhost:5000/x", ["localhost:5000"], True),
     ("registry.internal:5000/ml/x", ["registry.internal"], False),
     ("ghcr.io/kubeflow/trainer/x", ["ghcr.io/kubeflow"], True),
+    ("index.docker.io/me/x", ["docker.io"], True),  # the kubelet pulls it from Docker Hub
+    ("index.docker.io/me/x", ["quay.io"], False),
+    ("MyRegistry/x", ["docker.io"], False),  # a capitalised first component is a host, as the kubelet reads it
 ])
 def test_registry_allowed(image, allowed, ok):
     assert shape.registry_allowed(image, allowed) is ok
