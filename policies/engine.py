@@ -228,6 +228,12 @@ def _oversized(request: AdmissionInput, active: list[Bundle]) -> list[RuleResult
                        [limits.REMEDIATION] * len(messages)) for bundle in active]
 
 
+def _enabled(rule: str, bundles: list[Bundle]) -> bool:
+    """Whether one of ``bundles`` runs the built-in check ``rule``."""
+    check = next(c for c in CHECKS if c.rule == rule)
+    return any(check.settings(b.spec.checks) is not None for b in bundles)
+
+
 def _unchecked(request: AdmissionInput, state: ClusterState, active: list[Bundle],
                missing_runtime: RuntimeNotFound | None, job: EffectiveJob | None) -> list[dict[str, str]]:
     """What the decision read that the state does not hold. Online the watched cluster is the
@@ -239,8 +245,7 @@ def _unchecked(request: AdmissionInput, state: ClusterState, active: list[Bundle
     if name not in state.namespaces:
         # Its labels (Pod Security level, bundles' namespaceSelector) were taken as none.
         unchecked.append({"check": "namespace labels", "reason": f"no Namespace {name}"})
-    quota = next(c for c in CHECKS if c.rule == "quota")
-    if not state.quotas.get(name) and any(quota.settings(b.spec.checks) is not None for b in active):
+    if not state.quotas.get(name) and _enabled("quota", active):
         unchecked.append({"check": "quota", "reason": f"no ResourceQuota for {name}"})
     quotas = state.namespace_quotas(name)
     if job is not None and not state.priority_classes and any(
@@ -252,8 +257,7 @@ def _unchecked(request: AdmissionInput, state: ClusterState, active: list[Bundle
             effective_job.claim_class(c) is None for c in job.volume_claims) and any(
             objectcounts.STORAGE_CLASS_SUFFIX in key for q in quotas for key in (q.get("spec") or {}).get("hard") or {}):
         unchecked.append({"check": "quota", "reason": "no StorageClass (claims naming none get the cluster's default)"})
-    schedulability = next(c for c in CHECKS if c.rule == "schedulability")
-    if not state.nodes and any(schedulability.settings(b.spec.checks) is not None for b in active):
+    if not state.nodes and _enabled("schedulability", active):
         unchecked.append({"check": "schedulability", "reason": "no Nodes (whether the job can ever be placed)"})
     classes = {ps.pod["spec"].get("runtimeClassName") for ps in job.pod_sets} if job is not None else set()
     for runtime_class in sorted(c for c in classes if isinstance(c, str) and c and state.runtime_class(c) is None):
