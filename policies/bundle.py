@@ -162,6 +162,17 @@ class SchedulabilityCheck(Strict):
     nodesMayBeAdded: bool = False
 
 
+class KueueCheck(Strict):
+    """Jobs queued through Kueue: the LocalQueue, ClusterQueue and WorkloadPriorityClass they name
+    exist, and the ClusterQueue can ever admit them (policies/kueue.py)."""
+
+    enabled: bool = True
+    warnWhenBusy: bool = True  # admit with a warning when the ClusterQueue has no room for it now
+    # Every job of two or more pods must be gang-admitted: queued through Kueue (the default queue
+    # is added where one exists) or run by a runtime with spec.podGroupPolicy.
+    requireGang: bool = False
+
+
 class DurationOverride(Strict):
     """Limits for some namespaces and/or some groups of submitters (both, when both are set)."""
 
@@ -238,6 +249,7 @@ class Checks(Strict):
     duration: DurationCheck | None = None
     images: ImageCheck | None = None
     schedulability: SchedulabilityCheck | None = None
+    kueue: KueueCheck | None = None
 
 
 class IstioMutation(Strict):
@@ -248,8 +260,11 @@ class SchedulingMutation(Strict):
     queueLabel: str = "kueue.x-k8s.io/queue-name"
     defaultQueue: str | None = None
     queues: dict[str, str] = {}  # namespace -> queue
+    # A namespace label whose value names the namespace's default LocalQueue (before defaultQueue).
+    namespaceQueueLabel: str | None = None
     priorityLabel: str = "kueue.x-k8s.io/priority-class"
     priorityClass: str | None = None
+    priorityClasses: dict[str, str] = {}  # namespace -> WorkloadPriorityClass (before priorityClass)
 
 
 class SecurityDefaultsMutation(Strict):

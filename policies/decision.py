@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotations only: the decision log's readers import this module without the engine
     from .bundle import Injections
@@ -87,6 +87,7 @@ class Decision:
     # Checks that ran without the cluster objects they read ({"check", "reason"}): online the
     # watched state is the truth, offline (review --cluster-state) it may be state left out.
     unchecked: list[dict[str, str]] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)  # CheckContext.facts: kept in the decision log
 
     @property
     def allowed(self) -> bool:

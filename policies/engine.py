@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from . import effective_job, injections, limits, mutations, objectcounts, queueing, quotascope, redaction
+from . import effective_job, injections, kueue, limits, mutations, objectcounts, queueing, quotascope, redaction
 from .bundle import Bundle, Injections, Mutations, accelerators, merged
 from .cel import Budget, CelEvalError, Fields, prune, to_cel, to_python
 from .checks import duration
@@ -259,6 +259,15 @@ def _unchecked(request: AdmissionInput, state: ClusterState, active: list[Bundle
         unchecked.append({"check": "quota", "reason": "no StorageClass (claims naming none get the cluster's default)"})
     if not state.nodes and _enabled("schedulability", active):
         unchecked.append({"check": "schedulability", "reason": "no Nodes (whether the job can ever be placed)"})
+    # A queue the submitter named (a default queue is added as set when LocalQueues are not known)
+    named = ((request.object.get("metadata") or {}).get("labels") or {}).get(kueue.QUEUE_LABEL)
+    if named and _enabled("kueue", active):
+        for kind, known in (("LocalQueue", state.local_queues), ("ClusterQueue", state.cluster_queues),
+                            ("ResourceFlavor", state.resource_flavors)):
+            if known is None:
+                unchecked.append({"check": "kueue", "reason": f"no {kind}s (whether the job's queue exists and "
+                                                              "what its ClusterQueue can give)"})
+                break
     classes = {ps.pod["spec"].get("runtimeClassName") for ps in job.pod_sets} if job is not None else set()
     for runtime_class in sorted(c for c in classes if isinstance(c, str) and c and state.runtime_class(c) is None):
         # Its pod overhead was counted as none (online, RuntimeClass admission refuses such pods).
@@ -299,7 +308,8 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
                 base = mutations.without_own_patch(obj)  # planned on the pods as the runtime and user made them
                 planned_on = job if base is None else effective_job.build(base, state, families)
                 patch, patched = mutations.plan(obj, planned_on, settings, namespace,
-                                                duration.defaults(enforcing, request.namespace, request.groups))
+                                                duration.defaults(enforcing, request.namespace, request.groups),
+                                                state.local_queues)
                 if patch:
                     mutated = patched
                     job = mutations.mutated_job(planned_on, mutated) or effective_job.build(mutated, state, families)
@@ -314,6 +324,7 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
         injection_settings = merged(Injections, [b.spec.injections for b in enforcing])
         planned = injections.plan(job, injection_settings, mutated)
 
+    facts: dict = {}
     if job is not None and active:
         current_job = job
         activation = _Activation({
@@ -326,7 +337,7 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
         context = CheckContext(job, namespace, state.namespace_quotas(request.namespace),
                                _old_job(request, state, active), mutated, request.old_object,
                                state.namespace_limit_ranges(request.namespace), planned, state,
-                               request.operation, request.username, tuple(request.groups), obj, budget)
+                               request.operation, request.username, tuple(request.groups), obj, budget, facts)
         for bundle in active:
             budget.check()
             results += _checks(bundle, context)
@@ -353,4 +364,5 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
         mutated=mutated,
         injection_settings=injection_settings,
         unchecked=_unchecked(request, state, active, missing_runtime, job) if report_unchecked else [],
+        facts=facts,
     )

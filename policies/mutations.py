@@ -7,10 +7,10 @@ their replica templates directly.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from . import effective_job, nodetargeting, smp
+from . import effective_job, nodetargeting, queueing, smp
 from .checks import duration
 from .bundle import Mutations
 from .effective_job import EffectiveJob, all_containers
@@ -20,18 +20,24 @@ MANAGER = "trainjob-admission.io/webhook"
 ISTIO_INJECT = "sidecar.istio.io/inject"
 
 
-def job_labels(obj: dict, settings: Mutations, namespace: dict) -> dict[str, str]:
-    """Labels to add to the job itself: Kueue queue and priority, cost attribution."""
+def job_labels(obj: dict, settings: Mutations, namespace: dict,
+               local_queues: Mapping[tuple[str, str], dict] | None = None) -> dict[str, str]:
+    """Labels to add to the job itself: Kueue queue and priority, cost attribution. The default
+    queue only where that LocalQueue exists (``local_queues``; None: not known, added as set):
+    Kueue would keep a job naming a missing one suspended for ever."""
     existing = (obj.get("metadata") or {}).get("labels") or {}
     ns_name = (namespace.get("metadata") or {}).get("name", "")
     ns_labels = (namespace.get("metadata") or {}).get("labels") or {}
     wanted: dict[str, str] = {}
-    if settings.scheduling:
-        queue = settings.scheduling.queues.get(ns_name) or settings.scheduling.defaultQueue
-        if queue:
-            wanted[settings.scheduling.queueLabel] = queue
-        if settings.scheduling.priorityClass:
-            wanted[settings.scheduling.priorityLabel] = settings.scheduling.priorityClass
+    scheduling = settings.scheduling
+    if scheduling:
+        queue = ((ns_labels.get(scheduling.namespaceQueueLabel) if scheduling.namespaceQueueLabel else None)
+                 or scheduling.queues.get(ns_name) or scheduling.defaultQueue)
+        if queue and (local_queues is None or (ns_name, queue) in local_queues):
+            wanted[scheduling.queueLabel] = queue
+        priority = scheduling.priorityClasses.get(ns_name) or scheduling.priorityClass
+        if priority:
+            wanted[scheduling.priorityLabel] = priority
     if settings.costLabels:
         for key in settings.costLabels.fromNamespaceLabels:
             if key in ns_labels:
@@ -77,11 +83,12 @@ def security_defaults(pod_spec: dict, added: frozenset[str] = frozenset()) -> di
 
 
 def plan(obj: dict, job: EffectiveJob, settings: Mutations, namespace: dict,
-         deadline: duration.Defaults | None = None) -> tuple[list[dict], dict]:
+         deadline: duration.Defaults | None = None,
+         local_queues: Mapping[tuple[str, str], dict] | None = None) -> tuple[list[dict], dict]:
     """JSONPatch operations for ``obj`` (empty when there is nothing to change) and the object
     they produce, so the caller need not apply them to a copy again. ``deadline``: what the
     duration limits (policies/checks/duration.py) set on a job that lacks it."""
-    labels = job_labels(obj, settings, namespace)
+    labels = job_labels(obj, settings, namespace, local_queues)
     cost = {k: v for k, v in labels.items() if settings.costLabels and k in settings.costLabels.fromNamespaceLabels}
     metadata = pod_metadata(settings, cost)
     defaults = settings.securityDefaults is not None and settings.securityDefaults.enabled
@@ -125,6 +132,10 @@ def plan(obj: dict, job: EffectiveJob, settings: Mutations, namespace: dict,
                 found = nodetargeting.pod_spec_patch(template.get("spec") or {}, requests, targeting, product)
                 if found:
                     template["spec"] = smp.merge(template.get("spec") or {}, found)
+    if local_queues is not None and settings.scheduling and labels.get(settings.scheduling.queueLabel):
+        # Kueue's own webhook suspends a job naming a queue, but it ran before ours added the label
+        # (webhooks run in name order): created running, Trainer would start pods Kueue has not admitted.
+        set_default(mutated, queueing.SUSPEND[job.kind], True, replace_set=True)
     if deadline is not None and deadline.seconds is not None:
         set_default(mutated, duration.FIELDS[job.kind], deadline.seconds)
     if deadline is not None and deadline.limited and job.kind == "MPIJob":
@@ -132,10 +143,11 @@ def plan(obj: dict, job: EffectiveJob, settings: Mutations, namespace: dict,
     return _minimal_patch(obj, mutated), mutated
 
 
-def set_default(obj: dict, path: Sequence[str], value: object) -> None:
-    """The field at ``path`` set to ``value`` unless it has one: the default deadline, and the
-    MPIJob cleanPodPolicy that stops the workers with it. Top-level fields: neither Trainer nor
-    mpi-operator puts them into a pod, so the effective job stays as it was built."""
+def set_default(obj: dict, path: Sequence[str], value: object, *, replace_set: bool = False) -> None:
+    """The field at ``path`` set to ``value`` unless it has one (or whatever it has, with
+    ``replace_set``): the default deadline, the MPIJob cleanPodPolicy that stops the workers
+    with it, a queued job's suspend. Top-level fields: neither Trainer nor mpi-operator puts them
+    into a pod, so the effective job stays as it was built."""
     *parents, name = path
     holder = obj
     for key in parents:
@@ -145,7 +157,7 @@ def set_default(obj: dict, path: Sequence[str], value: object) -> None:
         if not isinstance(child, dict):
             return  # a malformed job: the API server refuses it, and the check reports it
         holder = child
-    if holder.get(name) is None:
+    if replace_set or holder.get(name) is None:
         holder[name] = value
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from .effective_job import JobModelError
 
 MULTIKUEUE = "kueue.x-k8s.io/multikueue"
+SUSPEND = {"TrainJob": ("spec", "suspend"), "MPIJob": ("spec", "runPolicy", "suspend")}  # where each kind says it
 
 
 def _run_fields(obj: dict | None) -> dict:

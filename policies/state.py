@@ -24,10 +24,11 @@ SNAPSHOT_SUFFIX = "-runtime-snapshot"
 _ATTR = {"ClusterTrainingRuntime": "cluster_runtimes", "TrainingRuntime": "runtimes", "Namespace": "namespaces",
          "ResourceQuota": "quotas", "LimitRange": "limit_ranges", "Node": "nodes", "ConfigMap": "snapshots",
          "RuntimeClass": "runtime_classes", "PriorityClass": "priority_classes", "StorageClass": "storage_classes",
-         "Pod": "pods"}
+         "Pod": "pods", "LocalQueue": "local_queues", "ClusterQueue": "cluster_queues", "Cohort": "cohorts",
+         "ResourceFlavor": "resource_flavors", "WorkloadPriorityClass": "workload_priority_classes"}
 KINDS = tuple(_ATTR)
 _PER_NAMESPACE = ("ResourceQuota", "LimitRange")  # kept as {namespace: {name: object}}
-_NAMESPACED = ("TrainingRuntime", "ConfigMap", "Pod")  # kept as {(namespace, name): object}
+_NAMESPACED = ("TrainingRuntime", "ConfigMap", "Pod", "LocalQueue")  # kept as {(namespace, name): object}
 
 
 DEFAULT_STORAGE_CLASS_ANNOTATIONS = ("storageclass.kubernetes.io/is-default-class",
@@ -62,6 +63,17 @@ class ClusterState:
     # Per node name, what those pods request in all ("pods": how many), kept up to date on each
     # Pod write (a pod event costs its own parse, not a re-sum of every pod); None with pods.
     node_usage: dict[str, dict[str, int]] | None = None
+    # What admitted TrainJobs will take of the quotas before their pods exist (policies/reservations.py):
+    # the server feeds it from watches, a state file from its TrainJobs and Pods; None: none known.
+    # A policies.reservations.Reservations (typed Any: that module builds effective jobs, which import this one).
+    reservations: Any = None
+    # Kueue's queues, flavors and priorities (policies/kueue.py). None: not known (offline without
+    # them in the state file, or not readable); {} when Kueue's CRDs are not installed.
+    local_queues: dict[tuple[str, str], dict] | None = None
+    cluster_queues: dict[str, dict] | None = None
+    cohorts: dict[str, dict] | None = None
+    resource_flavors: dict[str, dict] | None = None
+    workload_priority_classes: dict[str, dict] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     def upsert(self, obj: dict) -> None:
@@ -174,6 +186,7 @@ class ClusterState:
     @classmethod
     def from_objects(cls, objects: Iterable[dict]) -> "ClusterState":
         by_kind: dict[str, list[dict]] = {}
+        objects = list(objects)
         for obj in objects:
             if obj.get("kind") in KINDS:
                 by_kind.setdefault(obj["kind"], []).append(obj)
@@ -213,7 +226,15 @@ FINISHED = ("Succeeded", "Failed")
 # What is kept of a Node and of a Pod: the rest (a node's image list, a pod's env and volumes) is
 # large and never read. {section: fields}; a container keeps its name and resources.
 _SLIM = {"Node": {"metadata": ("name", "labels"), "spec": ("taints", "unschedulable"), "status": ("allocatable",)},
-         "Pod": {"metadata": ("name", "namespace"), "spec": ("nodeName", "overhead", "resources"), "status": ("phase",)}}
+         "Pod": {"metadata": ("name", "namespace"), "spec": ("nodeName", "overhead", "resources"), "status": ("phase",)},
+         # Kueue: what the queue and capacity checks read (not the ClusterQueues' long condition messages)
+         "LocalQueue": {"metadata": ("name", "namespace"), "spec": ("clusterQueue", "stopPolicy"),
+                        "status": ("pendingWorkloads", "reservingWorkloads", "admittedWorkloads")},
+         "ClusterQueue": {"metadata": ("name",), "spec": ("cohortName", "cohort", "resourceGroups", "namespaceSelector",
+                                                          "stopPolicy"),
+                          "status": ("flavorsReservation", "pendingWorkloads", "reservingWorkloads")},
+         "Cohort": {"metadata": ("name",), "spec": ("parentName", "parent", "resourceGroups")},
+         "ResourceFlavor": {"metadata": ("name",), "spec": ("nodeLabels", "nodeTaints", "tolerations")}}
 
 
 def _moved(usage: dict[str, dict[str, int]], gone: dict | None, *added: dict | None) -> dict[str, dict[str, int]]:

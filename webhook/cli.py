@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
 import yaml
 
+from policies import reservations
 from policies.state import TRAINER_GROUP, ClusterState, StateError, load_objects
 
 from .cli_errors import (EXIT_BROKEN_PIPE, EXIT_DENIED, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_OK, EXIT_UNREACHABLE,
@@ -104,7 +105,7 @@ def _states(args: argparse.Namespace) -> Callable[[str], ClusterState]:
 
                 cache[key] = _from_cluster(kubeconfig, lambda: read_state(kubeconfig, namespace))
             else:
-                cache[key] = ClusterState.from_objects(
+                cache[key] = reservations.state_of(
                     [obj for path in getattr(args, "cluster_state", None) or [] for obj in _objects(path)])
         return cache[key]
 

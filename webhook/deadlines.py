@@ -24,7 +24,7 @@ from policies.checks.duration import human
 from .kube.calls import Calls
 from .kube.client import KubeApi, summary
 from .kube.resources import EVENTS, JOBS
-from .kube.watch import Watcher
+from .kube.watch import Fanout, Sink, Watcher
 
 log = logging.getLogger("trainjob_admission.deadlines")
 
@@ -136,8 +136,10 @@ class DeadlineWarnings(Calls):
     its job's Event once. Everything runs on the event loop except the watch's thread, which
     hands the objects over."""
 
-    def __init__(self, api: KubeApi, *, timeout: float = 5.0):
+    def __init__(self, api: KubeApi, *, timeout: float = 5.0, also: tuple[Sink, ...] = ()):
+        """``also``: other consumers of the same TrainJob watch (webhook/reservations.py)."""
         super().__init__(api, timeout)
+        self.also = also
         self.timers: dict[tuple[str, str], tuple[str, asyncio.TimerHandle]] = {}  # job -> (event name, timer)
         self.posted: dict[tuple[str, str], str] = {}  # job -> the Event posted (or found posted) for its run
         self.posting: set[asyncio.Task] = set()
@@ -146,7 +148,7 @@ class DeadlineWarnings(Calls):
     async def run(self) -> None:
         """Forever: watch TrainJobs, time their Events; the watch resumes and relists by itself."""
         self.loop = asyncio.get_running_loop()
-        watcher = Watcher(self.api, JOBS["TrainJob"], _Jobs(self))
+        watcher = Watcher(self.api, JOBS["TrainJob"], Fanout(_Jobs(self), *self.also))
         watcher.start()
         try:
             await asyncio.Event().wait()

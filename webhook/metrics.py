@@ -1,7 +1,12 @@
 """Prometheus metrics, on a registry of our own so tests can run several servers in one process."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+if TYPE_CHECKING:
+    from policies.reservations import Reservations
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -45,6 +50,21 @@ class Metrics:
         self.checkpoint_seq = Gauge("trainjob_admission_decision_log_checkpoint_seq",
                                     "seq of the last checkpoint written (head minus this: records not yet anchored)",
                                     registry=self.registry)
+
+        self.reserved = Gauge("trainjob_admission_reserved",
+                              "Quota that admitted TrainJobs will take but whose pods do not exist yet, by namespace "
+                              "and quota key (the largest over the namespace's quotas with that key)",
+                              ["namespace", "resource"], registry=self.registry)
+
+    def set_reserved(self, reservations: "Reservations", quotas: Callable[[str], list[dict]]) -> None:
+        """The gauge as the reservations stand now (read at scrape time: no timer while idle)."""
+        self.reserved.clear()
+        for namespace in reservations.namespaces():
+            largest: dict[str, int] = {}
+            for (_, key), held in reservations.of(namespace, quotas(namespace)).items():
+                largest[key] = max(largest.get(key, 0), held.total)
+            for key, amount in largest.items():
+                self.reserved.labels(namespace, key).set(amount)
 
     def set_head(self, replica: str, seq: int, digest: str) -> None:
         self.head_seq.set(seq)

@@ -47,6 +47,7 @@ class DecisionRecord:
     patch: list[dict] | Unset = UNSET
     injections: list[dict] | Unset = UNSET
     job: dict | None | Unset = UNSET
+    facts: dict | Unset = UNSET  # what checks learned beside the verdict (Decision.facts), when any
     error: str | Unset = UNSET
     httpStatus: int | Unset = UNSET
     # {authenticated, subject, address} of who sent the request (webhook/callers.py); set by the
@@ -82,7 +83,8 @@ class DecisionRecord:
         """An admitted job whose objects could not be created: the failure mode decided."""
         return cls(decision_id, endpoint, Verdict.ERROR, allowed, **_submission(parsed),
                    dryRun=parsed.request.dry_run, bundles=decision.bundles, rules=_rules(decision),
-                   messages=[message], warnings=decision.warnings, injections=injected, job=_totals(decision))
+                   messages=[message], warnings=decision.warnings, injections=injected, job=_totals(decision),
+                   facts=decision.facts or UNSET)
 
     @classmethod
     def decided(cls, decision_id: str, endpoint: str, parsed: ParsedReview, decision: Decision,
@@ -94,7 +96,7 @@ class DecisionRecord:
                    dryRun=parsed.request.dry_run, bundles=decision.bundles, rules=_rules(decision),
                    messages=[m["message"] for m in decision.messages], warnings=decision.warnings,
                    patch=[{"op": op["op"], "path": op["path"]} for op in decision.patch] if mutate else [],
-                   injections=injected or planned, job=_totals(decision))
+                   injections=injected or planned, job=_totals(decision), facts=decision.facts or UNSET)
 
     def as_log_fields(self) -> dict[str, Any]:
         """The fields this record has, as the log writes them (it adds time, seq, prev, digest)."""

@@ -151,6 +151,10 @@ class Reviewer:
             ).with_denial(*EXISTING_OBJECTS, [f"{i['kind']} {i['namespace']}/{i['name']} {i['reason']}" for i in refused],
                           [i["fix"] for i in refused])
         await self._record_decision(decision_id, endpoint, started, parsed, decision, injected)
+        if not mutate and decision.allowed and decision.job is not None and not parsed.request.dry_run \
+                and self.state.reservations is not None:
+            # Counts until the TrainJob watch shows it (policies/reservations.py): the next review may come first.
+            self.state.reservations.admitted(decision.job, decision.mutated)
         if mutate:
             # The mutating call only patches; refusals and warnings come from /validate, once.
             return 200, admission.response(parsed.uid, allowed=True,

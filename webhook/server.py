@@ -145,6 +145,8 @@ class WebhookServer:
         if (head := self.decision_log.head()) is not None:
             self.metrics.set_head(head.replica, head.seq, head.digest)
         self.metrics.bundles_active.set(len(self.registry.active))
+        if self.state.reservations is not None:
+            self.metrics.set_reserved(self.state.reservations, self.state.namespace_quotas)
         if self.certs:
             self.metrics.cert_expiry.set(self.certs.not_after.timestamp())
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})

@@ -3,8 +3,9 @@
 Without a cluster the state is a fixed set of objects and the bundles are files. With one
 (a kubeconfig or the pod's service account) the state and the PolicyBundles are watched, the
 injector creates Secrets and NetworkPolicies, and reconcilers adopt or remove them, and each
-running TrainJob gets a Warning Event at 80% of its deadline (webhook/deadlines.py); /readyz
-waits for the first complete list of everything watched.
+running TrainJob gets a Warning Event at 80% of its deadline (webhook/deadlines.py); the same
+TrainJob watch and a watch of JobSet pods feed the quota reservations (webhook/reservations.py);
+/readyz waits for the first complete list of everything watched.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Awaitable, Callable
 
+from policies.reservations import Reservations, state_of
 from policies.state import ClusterState
 
 from .bundles import BundleRegistry
@@ -30,6 +32,7 @@ from .kube.state import state_watchers
 from .kube.watch import Watcher
 from .provenance import Provenance
 from .reconciler import Reconciler
+from .reservations import JobSink, pod_watcher
 from .server import ServerConfig, WebhookServer
 from .snapshots import SnapshotReader
 
@@ -89,7 +92,7 @@ async def serve(config: ServerConfig, *, objects: list[dict] | None = None, clus
         loop.add_signal_handler(sig, stop.set)
     async with contextlib.AsyncExitStack() as cleanup:
         if cluster is None:
-            server = WebhookServer(config, ClusterState.from_objects(objects or []))
+            server = WebhookServer(config, state_of(objects or []))
             cleanup.push_async_callback(server.stop)
             await server.start()
         else:
@@ -103,6 +106,8 @@ async def _start_with_cluster(config: ServerConfig, options: ClusterOptions,
     api = api_client(options.kubeconfig)
     cleanup.callback(api.close)
     state, ready = ClusterState(), asyncio.Event()
+    state.reservations = Reservations(state)
+    jobs = JobSink(state.reservations)
     injector = Injector(api, options.provenance)
     checkpoints = (LeaseStore(api, options.checkpoint_namespace or own_namespace(), config.replica)
                    if config.checkpoint_key else None)
@@ -110,6 +115,7 @@ async def _start_with_cluster(config: ServerConfig, options: ClusterOptions,
                            else injector, state_ready=ready, checkpoint_store=checkpoints,
                            snapshots=SnapshotReader(api))
     sync = ClusterSync(api, state, server.registry, bundle_selector=options.bundle_selector)
+    sync.watchers.append(pod_watcher(api, state.reservations))
     log.info("reading state and PolicyBundles%s from %s",
              f" ({options.bundle_selector})" if options.bundle_selector else "", api.describe())
     sync.start()
@@ -119,13 +125,22 @@ async def _start_with_cluster(config: ServerConfig, options: ClusterOptions,
     own = own_namespace()
     reconcilers = [Reconciler(api, options.provenance, namespace=ns, own_namespace=own)
                    for ns in sorted(set(options.namespaces))] or [Reconciler(api, options.provenance, own_namespace=own)]
-    tasks = [asyncio.create_task(sync.wait_synced(ready), name="state sync"),
-             asyncio.create_task(DeadlineWarnings(api).run(), name="deadline warnings")] + [
+    tasks = [asyncio.create_task(_synced(sync, jobs, ready), name="state sync"),
+             asyncio.create_task(DeadlineWarnings(api, also=(jobs,)).run(), name="deadline warnings")] + [
         asyncio.create_task(_when_ready(ready, r.run), name=f"reconciler ({r.namespace or 'all namespaces'})")
         for r in reconcilers]
     for task in tasks:
         task.add_done_callback(_report_crash)
         cleanup.push_async_callback(_cancel, task)
+
+
+async def _synced(sync: ClusterSync, jobs: JobSink, ready: asyncio.Event) -> None:
+    """Ready once the state and the TrainJobs (reservations) are listed: a restarted replica must
+    not admit a job that other jobs' reservations leave no room for."""
+    await sync.wait_synced()
+    while not jobs.synced.is_set():
+        await asyncio.sleep(0.1)
+    ready.set()
 
 
 async def _when_ready(ready: asyncio.Event, run: Callable[[], Awaitable[None]]) -> None:

@@ -37,6 +37,9 @@ class CheckContext:
     groups: tuple[str, ...] = ()
     submitted: dict | None = None  # the object as the user sent it, before the bundles' mutations (None: ``object``)
     budget: Budget | None = None  # the engine's deadline and cancel flag, for checks whose work grows with the cluster
+    # What checks learned that an auditor needs beside the verdict (the Kueue queue and flavor
+    # verdict, the reservations counted): check name -> JSON-able value, kept in the decision log.
+    facts: dict[str, Any] = field(default_factory=dict)
 
 
 Check = Callable[[CheckContext, Any], list[Finding]]  # (context, the check's settings model) -> findings

@@ -14,6 +14,13 @@ def workers_field(job: EffectiveJob) -> str:
     return "spec.trainer.numNodes" if job.kind == "TrainJob" else "spec.mpiReplicaSpecs.Worker.replicas"
 
 
+def fewer_workers(job: EffectiveJob, fits: int) -> str:
+    """The fix that leaves ``fits`` workers, in the field the submitter sets (a TrainJob's
+    numNodes counts the launcher too when it runs as a node)."""
+    nodes = fits + (1 if job.mpi.get("runLauncherAsNode") and job.launcher else 0)
+    return f"reduce {workers_field(job)} to {nodes if job.kind == 'TrainJob' else fits}"
+
+
 def resource_path(section: str, resource: str) -> str:
     """``requests.cpu``; ``limits["nvidia.com/gpu"]`` where the name has dots or slashes."""
     return f'{section}["{resource}"]' if "/" in resource or "." in resource else f"{section}.{resource}"

@@ -8,6 +8,8 @@ quotas on the pods they select (policies/quotascope.py), object counts and stora
 until it is resumed, so its pods are judged against the whole quota (can it ever start?) with a
 warning when they would not fit now; a MultiKueue job runs on another cluster and is not judged
 here. On resume the job's pods do not exist yet, so nothing of them is subtracted from ``used``.
+What other running TrainJobs will add before their pods exist (policies/reservations.py) is
+subtracted from the room too, and named in the message.
 """
 from __future__ import annotations
 
@@ -19,9 +21,10 @@ from ..objectcounts import counts_key, objects
 from ..quotademand import POD_COMPUTE, Need, needs, pod_key, unenforced
 from ..queueing import runs_elsewhere, suspended
 from ..quotascope import describe, is_scoped, matching
+from ..reservations import Reservation
 from ..resources import QuantityError, format_amount, numbers
 from .base import CheckContext, Finding
-from .fields import plural, resource_path, workers_field
+from .fields import fewer_workers, plural, resource_path
 
 REQUIRED = ("cpu", "memory")  # pods.go validationSet: a quota on these needs a value in every container
 RAISE = "ask your admin to raise the quota"
@@ -58,6 +61,7 @@ def check(context: CheckContext, settings: QuotaCheck) -> list[Finding]:
     # Objects likewise: a job MultiKueue ran elsewhere has none here.
     came_home = old is not None and runs_elsewhere(old)
     injected = [plan["kind"] for plan in context.injections]
+    reserved = _reserved(context) if not queued else {}
     findings: list[Finding] = []
     for quota in context.quotas:
         meta, spec, status = quota.get("metadata") or {}, quota.get("spec") or {}, quota.get("status") or {}
@@ -86,10 +90,25 @@ def check(context: CheckContext, settings: QuotaCheck) -> list[Finding]:
                 continue
             if need.kind == "pods" and resumed:
                 previous = 0  # a suspended job holds no pods: nothing of it is in `used`
+            held = reserved.get((str(meta.get("name", "")), key)) if need.kind == "pods" else None
             growth = need.amount - previous
-            if growth > 0 and growth > limit - in_use:
-                findings.append(_over_quota(job, label, need, growth, limit, in_use, previous, injected))
+            if growth > 0 and growth > limit - in_use - (held.total if held else 0):
+                findings.append(_over_quota(job, label, need, growth, limit, in_use, previous, injected, held=held))
     return findings
+
+
+def _reserved(context: CheckContext) -> dict[tuple[str, str], Reservation]:
+    """What the namespace's other jobs hold before their pods exist (policies/reservations.py),
+    per (quota, key); recorded in the decision's facts when any is counted."""
+    reservations = context.state.reservations
+    if reservations is None or not context.quotas:
+        return {}
+    found = reservations.of(context.job.namespace, context.quotas, exclude=context.job.name)
+    if found:
+        counted = context.facts.setdefault("reservations", [])
+        seen = {(r["quota"], r["key"]) for r in counted}
+        counted += [r.as_record(context.job.namespace) for k, r in sorted(found.items()) if k not in seen]
+    return found
 
 
 def _queued(job: EffectiveJob, label: str, need: Need, previous: int | None, limit: int, in_use: int) -> list[Finding]:
@@ -113,7 +132,8 @@ def _queued(job: EffectiveJob, label: str, need: Need, previous: int | None, lim
 
 
 def _over_quota(job: EffectiveJob, label: str, need: Need, growth: int, limit: int, in_use: int,
-                previous: int, injected: Iterable[str], *, queued: bool = False) -> Finding:
+                previous: int, injected: Iterable[str], *, queued: bool = False,
+                held: Reservation | None = None) -> Finding:
     """What does not fit, with the numbers, and the change that would make it fit."""
     what = _breakdown(job, need) if need.kind == "pods" else _objects_breakdown(job, need, injected)
     if queued:
@@ -123,12 +143,19 @@ def _over_quota(job: EffectiveJob, label: str, need: Need, growth: int, limit: i
     else:
         tail = f"allows {_amount(need, limit)} and {_amount(need, in_use)} are in use"
         room = limit - in_use + previous
+        if held:
+            jobs = ", ".join(f"{name}: {_amount(need, amount)}" for name, amount in held.jobs)
+            tail = (f"allows {_amount(need, limit)} {_unit(need)}; {_amount(need, in_use)} in use and "
+                    f"{_amount(need, held.total)} reserved by jobs whose pods do not exist yet ({jobs})")
+            room -= held.total
     message = f"job needs {_amount(need, growth)} {_unit(need)} ({what}); {label} in {job.namespace} {tail}"
     if need.kind == "objects":
         return Finding(message, f"delete finished jobs in {job.namespace} (their objects count until they are "
                                 f"deleted) or {RAISE}")
     change = _change(job, need, need.amount, room)
-    return Finding(message, f"{change} or {RAISE}" if change else RAISE)
+    fixes = [f"wait for {', '.join(name for name, _ in held.jobs)} to start or finish"] if held else []
+    fixes += [change] if change else []
+    return Finding(message, ", ".join(fixes) + f" or {RAISE}" if fixes else RAISE)
 
 
 def _change(job: EffectiveJob, need: Need, total: int, room: int) -> str | None:
@@ -148,8 +175,7 @@ def _change(job: EffectiveJob, need: Need, total: int, room: int) -> str | None:
         return None
     fits = (room - beside) // per_worker
     if fits >= 1:
-        nodes = fits + (1 if job.mpi.get("runLauncherAsNode") and job.launcher else 0)
-        return f"reduce {workers_field(job)} to {nodes if job.kind == 'TrainJob' else fits}"
+        return fewer_workers(job, fits)
     if need.section and room > beside:
         per = (room - beside) // workers.count
         return f"reduce {need.resource} per worker to {format_amount(need.resource, per)} or less"

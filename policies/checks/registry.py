@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..bundle import Checks
-from . import duration, gpu, images, limitrange, podsecurity, quota, schedulability, shape
+from . import duration, gpu, images, kueue, limitrange, podsecurity, quota, schedulability, shape
 from .base import Check
 
 
@@ -32,4 +32,5 @@ CHECKS: tuple[BuiltinCheck, ...] = (
     BuiltinCheck("duration", "duration", duration.check),
     BuiltinCheck("image-policy", "images", images.check),
     BuiltinCheck("schedulability", "schedulability", schedulability.check),
+    BuiltinCheck("kueue", "kueue", kueue.check),
 )

@@ -11,7 +11,8 @@ from webhook.decisionlog import canonical
 from webhook.record import DecisionRecord
 
 EVALUATED = {"id", "endpoint", "decision", "allowed", "uid", "operation", "kind", "namespace", "name", "user", "groups"}
-DECIDED = EVALUATED | {"dryRun", "bundles", "rules", "messages", "warnings", "patch", "injections", "job"}
+# "facts": the default bundle's Kueue check records the queue it judged (here: LocalQueues unknown)
+DECIDED = EVALUATED | {"dryRun", "bundles", "rules", "messages", "warnings", "patch", "injections", "job", "facts"}
 
 
 def parsed_review(obj: dict, operation: str = "CREATE", dry_run: bool = False) -> admission.ParsedReview:

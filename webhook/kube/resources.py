@@ -28,9 +28,16 @@ PRIORITY_CLASSES = Resource("PriorityClass", "scheduling.k8s.io/v1", "prioritycl
 STORAGE_CLASSES = Resource("StorageClass", "storage.k8s.io/v1", "storageclasses")  # the default class
 NODES = Resource("Node", "v1", "nodes")  # the schedulability pre-check: what the nodes offer
 PODS = Resource("Pod", "v1", "pods")  # ... and what the pods bound to them hold now
+# Kueue's queues and what they give (the Kueue pre-check, policies/kueue.py); a cluster without
+# Kueue answers 404, read as "no queues".
+KUEUE = "kueue.x-k8s.io/v1beta2"
+LOCAL_QUEUES = Resource("LocalQueue", KUEUE, "localqueues")
+KUEUE_RESOURCES = (LOCAL_QUEUES, Resource("ClusterQueue", KUEUE, "clusterqueues"), Resource("Cohort", KUEUE, "cohorts"),
+                   Resource("ResourceFlavor", KUEUE, "resourceflavors"),
+                   Resource("WorkloadPriorityClass", KUEUE, "workloadpriorityclasses"))
 # What evaluate reads.
 STATE_RESOURCES = (CLUSTER_TRAINING_RUNTIMES, TRAINING_RUNTIMES, NAMESPACES, RESOURCE_QUOTAS, LIMIT_RANGES,
-                   RUNTIME_CLASSES, PRIORITY_CLASSES, STORAGE_CLASSES, NODES, PODS)
+                   RUNTIME_CLASSES, PRIORITY_CLASSES, STORAGE_CLASSES, NODES, PODS, *KUEUE_RESOURCES)
 # Of the pods, only those on a node and not finished (a pod that finishes leaves the watch as DELETED).
 FIELD_SELECTORS = {PODS: "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"}
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from policies.state import ClusterState
 
 from .client import ApiError, ClusterUnreachable, KubeApi, api_client, call_json, clean, list_all
-from .resources import (CLUSTER_TRAINING_RUNTIMES, FIELD_SELECTORS, LIMIT_RANGES, NAMESPACES, NODES, PODS,
+from .resources import (CLUSTER_TRAINING_RUNTIMES, FIELD_SELECTORS, KUEUE_RESOURCES, LIMIT_RANGES, LOCAL_QUEUES,
+                        NAMESPACES, NODES, PODS,
                         PRIORITY_CLASSES, RESOURCE_QUOTAS, RUNTIME_CLASSES, STATE_RESOURCES, STORAGE_CLASSES,
                         TRAINING_RUNTIMES, Resource)
 from .watch import Watcher
@@ -46,6 +47,7 @@ def read_state(kubeconfig: str, namespace: str) -> ClusterState:
             objects += _listed(api, resource, ns, absent=(404,)) or []  # 404: the Trainer CRDs (or node.k8s.io) are not served
         nodes = _listed(api, NODES, None, absent=(403, 404)) or []
         pods = _listed(api, PODS, None, absent=(403, 404)) if nodes else None
+        kueue = {r.kind: _kueue_objects(api, r, namespace if r is LOCAL_QUEUES else None) for r in KUEUE_RESOURCES}
         try:
             objects.append(clean(NAMESPACES, call_json(api, "GET", NAMESPACES.path(name=namespace))))
         except ApiError as exc:
@@ -63,7 +65,23 @@ def read_state(kubeconfig: str, namespace: str) -> ClusterState:
     state = ClusterState.from_objects(objects + nodes)
     if pods is not None:
         state.replace("Pod", pods)  # known, even when none: the nodes' free capacity is all of it
+    for kind, items in kueue.items():
+        if items is not None:
+            state.replace(kind, items)
     return state
+
+
+def _kueue_objects(api: KubeApi, resource: Resource, namespace: str | None) -> list[dict] | None:
+    """Kueue's objects of one kind: [] without Kueue (404), None when the user may not list them
+    (the Kueue pre-check then leaves out what it cannot know)."""
+    try:
+        return list_all(api, resource, namespace=namespace)[0]
+    except ApiError as exc:
+        if exc.status == 404:
+            return []
+        if exc.status == 403:
+            return None
+        raise
 
 
 def _listed(api: KubeApi, resource: Resource, namespace: str | None, absent: tuple[int, ...]) -> list[dict] | None:

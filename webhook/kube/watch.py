@@ -33,6 +33,22 @@ class Sink(Protocol):
     def apply(self, event: str, obj: dict) -> None: ...  # ADDED, MODIFIED, DELETED
 
 
+class Fanout:
+    """One watch's events to several consumers (one TrainJob watch serves the deadline warnings
+    and the reservations: a second watch would double the API server's work and our memory)."""
+
+    def __init__(self, *sinks: Sink):
+        self.sinks = sinks
+
+    def replace(self, objects: list[dict]) -> None:
+        for sink in self.sinks:
+            sink.replace(objects)
+
+    def apply(self, event: str, obj: dict) -> None:
+        for sink in self.sinks:
+            sink.apply(event, obj)
+
+
 class Watcher:
     """Keeps ``sink`` equal to one resource's objects (in ``namespace``, default all): list, then
     watch from the list's resourceVersion; resume after a dropped watch, list again (replacing)

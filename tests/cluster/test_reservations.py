@@ -1,0 +1,79 @@
+"""Issue 12 point 5 on the real control plane, without Kueue: a namespace whose ResourceQuota
+holds one of two jobs. alice creates them back to back with kubectl; the second is refused while
+the first's pods are still being created (its reservation) or exist (the quota's usage); once the
+first is deleted, the second is admitted. The service runs as installed (its own user, the
+manifests' roles: the TrainJob watch and the label-selected watch of JobSet pods)."""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+import pytest
+import yaml
+
+from tests.support.objects import runtime, trainjob
+from tests.support.service import REPO, cluster, service_as_installed
+
+pytestmark = pytest.mark.cluster
+
+LABEL = "trainjob-admission.io/reservations-test"
+GPU_KEY = "requests.nvidia.com/gpu"
+
+
+def kc(*args, kubeconfig=None, input=None):
+    return cluster.kubectl(*args, kubeconfig=kubeconfig or cluster.ADMIN_KUBECONFIG, check=False, input=input)
+
+
+@pytest.fixture(scope="module")
+def team(control_plane, policybundle_crd, tmp_path_factory):
+    run = uuid.uuid4().hex[:8]
+    ns = f"resv-{run}"
+    bundle = yaml.safe_load((REPO / "policies/bundles/default.yaml").read_text())
+    bundle["metadata"] = {"name": ns, "labels": {LABEL: run}}
+    bundle["spec"]["match"] = {"namespaces": [ns]}
+    try:
+        cluster.apply_objects([
+            runtime(),  # mpi-openmpi, as examples/runtimes ships it
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {LABEL: run}}},
+            {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "team-quota", "namespace": ns},
+             "spec": {"hard": {GPU_KEY: "8"}}},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+             "metadata": {"name": "alice-edit", "namespace": ns},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}]},
+            bundle])
+        with service_as_installed(tmp_path_factory.mktemp("resv"), ns, [ns], f"{LABEL}={run}"):
+            yield ns
+    finally:
+        kc("delete", "policybundle", ns, "--ignore-not-found", "--wait=false")
+        kc("delete", "namespace", ns, "--ignore-not-found", "--wait=false")
+
+
+def create(job: dict):
+    return kc("create", "-f", "-", input=json.dumps(job), kubeconfig=cluster.USER_A_KUBECONFIG)
+
+
+def job(name: str, ns: str) -> dict:
+    return trainjob(name, ns, nodes=2, gpus=4, pod_annotations={"kwok.x-k8s.io/run-duration": "600s"})  # 8 GPUs
+
+
+def test_two_jobs_that_fit_alone_but_not_together(team, wait_for):
+    first = create(job("train-a", team))
+    assert first.returncode == 0, first.stderr
+    second = create(job("train-b", team))  # at once: train-a's pods may not exist yet
+    assert second.returncode != 0, "the second job was admitted beside the first"
+    assert 'quota "team-quota"' in second.stderr, second.stderr
+    # train-a's 8 GPUs: reserved while its pods are being created (some may exist: those are in
+    # use), or all in use once every pod exists.
+    reserved = re.search(r"(\d+) in use and (\d+) reserved by jobs whose pods do not exist yet \(train-a: (\d+)\)",
+                         second.stderr)
+    assert (reserved and int(reserved[1]) + int(reserved[2]) == 8 and reserved[2] == reserved[3]) \
+        or "allows 8 and 8 are in use" in second.stderr, second.stderr
+    assert kc("delete", "trainjob", "train-a", "-n", team, "--wait=true", "--timeout=60s").returncode == 0
+
+    def admitted() -> bool:
+        p = create(job("train-b", team))
+        return p.returncode == 0 or "already exists" in p.stderr
+    wait_for("train-b admitted once train-a and its pods are gone", admitted, 120)
+    kc("delete", "trainjob", "train-b", "-n", team, "--wait=false")

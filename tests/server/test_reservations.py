@@ -1,0 +1,51 @@
+"""Reservations through the real TLS server (`serve` with the default bundle and the example
+cluster state, where team-a has 8 of 32 GPUs free): the first of two 8-GPU jobs is admitted and
+reserves its GPUs until its pods exist, so the second, submitted right after, is refused with
+the first one named; the decision log and /metrics show the reservation."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.support.objects import example_job
+from tests.support.serve import Serve
+from webhook.demo import admission_review
+
+from .conftest import serving_cert
+
+pytestmark = pytest.mark.server
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def job(name: str) -> dict:
+    obj = example_job("over-quota.yaml")
+    obj["metadata"]["name"] = name
+    obj["spec"]["trainer"]["numNodes"] = 2  # 2 x 4 GPUs: exactly what team-a has free
+    return obj
+
+
+def test_the_second_of_two_back_to_back_jobs_is_refused_naming_the_first(tmp_path):
+    ca = serving_cert(tmp_path / "tls")
+    with Serve(tmp_path, tmp_path / "tls", ca.cert_pem.bytes(), "--bundle", "builtin:default",
+               "--cluster-state", str(EXAMPLES / "cluster-state.yaml"),
+               "--cluster-state", str(EXAMPLES / "runtimes" / "mpi-openmpi.yaml")) as server:
+        first, second = (json.loads(server.call("/validate", admission_review(job(name)))[1])["response"]
+                         for name in ("train-a", "train-b"))
+        metrics = server.call("/metrics", base=server.probe_url)[1]
+        records = server.records()
+
+    assert first["allowed"] is True
+    assert second["allowed"] is False
+    assert ('quota "compute" in team-a allows 32 nvidia.com/gpu; 24 in use and 8 reserved by jobs whose pods do not '
+            'exist yet (train-a: 8)') in second["status"]["message"]
+    assert "wait for train-a to start or finish" in second["status"]["message"]
+    by_uid = {r.get("uid"): r for r in records}
+    counted = {r["key"]: r for r in by_uid[second["uid"]]["facts"]["reservations"]}  # every key the job needs
+    assert counted["requests.nvidia.com/gpu"] == {"namespace": "team-a", "quota": "compute",
+                                                  "key": "requests.nvidia.com/gpu", "reserved": 8,
+                                                  "jobs": {"train-a": 8}}
+    assert counted["pods"]["jobs"] == {"train-a": 2}
+    assert "reservations" not in (by_uid[first["uid"]].get("facts") or {})
+    assert 'trainjob_admission_reserved{namespace="team-a",resource="requests.nvidia.com/gpu"} 8.0' in metrics

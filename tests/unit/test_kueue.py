@@ -1,0 +1,306 @@
+"""The Kueue pre-check: queues that exist, capacity that can be had (Kueue v0.19.0's arithmetic
+on cohorts, borrowing and lending limits), flavors the pods can use, gang admission by policy,
+and the default queue added only where that LocalQueue exists."""
+from __future__ import annotations
+
+import pytest
+
+from policies import kueue
+
+KUEUE = "kueue.x-k8s.io/v1beta2"
+GPU = "nvidia.com/gpu"
+TOLERATE_GPU = [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}]
+
+
+def flavor_quota(name, **resources):
+    """One flavor of a resource group: resource -> nominal, or (nominal, borrowingLimit, lendingLimit)."""
+    out = []
+    for resource, value in resources.items():
+        nominal, borrowing, lending = value if isinstance(value, tuple) else (value, None, None)
+        quota = {"name": resource.replace("_", "/").replace("nvidia/gpu", GPU), "nominalQuota": str(nominal)}
+        if borrowing is not None:
+            quota["borrowingLimit"] = str(borrowing)
+        if lending is not None:
+            quota["lendingLimit"] = str(lending)
+        out.append(quota)
+    return {"name": name, "resources": out}
+
+
+def cluster_queue(name, *groups, cohort=None, reserved=None, pending=0, selector=None, stop=None):
+    spec = {"resourceGroups": [{"coveredResources": [r["name"] for r in flavors[0]["resources"]],
+                                "flavors": list(flavors)} for flavors in groups]}
+    if cohort:
+        spec["cohortName"] = cohort
+    if selector is not None:
+        spec["namespaceSelector"] = selector
+    if stop:
+        spec["stopPolicy"] = stop
+    status = {"pendingWorkloads": pending}
+    if reserved:
+        status["flavorsReservation"] = [{"name": f, "resources": [{"name": r, "total": str(n)} for r, n in res.items()]}
+                                        for f, res in reserved.items()]
+    return {"apiVersion": KUEUE, "kind": "ClusterQueue", "metadata": {"name": name}, "spec": spec, "status": status}
+
+
+def cohort(name, *groups, parent=None):
+    spec = {"resourceGroups": [{"coveredResources": [r["name"] for r in flavors[0]["resources"]],
+                                "flavors": list(flavors)} for flavors in groups]}
+    if parent:
+        spec["parentName"] = parent
+    return {"apiVersion": KUEUE, "kind": "Cohort", "metadata": {"name": name}, "spec": spec}
+
+
+def local_queue(name, cq, namespace="team-a", pending=0):
+    return {"apiVersion": KUEUE, "kind": "LocalQueue", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"clusterQueue": cq}, "status": {"pendingWorkloads": pending}}
+
+
+def resource_flavor(name, labels=None, taints=None, tolerations=None):
+    spec = {}
+    if labels:
+        spec["nodeLabels"] = labels
+    if taints:
+        spec["nodeTaints"] = taints
+    if tolerations:
+        spec["tolerations"] = tolerations
+    return {"apiVersion": KUEUE, "kind": "ResourceFlavor", "metadata": {"name": name}, "spec": spec}
+
+
+def priority_class(name, value=100):
+    return {"apiVersion": KUEUE, "kind": "WorkloadPriorityClass", "metadata": {"name": name}, "value": value}
+
+
+def forest(*objects):
+    cqs = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ClusterQueue"}
+    cohorts = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Cohort"}
+    return kueue.Forest(cqs, cohorts)
+
+
+# -- Kueue's arithmetic (pkg/cache/scheduler/resource_node.go), worked by hand -----------------
+
+def test_a_queue_without_a_cohort_can_use_its_nominal_quota_and_no_more():
+    tree = forest(cluster_queue("a", [flavor_quota("gpu", nvidia_gpu=16)], reserved={"gpu": {GPU: 10}}))
+    assert tree.potential("a", ("gpu", GPU)) == 16
+    assert tree.available("a", ("gpu", GPU)) == 6
+
+
+def test_a_cohort_lends_what_its_members_do_not_keep_and_borrowing_limits_cap_it():
+    tree = forest(cluster_queue("a", [flavor_quota("gpu", nvidia_gpu=(16, 8, None))], cohort="c"),
+                  cluster_queue("b", [flavor_quota("gpu", nvidia_gpu=(32, None, 24))], cohort="c",
+                                reserved={"gpu": {GPU: 20}}))
+    # b keeps 32 - 24 = 8 local; the cohort holds 16 + 24 = 40.
+    assert tree.subtree(("cohort", "c"), ("gpu", GPU)) == 40
+    assert tree.potential("a", ("gpu", GPU)) == 24  # 0 local + 40, capped at 16 + borrowingLimit 8
+    assert tree.potential("b", ("gpu", GPU)) == 48  # 8 local + 40
+    # b uses 20: 8 from its local quota, 12 in the cohort; a may take 16 + 8 but only 28 are free there.
+    assert tree.available("a", ("gpu", GPU)) == 24
+    assert tree.available("b", ("gpu", GPU)) == 28
+
+
+def test_a_parent_cohort_with_its_own_quota_lends_down_the_tree():
+    tree = forest(cluster_queue("a", [flavor_quota("gpu", nvidia_gpu=8)], cohort="child"),
+                  cohort("child", parent="root"),
+                  cohort("root", [flavor_quota("gpu", nvidia_gpu=(16, None, None))]))
+    assert tree.potential("a", ("gpu", GPU)) == 24
+
+
+def test_a_cohort_cycle_is_found_and_nothing_is_lent_through_it():
+    tree = forest(cluster_queue("a", [flavor_quota("gpu", nvidia_gpu=8)], cohort="x"),
+                  cohort("x", parent="y"), cohort("y", parent="x"))
+    assert tree.in_cycle("a")
+    assert tree.potential("a", ("gpu", GPU)) == 8
+
+
+def test_the_forest_is_built_once_per_version_of_the_watched_dicts():
+    cqs, cohorts = {"a": cluster_queue("a", [flavor_quota("gpu", nvidia_gpu=8)])}, {}
+    assert kueue.forest(cqs, cohorts) is kueue.forest(cqs, cohorts)
+    assert kueue.forest(dict(cqs), cohorts) is not kueue.forest(cqs, cohorts)
+
+
+# -- the check through the engine ----------------------------------------------------------
+
+QUEUED = {kueue.QUEUE_LABEL: "team-queue"}
+DEFAULT_OBJECTS = (
+    resource_flavor("default-flavor"),
+    resource_flavor("a100", labels={"nvidia.com/gpu.product": "A100"},
+                    taints=[{"key": GPU, "value": "present", "effect": "NoSchedule"}]),
+    local_queue("team-queue", "team-cq"),
+)
+
+
+@pytest.fixture
+def setup(build, make_bundle, review):
+    """review a job (workers ask ``gpus`` each, tolerate the GPU taint) against Kueue objects."""
+
+    def run(*objects, num_nodes=2, gpus=8, labels=QUEUED, settings=None, mutations=None, tolerate=True,
+            runtime_extra=None, namespace_labels=None):
+        worker = build.pod_spec(cpu="8", memory="32Gi", gpus=gpus, **({"tolerations": TOLERATE_GPU} if tolerate else {}))
+        runtime = build.runtime(launcher_as_node=False, node=worker, launcher=build.pod_spec(cpu="1", memory="2Gi"))
+        runtime["spec"].update(runtime_extra or {})
+        job = build.trainjob(numNodes=num_nodes, labels=labels)
+        state = build.state(runtime, build.namespace(labels=namespace_labels), *objects)
+        spec = {"checks": {"kueue": settings or {}}}
+        if mutations:
+            spec["mutations"] = mutations
+        return review(job, [make_bundle(spec)], state)
+
+    return run
+
+
+def gpu_queue(gpus=16, cpu=100, **kwargs):
+    return cluster_queue("team-cq", [flavor_quota("default-flavor", cpu=cpu, memory="1Ti")],
+                         [flavor_quota("a100", nvidia_gpu=gpus)], **kwargs)
+
+
+def finding(decision, effect="deny"):
+    found = [r for r in decision.results if r.rule == "kueue" and r.effect.value == effect and r.result.value == "fail"]
+    return (found[0].messages[0], found[0].remediations[0]) if found else None
+
+
+def test_a_job_that_fits_now_is_admitted_and_the_record_names_queue_and_flavors(setup):
+    decision = setup(gpu_queue(), *DEFAULT_OBJECTS)
+    assert decision.allowed and not decision.warnings
+    facts = decision.facts["kueue"]
+    assert facts["queue"] == "team-queue" and facts["clusterQueue"] == "team-cq" and facts["verdict"] == "fits now"
+    assert facts["flavors"]["node"] == {"cpu": "default-flavor", "memory": "default-flavor", GPU: "a100"}
+
+
+def test_a_missing_local_queue_is_refused_with_the_queues_that_exist(setup):
+    decision = setup(gpu_queue(), *DEFAULT_OBJECTS, local_queue("other", "team-cq"),
+                     labels={kueue.QUEUE_LABEL: "typo"})
+    message, fix = finding(decision)
+    assert message == ("label kueue.x-k8s.io/queue-name names the LocalQueue typo, which does not exist in team-a "
+                       "(the LocalQueues there are other, team-queue); Kueue would keep the job suspended for ever")
+    assert fix == "set the label kueue.x-k8s.io/queue-name to other or team-queue (the LocalQueues in team-a)"
+
+
+def test_a_local_queue_of_a_missing_cluster_queue_is_refused(setup):
+    decision = setup(cluster_queue("other-cq", [flavor_quota("default-flavor", cpu=1)]), *DEFAULT_OBJECTS)
+    assert "points to the ClusterQueue team-cq, which does not exist" in finding(decision)[0]
+    assert setup(*DEFAULT_OBJECTS).allowed  # no ClusterQueues in the state: not known, not judged
+
+
+def test_a_cluster_queue_that_does_not_select_the_namespace_is_refused(setup):
+    decision = setup(gpu_queue(selector={"matchLabels": {"team": "research"}}), *DEFAULT_OBJECTS,
+                     namespace_labels={"team": "ops"})
+    assert "does not admit jobs from namespace team-a" in finding(decision)[0]
+    assert setup(gpu_queue(selector={"matchLabels": {"team": "research"}}), *DEFAULT_OBJECTS,
+                 namespace_labels={"team": "research"}).allowed
+
+
+def test_a_job_larger_than_its_cluster_queue_can_ever_give_is_refused_with_the_numbers(setup):
+    decision = setup(gpu_queue(gpus=16), *DEFAULT_OBJECTS, num_nodes=3)
+    message, fix = finding(decision)
+    assert message == ("pod set node needs 24 nvidia.com/gpu (3 x 8) in one flavor; ClusterQueue team-cq "
+                       "(LocalQueue team-queue) can ever provide at most 16 in flavor a100 (its nominal quota), "
+                       "so Kueue never admits the job")
+    assert fix == "reduce spec.trainer.numNodes to 2, or ask your admin to raise the quota"
+    assert decision.facts["kueue"]["verdict"] == "never"
+
+
+def test_what_the_cohort_may_lend_counts_toward_ever(setup):
+    objects = (gpu_queue(gpus=16, cohort="research"),
+               cluster_queue("lender", [flavor_quota("a100", nvidia_gpu=8)], cohort="research"), *DEFAULT_OBJECTS)
+    assert setup(*objects, num_nodes=3).allowed
+    message, _ = finding(setup(*objects, num_nodes=4))
+    assert "at most 24 in flavor a100 (nominal 16 + 8 it may borrow from cohort research)" in message
+
+
+def test_a_job_that_fits_but_not_now_is_admitted_with_what_is_reserved_and_pending(setup):
+    decision = setup(gpu_queue(gpus=16, reserved={"a100": {GPU: 12}}, pending=3), *DEFAULT_OBJECTS)
+    assert decision.allowed
+    message, fix = finding(decision, "warn")
+    assert message == ("the job waits in ClusterQueue team-cq: it needs 16 nvidia.com/gpu in flavor a100, where its "
+                       "admitted workloads hold 12 (nominal quota 16, at most 16 with borrowing) and 4 is free now; "
+                       "3 workloads pending in team-cq")
+    assert fix.startswith("none needed: Kueue keeps it suspended")
+    assert decision.facts["kueue"]["verdict"] == "waits for quota"
+
+
+def test_a_resource_the_cluster_queue_does_not_cover_is_refused(setup):
+    only_cpu = cluster_queue("team-cq", [flavor_quota("default-flavor", cpu=100, memory="1Ti")])
+    message, _ = finding(setup(only_cpu, *DEFAULT_OBJECTS))
+    assert message.startswith("pod set node requests nvidia.com/gpu, which ClusterQueue team-cq (LocalQueue team-queue) "
+                              "does not cover (it covers cpu, memory)")
+
+
+def test_a_tainted_flavor_the_pods_do_not_tolerate_is_no_flavor_for_them(setup):
+    message, _ = finding(setup(gpu_queue(), *DEFAULT_OBJECTS, tolerate=False))
+    assert message == ("no ResourceFlavor of ClusterQueue team-cq (LocalQueue team-queue) can take pod set node: flavor "
+                       "a100 has the taint nvidia.com/gpu=present:NoSchedule, which the pods do not tolerate")
+
+
+def test_a_missing_workload_priority_class_is_refused_with_those_that_exist(setup):
+    decision = setup(gpu_queue(), *DEFAULT_OBJECTS, priority_class("high"),
+                     labels={**QUEUED, kueue.PRIORITY_LABEL: "urgent"})
+    assert finding(decision)[0] == ("label kueue.x-k8s.io/priority-class names the WorkloadPriorityClass urgent, which "
+                                    "does not exist (WorkloadPriorityClasses: high); Kueue would not queue the job")
+
+
+def test_gang_admission_required_refuses_an_unqueued_multi_pod_job_unless_its_runtime_gangs_it(setup):
+    decision = setup(gpu_queue(), *DEFAULT_OBJECTS, labels=None, settings={"requireGang": True})
+    message, fix = finding(decision)
+    assert message.startswith("job runs 3 pods together and is not gang-admitted")
+    assert fix == ("set the label kueue.x-k8s.io/queue-name to team-queue (the LocalQueues in team-a), or use a "
+                   "runtime with spec.podGroupPolicy")
+    assert setup(gpu_queue(), *DEFAULT_OBJECTS, labels=None, settings={"requireGang": True},
+                 runtime_extra={"podGroupPolicy": {"coscheduling": {"scheduleTimeoutSeconds": 60}}}).allowed
+
+
+def test_gang_admission_required_is_met_by_the_default_queue_the_service_adds(setup):
+    decision = setup(gpu_queue(), *DEFAULT_OBJECTS, labels=None, settings={"requireGang": True},
+                     mutations={"scheduling": {"defaultQueue": "team-queue"}})
+    assert decision.allowed
+    assert decision.mutated["metadata"]["labels"][kueue.QUEUE_LABEL] == "team-queue"
+    assert decision.mutated["spec"]["suspend"] is True  # Kueue's webhook ran before ours added the label
+
+
+def test_the_default_queue_is_added_only_where_that_local_queue_exists(setup):
+    decision = setup(gpu_queue(), *DEFAULT_OBJECTS, labels=None, mutations={"scheduling": {"defaultQueue": "absent"}})
+    assert decision.allowed
+    assert kueue.QUEUE_LABEL not in (decision.mutated["metadata"].get("labels") or {})
+    assert "suspend" not in decision.mutated["spec"]
+
+
+def test_a_namespace_label_names_its_default_queue(setup):
+    decision = setup(gpu_queue(), *DEFAULT_OBJECTS, labels=None, namespace_labels={"queues.example.com/default": "team-queue"},
+                     mutations={"scheduling": {"namespaceQueueLabel": "queues.example.com/default", "defaultQueue": "x"}})
+    assert decision.mutated["metadata"]["labels"][kueue.QUEUE_LABEL] == "team-queue"
+
+
+def test_without_kueue_objects_in_the_state_the_queue_is_added_as_configured_and_not_judged(build, make_bundle, review):
+    runtime = build.runtime()
+    state = build.state(runtime, build.namespace())
+    bundle = make_bundle({"checks": {"kueue": {}}, "mutations": {"scheduling": {"defaultQueue": "default"}}})
+    decision = review(build.trainjob(numNodes=2), [bundle], state)
+    assert decision.allowed
+    assert decision.mutated["metadata"]["labels"][kueue.QUEUE_LABEL] == "default"
+    assert "suspend" not in decision.mutated["spec"]  # not known to be Kueue's: nothing suspends it
+    assert decision.facts["kueue"]["verdict"] == "unknown: LocalQueues not known"
+
+
+def test_per_namespace_priority_class_default(setup):
+    decision = setup(gpu_queue(), *DEFAULT_OBJECTS, priority_class("batch"), priority_class("high"),
+                     mutations={"scheduling": {"priorityClass": "batch", "priorityClasses": {"team-a": "high"}}})
+    assert decision.allowed
+    assert decision.mutated["metadata"]["labels"][kueue.PRIORITY_LABEL] == "high"
+
+
+def test_review_strict_names_the_kueue_objects_the_state_file_left_out(build, make_bundle):
+    from policies.engine import AdmissionInput, evaluate
+
+    state = build.state(build.runtime(), build.namespace())
+    bundle = make_bundle({"checks": {"kueue": {}}})
+    decision = evaluate(AdmissionInput(build.trainjob(numNodes=2, labels=QUEUED)), [bundle], state, report_unchecked=True)
+    assert {"check": "kueue", "reason": "no LocalQueues (whether the job's queue exists and what its ClusterQueue "
+                                        "can give)"} in decision.unchecked
+
+
+def test_a_queue_label_in_a_cluster_without_any_queue_only_warns(build, make_bundle, review):
+    state = build.state(build.runtime(), build.namespace())
+    for kind in ("LocalQueue", "ClusterQueue", "ResourceFlavor"):  # what the watches find without Kueue's CRDs
+        state.replace(kind, [])
+    decision = review(build.trainjob(numNodes=2, labels=QUEUED), [make_bundle({"checks": {"kueue": {}}})], state)
+    assert decision.allowed
+    assert finding(decision, "warn")[0].startswith("label kueue.x-k8s.io/queue-name names the LocalQueue team-queue, "
+                                                   "but the cluster has no Kueue queues")

@@ -1,0 +1,205 @@
+"""Reservations (policies/reservations.py): what admitted TrainJobs will take of a ResourceQuota
+before their pods exist, and the quota pre-check that subtracts it."""
+from __future__ import annotations
+
+import copy
+
+from policies.bundle import QuotaCheck
+from policies.checks import quota
+from policies.checks.base import CheckContext
+from policies.effective_job import build as effective
+from policies.queueing import MULTIKUEUE
+from policies.reservations import JOBSET_NAME, PENDING_SECONDS, REPLICATED_JOB, Reservations, state_of
+
+from tests.support.objects import NODE_LABEL as ANCESTOR
+
+GPU = "nvidia.com/gpu"
+PER_NODE = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {GPU: "4"}}  # launcher runs as a node: 4 x nodes
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def job(build, name="train-a", nodes=2, uid=None, **spec):
+    obj = build.trainjob(name, numNodes=nodes, resourcesPerNode=PER_NODE)
+    obj["metadata"].update(uid=uid or f"uid-{name}", generation=1)
+    obj["spec"].update(spec)
+    return obj
+
+
+def pod(name, job_name="train-a", rjob="node", gpus=4, namespace="team-a", phase="Pending"):
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": {JOBSET_NAME: job_name, REPLICATED_JOB: rjob}},
+            "spec": {"containers": [{"name": "node", "resources": {"limits": {GPU: str(gpus)}}}]},
+            "status": {"phase": phase}}
+
+
+def gpu_quota(build, hard=32, used=0, **extra):
+    return build.quota({f"requests.{GPU}": str(hard)}, {f"requests.{GPU}": str(used)}, **extra)
+
+
+def model(build, *objects, clock=None):
+    state = build.state(build.runtime(), *objects)
+    reservations = Reservations(state, clock=clock or Clock())
+    state.reservations = reservations
+    return state, reservations
+
+
+def held(reservations, quotas, exclude=""):
+    return {key: r.jobs for key, r in reservations.of("team-a", quotas, exclude).items()}
+
+
+def test_a_running_job_reserves_its_peak_until_its_pods_show_up(build):
+    quotas = [gpu_quota(build)]
+    _, reservations = model(build, *quotas)
+    reservations.jobs_listed([job(build, nodes=2)])  # launcher + 1 worker, 4 GPUs each
+    assert held(reservations, quotas) == {("compute", f"requests.{GPU}"): (("train-a", 8),)}
+    reservations.pod_seen(pod("train-a-launcher-0-0", rjob="launcher"))
+    assert held(reservations, quotas) == {("compute", f"requests.{GPU}"): (("train-a", 4),)}
+    reservations.pod_seen(pod("train-a-node-0-0"))
+    assert held(reservations, quotas) == {}
+    reservations.pod_seen(pod("train-a-node-0-0", phase="Succeeded"))  # a pod that ran has shown up
+    assert held(reservations, quotas) == {}
+    reservations.pod_seen(pod("train-a-node-0-0"), keep=False)  # deleted (a JobSet restart): it comes back
+    assert held(reservations, quotas) == {("compute", f"requests.{GPU}"): (("train-a", 4),)}
+
+
+def test_finished_deleted_suspended_and_multikueue_jobs_reserve_nothing(build):
+    quotas = [gpu_quota(build)]
+    _, reservations = model(build, *quotas)
+    running = job(build)
+    reservations.job_seen(running)
+    assert held(reservations, quotas)
+    done = copy.deepcopy(running)
+    done["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+    reservations.job_seen(done)
+    assert held(reservations, quotas) == {}
+    reservations.job_seen(running)
+    reservations.job_seen({**running, "metadata": {**running["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}})
+    assert held(reservations, quotas) == {}
+    reservations.job_seen(running)
+    reservations.job_gone(running)
+    assert held(reservations, quotas) == {}
+    reservations.job_seen(job(build, suspend=True))
+    reservations.job_seen(job(build, "remote", managedBy=MULTIKUEUE))
+    assert held(reservations, quotas) == {}
+
+
+def test_phases_reserve_their_peak_and_a_finished_phase_counts_as_shown_up(build):
+    quotas = [build.quota({"requests.cpu": "100"})]
+    state, reservations = model(build, *quotas)
+    obj = build.trainjob("phased", runtime="torch", numNodes=2)  # initializer 16 cpu, then 2 nodes x 4 cpu
+    obj["metadata"].update(uid="u", generation=1)
+    reservations.job_seen(obj)
+    assert held(reservations, quotas) == {}  # no runtime "torch" yet: Trainer cannot run it either
+    state.upsert(_torch_runtime(build))
+    assert held(reservations, quotas) == {("compute", "requests.cpu"): (("phased", 16000),)}  # built once it exists
+    init = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "phased-init-0", "namespace": "team-a",
+        "labels": {JOBSET_NAME: "phased", REPLICATED_JOB: "dataset-initializer"}},
+        "spec": {"containers": [{"name": "i", "resources": {"requests": {"cpu": "16"}}}]}, "status": {"phase": "Succeeded"}}
+    reservations.pod_seen(init)
+    assert held(reservations, quotas) == {}
+
+
+def _torch_runtime(build):
+    """A dataset initializer that must finish before the nodes start (test_quota_counts.phased_job's)."""
+    def rjob(name, ancestor, cpu, **extra):
+        return {"name": name, **extra, "template": {"metadata": {"labels": {ANCESTOR: ancestor}},
+                                                    "spec": {"template": {"spec": build.pod_spec(cpu=cpu, name=name)}}}}
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime", "metadata": {"name": "torch"},
+            "spec": {"mlPolicy": {"numNodes": 1}, "template": {"spec": {"replicatedJobs": [
+                rjob("dataset-initializer", "dataset-initializer", "16"),
+                rjob("node", "trainer", "4", dependsOn=[{"name": "dataset-initializer", "status": "Complete"}])]}}}}
+
+
+def test_a_scoped_quota_reserves_only_what_it_counts(build):
+    scoped = gpu_quota(build, scopes=["Terminating"])  # no pod of the job sets activeDeadlineSeconds
+    plain = build.quota({"pods": "10"}, name="pods")
+    _, reservations = model(build, scoped, plain)
+    reservations.job_seen(job(build, nodes=3))
+    assert held(reservations, [scoped, plain]) == {("pods", "pods"): (("train-a", 3),)}
+
+
+def test_a_restart_replays_the_same_reservations(build):
+    quotas = [gpu_quota(build)]
+    events = [job(build, "a", nodes=2), job(build, "b", nodes=3)]
+    pods = [pod("a-node-0-0", "a"), pod("b-node-0-0", "b")]
+    _, live = model(build, *quotas)
+    for obj in events:
+        live.job_seen(obj)
+    for p in pods:
+        live.pod_seen(p)
+    _, restarted = model(build, *quotas)
+    restarted.pods_listed(pods)  # the pods may be listed before the jobs
+    restarted.jobs_listed(events)
+    assert held(live, quotas) == held(restarted, quotas) == {
+        ("compute", f"requests.{GPU}"): (("a", 4), ("b", 8))}
+    restarted.jobs_listed(events[1:])  # a relist after "a" was deleted unseen
+    assert held(restarted, quotas) == {("compute", f"requests.{GPU}"): (("b", 8),)}
+
+
+def test_a_job_admitted_here_counts_until_the_watch_shows_it_or_its_time_is_up(build):
+    quotas = [gpu_quota(build)]
+    clock = Clock()
+    state, reservations = model(build, *quotas, clock=clock)
+    obj = job(build)
+    reservations.admitted(effective(obj, state), obj)
+    assert held(reservations, quotas) == {("compute", f"requests.{GPU}"): (("train-a", 8),)}
+    reservations.job_seen(job(build, "train-a", suspend=True))  # an older version: the local entry stays
+    assert held(reservations, quotas)
+    clock.now += PENDING_SECONDS
+    assert held(reservations, quotas) == {}  # never shown (another webhook refused it): gone after its time
+    reservations.admitted(effective(obj, state), obj)
+    reservations.job_seen(obj)  # the watch shows it: the watched job takes over, pods end it
+    clock.now += 2 * PENDING_SECONDS
+    assert held(reservations, quotas) == {("compute", f"requests.{GPU}"): (("train-a", 8),)}
+    reservations.admitted(effective(job(build, "queued", suspend=True), state), job(build, "queued", suspend=True))
+    assert len(held(reservations, quotas)[("compute", f"requests.{GPU}")]) == 1  # a suspended job reserves nothing
+
+
+def judge(state, obj, old=None):
+    context = CheckContext(effective(obj, state), quotas=state.namespace_quotas("team-a"), object=obj, old_object=old,
+                           old_job=effective(old, state) if old is not None else None, state=state)
+    return quota.check(context, QuotaCheck()), context.facts
+
+
+def test_the_second_of_two_jobs_that_fit_alone_but_not_together_is_refused_with_the_first_named(build):
+    state, reservations = model(build, gpu_quota(build, 32, 0, name="team-quota"))
+    first = job(build, "train-a", nodes=6)  # 24 GPUs
+    assert judge(state, first) == ([], {})
+    reservations.admitted(effective(first, state), first)
+    (finding,), facts = judge(state, job(build, "train-b", nodes=4))  # 16 GPUs; 32 - 24 leaves 8
+    assert finding.message == (
+        'job needs 16 nvidia.com/gpu (3 workers x 4 + 1 launcher x 4); quota "team-quota" in team-a allows 32 '
+        'nvidia.com/gpu; 0 in use and 24 reserved by jobs whose pods do not exist yet (train-a: 24)')
+    assert finding.remediation == ("wait for train-a to start or finish, reduce spec.trainer.numNodes to 2 "
+                                   "or ask your admin to raise the quota")
+    assert facts == {"reservations": [{"namespace": "team-a", "quota": "team-quota", "key": f"requests.{GPU}",
+                                       "reserved": 24, "jobs": {"train-a": 24}}]}
+    assert judge(state, job(build, "train-b", nodes=2))[0] == []  # 8 GPUs fit beside the reservation
+
+
+def test_a_job_is_never_held_back_by_its_own_reservation_and_a_queued_job_by_none(build):
+    state, reservations = model(build, gpu_quota(build, 32, 0))
+    first = job(build, "train-a", nodes=6)
+    reservations.job_seen(first)
+    grown = job(build, "train-a", nodes=8)  # UPDATE: 32 GPUs, its own 24 reserved are not someone else's
+    assert judge(state, grown, old=first)[0] == []
+    queued = job(build, "train-b", nodes=8, suspend=True)  # can ever fit: 32 of 32
+    findings, facts = judge(state, queued)
+    assert [f.severity for f in findings] == [] and facts == {}
+
+
+def test_a_state_file_with_trainjobs_and_pods_reserves_as_the_server_does(build):
+    first = job(build, "train-a", nodes=6)
+    with_pods = state_of([build.runtime(), gpu_quota(build, 32, 4), first, pod("train-a-launcher-0-0", rjob="launcher")])
+    assert held(with_pods.reservations, with_pods.namespace_quotas("team-a")) == {
+        ("compute", f"requests.{GPU}"): (("train-a", 20),)}
+    without = state_of([build.runtime(), gpu_quota(build)])  # no TrainJobs: none known
+    assert held(without.reservations, without.namespace_quotas("team-a")) == {}
