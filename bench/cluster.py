@@ -143,7 +143,7 @@ def main(argv=None) -> int:
 # ---------------------------------------------------------------------------------------------
 BURST = 20
 PEER_LABELS = {"none": "no policy", "vap": "ValidatingAdmissionPolicy", "webhook": "our webhook",
-               "kyverno": f"Kyverno {cluster.KYVERNO['version']}"}
+               "kyverno": f"Kyverno {cluster.OWN_MODULES['kyverno']['version']}"}
 
 
 def _create(api, ns: str, obj: dict) -> float:
@@ -211,8 +211,8 @@ def peers(args) -> int:
 
     ensure_cluster()
     if args.build_kyverno:
-        cluster.build_kyverno()
-    configs = ["none", "vap", "webhook"] + (["kyverno"] if cluster.kyverno_binary().exists() else [])
+        cluster.build_own_module("kyverno")
+    configs = ["none", "vap", "webhook"] + (["kyverno"] if cluster.own_module_binary("kyverno").exists() else [])
     run = uuid.uuid4().hex[:6]
     ns = {c: f"bench-{run}-{c}" for c in configs}
     work = Path(tempfile.mkdtemp(prefix="bench-peers-"))
@@ -295,7 +295,7 @@ def peers_table(result: dict, configs: list[str], args) -> list[str]:
         differ += [f"  differs: {case} / {c}: {verdicts[case][c]}" for c, m in zip(configs, marks)
                    if c != "none" and (m == "A") != admitted]
     if "kyverno" not in configs:
-        differ.append(f"  Kyverno: not built ({cluster.kyverno_binary()}); --build-kyverno builds it")
+        differ.append(f"  Kyverno: not built ({cluster.own_module_binary('kyverno')}); --build-kyverno builds it")
     return out + differ
 
 if __name__ == "__main__":

@@ -167,7 +167,7 @@ def _free_port() -> int:
 
 
 def _crd_files() -> list[Path]:
-    return sorted((cluster.kyverno_module_dir() / "config" / "crds").rglob("*.yaml"))
+    return sorted((cluster.own_module_dir("kyverno") / "config" / "crds").rglob("*.yaml"))
 
 
 class Kyverno:
@@ -180,7 +180,7 @@ class Kyverno:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 180) -> None:
-        binary = cluster.kyverno_binary()
+        binary = cluster.own_module_binary("kyverno")
         files = [a for f in _crd_files() for a in ("-f", f)]
         # a previous run's CRDs may still be terminating (stop() does not wait for them)
         cluster.kubectl("wait", "--for=delete", *files, f"--timeout={timeout:.0f}s", timeout=timeout + 30)

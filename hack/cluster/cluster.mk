@@ -1,5 +1,5 @@
 # The cluster test tier: a real control plane (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, KWOK, JobSet, Trainer) built from Go modules and run on 127.0.0.1.
+# kube-scheduler, KWOK, JobSet, Trainer, Kueue) built from Go modules and run on 127.0.0.1.
 # Driven by hack/cluster/cluster.py; versions are pinned in its VERSIONS dict.
 CLUSTER := $(PY) hack/cluster/cluster.py
 

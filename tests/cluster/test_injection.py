@@ -57,7 +57,9 @@ class Harness:
         config = ServerConfig(host="127.0.0.1", port=0, cert_file=cert, key_file=key, decision_log=self.log_path,
                               bundle_specs=[str(tmp_path / "bundle.yaml")])
         config.reviewer.timeout_seconds = 10
-        self.server = WebhookServer(config, ClusterState.from_objects([runtime]),
+        state = ClusterState.from_objects([runtime])
+        state.replace("LocalQueue", [])  # as its watch finds them here: none, so no queue label
+        self.server = WebhookServer(config, state,
                                     injector=Injector(api, PROVENANCE, timeout=5.0),
                                     decision_log=DecisionLog(self.log_path, stdout=None))
         self.reconciler = reconciler
@@ -154,7 +156,8 @@ def test_injected_objects_are_used_by_trainer_owned_by_the_job_and_collected(
     create(kubectl, trainjob("resnet", ns))
     job = get_json("trainjob", "resnet", "-n", ns)
     uid = job["metadata"]["uid"]
-    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "default"  # our mutation reached storage
+    assert any(rp.get("manager") == "trainjob-admission.io/webhook"  # our mutation reached storage
+               for rp in job["spec"]["runtimePatches"])
 
     secret = get_json("secret", "resnet-mpi-ssh-auth", "-n", ns)
     meta = secret["metadata"]

@@ -248,6 +248,9 @@ def test_base_rbac_is_least_privilege(base):
         ("node.k8s.io", "runtimeclasses"): {"get", "list", "watch"},
         ("scheduling.k8s.io", "priorityclasses"): {"get", "list", "watch"},
         ("storage.k8s.io", "storageclasses"): {"get", "list", "watch"},
+        # the Kueue pre-check: queues, flavors, cohorts, priorities; never get nor write
+        **{("kueue.x-k8s.io", r): {"list", "watch"} for r in (
+            "localqueues", "clusterqueues", "cohorts", "resourceflavors", "workloadpriorityclasses")},
         ("policy.trainjob-admission.io", "policybundles"): {"get", "list", "watch"},
         ("policy.trainjob-admission.io", "policybundles/status"): {"patch"},
     }
@@ -561,6 +564,8 @@ def test_service_account_has_least_privilege(installed, kubectl):
                ("list", "resourcequotas", "-A"), ("watch", "limitranges", "-A"), ("watch", "namespaces"),
                ("watch", "runtimeclasses.node.k8s.io"), ("watch", "priorityclasses.scheduling.k8s.io"),
                ("watch", "storageclasses.storage.k8s.io"), ("watch", "nodes"), ("list", "pods", "-A"),
+               ("watch", "localqueues.kueue.x-k8s.io", "-A"), ("list", "clusterqueues.kueue.x-k8s.io"),
+               ("watch", "resourceflavors.kueue.x-k8s.io"), ("list", "workloadpriorityclasses.kueue.x-k8s.io"),
                ("watch", "policybundles.policy.trainjob-admission.io"),
                ("patch", "policybundles.policy.trainjob-admission.io", "--subresource=status"),
                ("create", "secrets", "-n", "team-a"), ("delete", "secrets", "-n", "team-a"),
@@ -573,6 +578,7 @@ def test_service_account_has_least_privilege(installed, kubectl):
               ("escalate", "clusterroles.rbac.authorization.k8s.io"), ("bind", "clusterroles.rbac.authorization.k8s.io"),
               ("patch", "clusterroles.rbac.authorization.k8s.io"), ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
               ("delete", "trainjobs.trainer.kubeflow.org", "-n", "team-a"),
+              ("get", "localqueues.kueue.x-k8s.io", "-n", "team-a"), ("create", "workloads.kueue.x-k8s.io", "-n", "team-a"),
               ("update", "trainjobs.trainer.kubeflow.org", "-n", "team-a"),
               ("patch", "policybundles.policy.trainjob-admission.io"),
               ("create", "policybundles.policy.trainjob-admission.io"), ("update", "secrets", "-n", "team-a"),

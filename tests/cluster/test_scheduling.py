@@ -14,7 +14,7 @@ import uuid
 import pytest
 import yaml
 
-from tests.support.objects import GPU, runtime, trainjob
+from tests.support.objects import GPU, edit_binding, runtime, trainjob
 from tests.support.service import REPO, cluster, service_as_installed
 
 pytestmark = pytest.mark.cluster
@@ -75,14 +75,8 @@ def sched(control_plane, policybundle_crd, tmp_path_factory):
         cluster.apply_objects([
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {LABEL: run}}},
             _gpu_workers_runtime(ns),
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-             "metadata": {"name": "platform-admins-edit", "namespace": ns},
-             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
-             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "platform-admins"}]},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-             "metadata": {"name": "alice-edit", "namespace": ns},
-             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
-             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}]},
+            edit_binding(ns, "platform-admins", kind="Group"),
+            edit_binding(ns, "alice"),
             _bundle(ns, run, ns)])
         with service_as_installed(tmp_path_factory.mktemp("sched"), ns, [ns], f"{LABEL}={run}"):
             yield ns

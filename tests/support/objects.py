@@ -167,3 +167,12 @@ def bare_trainjob(name: str = "job", namespace: str = "team-a", runtime: str = "
     if runtime_patches is not None:
         obj["spec"]["runtimePatches"] = runtime_patches
     return obj
+
+
+def edit_binding(namespace: str, subject: str, kind: str = "User") -> dict:
+    """A RoleBinding giving ``subject`` (a User or Group) the ClusterRole edit in ``namespace``,
+    as a namespace's users get it."""
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": f"{subject}-edit", "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": subject}]}
