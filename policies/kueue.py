@@ -18,6 +18,7 @@ Facts from Kueue v0.19.0 (sigs.k8s.io/kueue):
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -26,11 +27,12 @@ from typing import Any
 
 from . import nodefit
 from .effective_job import EffectiveJob
-from .resources import QuantityError, to_number
+from .resources import QuantityError, format_amount, to_number
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 HELD = ("Hold", "HoldAndDrain")  # stopPolicy values under which nothing new is admitted
+MAX_DEPTH = 64  # cohort levels judged; real hierarchies have a handful
 FlavorResource = tuple[str, str]
 
 
@@ -56,29 +58,36 @@ def _amount(resource: str, value: Any) -> int | None:
         return None
 
 
+def _list(value: Any) -> list:
+    return value if isinstance(value, list) else []
+
+
+def _map(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+class Unreadable(ValueError):
+    """A quota value the API server would not have stored: the queue is not judged."""
+
+
 def resource_groups(spec: Mapping) -> tuple[list[Group], dict[FlavorResource, Limits]]:
-    """A ClusterQueue's or Cohort's groups and quotas, skipping what the API server would not
-    have stored (Kueue's CRD validates the shapes)."""
+    """A ClusterQueue's or Cohort's groups and quotas. Shapes the CRD would refuse (a state file
+    may hold anything) are skipped; a quantity that cannot be read raises :class:`Unreadable`,
+    since guessing it would judge the queue on a number Kueue never uses."""
     groups, quotas = [], {}
-    for group in spec.get("resourceGroups") or []:
-        if not isinstance(group, dict):
-            continue
-        covered = tuple(str(r) for r in group.get("coveredResources") or [])
+    for group in filter(lambda g: isinstance(g, dict), _list(spec.get("resourceGroups"))):
+        covered = tuple(str(r) for r in _list(group.get("coveredResources")))
         names = []
-        for flavor in group.get("flavors") or []:
-            if not isinstance(flavor, dict):
-                continue
+        for flavor in filter(lambda f: isinstance(f, dict), _list(group.get("flavors"))):
             names.append(str(flavor.get("name", "")))
-            for quota in flavor.get("resources") or []:
-                if not isinstance(quota, dict):
-                    continue
+            for quota in filter(lambda q: isinstance(q, dict), _list(flavor.get("resources"))):
                 resource = str(quota.get("name", ""))
-                nominal = _amount(resource, quota.get("nominalQuota", 0))
-                if nominal is None:
-                    continue
-                borrowing = _amount(resource, quota["borrowingLimit"]) if "borrowingLimit" in quota else None
-                lending = _amount(resource, quota["lendingLimit"]) if "lendingLimit" in quota else None
-                quotas[(names[-1], resource)] = Limits(nominal, borrowing, lending)
+                limits = [_amount(resource, quota[k]) if k in quota else None
+                          for k in ("nominalQuota", "borrowingLimit", "lendingLimit")]
+                if any(v is None for k, v in zip(("nominalQuota", "borrowingLimit", "lendingLimit"), limits)
+                       if k in quota):
+                    raise Unreadable(f"{resource} in flavor {names[-1]}")
+                quotas[(names[-1], resource)] = Limits(limits[0] or 0, limits[1], limits[2])
         groups.append(Group(covered, tuple(names)))
     return groups, quotas
 
@@ -101,42 +110,84 @@ class Forest:
     def __init__(self, cluster_queues: Mapping[str, dict], cohorts: Mapping[str, dict]):
         self.nodes: dict[tuple[str, str], _Node] = {}
         self.groups: dict[str, list[Group]] = {}
-        for name, cohort in cohorts.items():
-            spec = cohort.get("spec") or {}
-            _, quotas = resource_groups(spec)
-            parent = spec.get("parentName") or spec.get("parent")
-            self.nodes[("cohort", name)] = _Node(str(parent) if parent else None, quotas)
-        for name, cq in cluster_queues.items():
-            spec = cq.get("spec") or {}
-            groups, quotas = resource_groups(spec)
-            cohort = spec.get("cohortName") or spec.get("cohort")
-            self.groups[name] = groups
-            self.nodes[("cq", name)] = _Node(str(cohort) if cohort else None, quotas, _reserved(cq))
+        self.unreadable: dict[tuple[str, str], str] = {}  # node -> the quota that could not be read
+        for kind, objects in (("cohort", cohorts), ("cq", cluster_queues)):
+            for name, obj in objects.items():
+                spec = _map(obj.get("spec"))
+                try:
+                    groups, quotas = resource_groups(spec)
+                except Unreadable as exc:
+                    groups, quotas, self.unreadable[(kind, name)] = [], {}, str(exc)
+                parent = (spec.get("parentName") or spec.get("parent")) if kind == "cohort" else (
+                    spec.get("cohortName") or spec.get("cohort"))
+                parent = str(parent) if parent else None
+                if kind == "cq":
+                    self.groups[name] = groups
+                    self.nodes[(kind, name)] = _Node(parent, quotas, _reserved(obj))
+                else:
+                    self.nodes[(kind, name)] = _Node(parent, quotas)
         for key, node in list(self.nodes.items()):
             if node.parent is not None:
                 # A cohort a ClusterQueue names but no Cohort object defines exists, empty.
                 self.nodes.setdefault(("cohort", node.parent), _Node(None, {})).children.append(key)
         self.cyclic = self._cycles()
+        self.too_deep = self._too_deep()
         self._memo: dict[tuple[str, tuple[str, str], FlavorResource], int] = {}
 
     def _cycles(self) -> set[str]:
-        """Cohorts on or under a parent cycle: Kueue admits nothing through them."""
-        bad: set[str] = set()
-        for (kind, name), _ in self.nodes.items():
-            if kind != "cohort":
+        """Cohorts on or under a parent cycle: Kueue admits nothing through them. Each cohort's
+        walk stops at one already judged, so the work is linear in the cohorts."""
+        bad: dict[str, bool] = {}
+        for kind, name in list(self.nodes):
+            if kind != "cohort" or name in bad:
                 continue
-            seen, current = [], name
+            path, on_path, current, cycle = [], set(), name, False
             while current is not None and current not in bad:
-                if current in seen:
-                    bad.update(seen)
+                if current in on_path:
+                    cycle = True
                     break
-                seen.append(current)
+                on_path.add(current)
+                path.append(current)
                 node = self.nodes.get(("cohort", current))
                 current = node.parent if node else None
-            else:
-                if current is not None:
-                    bad.update(seen)
-        return bad
+            verdict = cycle or (current is not None and bad.get(current, False))
+            bad.update(dict.fromkeys(path, verdict))
+        return {name for name, is_bad in bad.items() if is_bad}
+
+    def _too_deep(self) -> set[str]:
+        """Root cohorts whose tree is more than MAX_DEPTH levels deep: Kueue's sums walk the tree,
+        and so do ours (recursively); trees that deep are not judged."""
+        depth: dict[str, int] = {}
+        roots: dict[str, str] = {}
+        deep: set[str] = set()
+        for kind, name in list(self.nodes):
+            if kind != "cohort" or name in self.cyclic or name in depth:
+                continue
+            path, current = [], name
+            while current is not None and current not in depth and current not in self.cyclic:
+                path.append(current)
+                node = self.nodes.get(("cohort", current))
+                current = node.parent if node else None
+            base, root = (depth[current], roots[current]) if current in depth else (0, path[-1])
+            for offset, cohort in enumerate(reversed(path), 1):
+                depth[cohort], roots[cohort] = base + offset, root
+                if base + offset > MAX_DEPTH:
+                    deep.add(root)
+        self._roots = roots
+        return deep
+
+    def judged(self, cluster_queue: str) -> str | None:
+        """Why the ClusterQueue's capacity is not judged (None: it is): an unreadable quota in
+        its tree, or a tree too deep to walk."""
+        parent = self.nodes[("cq", cluster_queue)].parent
+        if parent is not None and self._roots.get(parent) in self.too_deep:
+            return f"its cohort tree is more than {MAX_DEPTH} levels deep"
+        key: tuple[str, str] | None = ("cq", cluster_queue)
+        while key is not None:
+            if key in self.unreadable:
+                return f"{key[0] if key[0] == 'cohort' else 'ClusterQueue'} {key[1]} has a quota that cannot be read ({self.unreadable[key]})"
+            key = self._parent(key)
+        return None
 
     def in_cycle(self, cluster_queue: str) -> bool:
         node = self.nodes.get(("cq", cluster_queue))
@@ -214,33 +265,33 @@ class Forest:
 def _reserved(cq: Mapping) -> dict[FlavorResource, int]:
     """status.flavorsReservation: the quota its admitted (quota-reserved) workloads hold."""
     usage = {}
-    for flavor in (cq.get("status") or {}).get("flavorsReservation") or []:
-        if not isinstance(flavor, dict):
-            continue
-        for resource in flavor.get("resources") or []:
-            if isinstance(resource, dict):
-                name = str(resource.get("name", ""))
-                amount = _amount(name, resource.get("total", 0))
-                if amount:
-                    usage[(str(flavor.get("name", "")), name)] = amount
+    for flavor in filter(lambda f: isinstance(f, dict), _list(_map(cq.get("status")).get("flavorsReservation"))):
+        for resource in filter(lambda r: isinstance(r, dict), _list(flavor.get("resources"))):
+            name = str(resource.get("name", ""))
+            amount = _amount(name, resource.get("total", 0))
+            if amount:
+                usage[(str(flavor.get("name", "")), name)] = amount
     return usage
 
 
 _FORESTS: dict[tuple[int, int], tuple[Mapping, Mapping, Forest]] = {}
+_BUILDING = threading.Lock()
 NONE: Mapping[str, dict] = MappingProxyType({})  # for a kind the state does not hold: one identity, one cache entry
 
 
 def forest(cluster_queues: Mapping[str, dict], cohorts: Mapping[str, dict]) -> Forest:
     """The forest of these dicts, built once: the state swaps a kind's dict on every change, so
-    the dicts' identity is their version (the entry holds them, so an id is never reused)."""
+    the dicts' identity is their version (the entry holds them, so an id is never reused).
+    Concurrent reviews after a change wait for one build instead of each making its own."""
     key = (id(cluster_queues), id(cohorts))
-    cached = _FORESTS.get(key)
-    if cached is not None and cached[0] is cluster_queues and cached[1] is cohorts:
-        return cached[2]
-    built = Forest(cluster_queues, cohorts)
-    _FORESTS.clear()  # one version at a time: the newest is the one reviews read
-    _FORESTS[key] = (cluster_queues, cohorts, built)
-    return built
+    with _BUILDING:
+        cached = _FORESTS.get(key)
+        if cached is not None and cached[0] is cluster_queues and cached[1] is cohorts:
+            return cached[2]
+        built = Forest(cluster_queues, cohorts)
+        _FORESTS.clear()  # one version at a time: the newest is the one reviews read
+        _FORESTS[key] = (cluster_queues, cohorts, built)
+        return built
 
 
 @dataclass(frozen=True)
@@ -249,8 +300,12 @@ class QueuedSet:
 
     name: str
     count: int
-    totals: dict[str, int]  # resource -> count x per-pod request (and "pods" where covered)
+    per_pod: dict[str, int]  # resource -> request of one pod (zeros kept: Kueue finds them a flavor too)
     pod_spec: dict
+
+    @cached_property
+    def totals(self) -> dict[str, int]:
+        return {r: n * self.count for r, n in self.per_pod.items()}
 
     @cached_property
     def needs(self) -> nodefit.PodNeeds:
@@ -259,20 +314,18 @@ class QueuedSet:
     def breakdown(self, resource: str) -> str:
         if resource == "pods":
             return f"{self.count} pods"
-        per_pod = self.totals[resource] // self.count if self.count else 0
-        return f"{self.count} x {per_pod}"
+        return f"{self.count} x {format_amount(resource, self.per_pod[resource])}"
 
 
 def queued_sets(job: EffectiveJob, counts_pods: bool) -> list[QueuedSet]:
-    """The job's pod sets as its Workload will hold them (zero requests left out)."""
+    """The job's pod sets as its Workload holds them (totalRequestsFromPodSets): every replicated
+    job, one of count 0 too, with every request it names, zeros too."""
     sets = []
     for ps in job.pod_sets:
-        if ps.count < 1:
-            continue
-        totals = {r: n * ps.count for r, n in ps.requests.items() if n > 0 and r != "pods"}
+        per_pod = {r: n for r, n in ps.requests.items() if n >= 0 and r != "pods"}
         if counts_pods:
-            totals["pods"] = ps.count
-        sets.append(QueuedSet(ps.name, ps.count, totals, ps.pod.get("spec") or {}))
+            per_pod["pods"] = 1
+        sets.append(QueuedSet(ps.name, max(ps.count, 0), per_pod, ps.pod.get("spec") or {}))
     return sets
 
 
@@ -280,16 +333,16 @@ def flavor_refusal(pod_set: QueuedSet, name: str, flavor: Mapping | None) -> str
     """Why the flavor cannot take the pod set's pods (checkFlavorForPodSets), or None."""
     if flavor is None:
         return f"flavor {name} does not exist"
-    spec = flavor.get("spec") or {}
-    tolerations = tuple(nodefit.toleration_of(t) for t in [*(pod_set.pod_spec.get("tolerations") or []),
-                                                           *(spec.get("tolerations") or [])] if isinstance(t, dict))
-    for taint in spec.get("nodeTaints") or []:
-        if not isinstance(taint, dict) or taint.get("effect") not in nodefit.BLOCKING:
+    spec = _map(flavor.get("spec"))
+    tolerations = tuple(nodefit.toleration_of(t) for t in [*_list(pod_set.pod_spec.get("tolerations")),
+                                                           *_list(spec.get("tolerations"))] if isinstance(t, dict))
+    for taint in filter(lambda t: isinstance(t, dict), _list(spec.get("nodeTaints"))):
+        if taint.get("effect") not in nodefit.BLOCKING:
             continue
         shown = (str(taint.get("key", "")), str(taint.get("value", "") or ""), str(taint["effect"]))
         if not any(nodefit.tolerates(t, shown) for t in tolerations):
             return f"flavor {name} has the taint {nodefit.show_taint(shown)}, which the pods do not tolerate"
-    labels = {str(k): str(v) for k, v in (spec.get("nodeLabels") or {}).items()}
+    labels = {str(k): str(v) for k, v in _map(spec.get("nodeLabels")).items()}
     return _affinity_refusal(pod_set.needs, labels, name)
 
 

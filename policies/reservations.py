@@ -7,10 +7,11 @@ is stored (Trainer builds the JobSet, JobSet the Jobs, the Jobs the pods). Meanw
 TrainJob that runs here now (not suspended, not MultiKueue's, not finished, not being deleted)
 reserves, per ResourceQuota of its namespace and per pod key of it, what it adds at its peak
 (policies/quotademand.py: phases and scopes as the quota counts them) minus what its pods hold,
-floored at 0. Its pods count finished or not: a pod that ran has shown up, so a job whose first
-phase (an initializer) has finished does not reserve that phase again, a job whose pods succeeded
-does not reserve them again before Trainer marks it Complete, and a restart, which sees only the
-pods that exist, rebuilds the same numbers. Its pods are found by the label JobSet puts on every pod
+floored at 0. A running pod counts; a finished one counts only if its pod set is part of the
+peak (the quota no longer counts a terminal pod, so an initializer that has finished leaves its
+room to the nodes that come next, and the job still reserves those; a job whose peak pods
+succeeded does not reserve them again before Trainer marks it Complete); a restart, which sees
+the pods that exist, finished ones included, rebuilds the same numbers. Its pods are found by the label JobSet puts on every pod
 (``jobset.sigs.k8s.io/jobset-name``: Trainer names the JobSet like the TrainJob, trainer v2.3.0
 pkg/runtime/framework/plugins/jobset/jobset.go; jobset v0.12.0 labelAndAnnotateObject); the
 replicated-job label names the pod set, so a scoped quota counts a pod as it counts its pod set.
@@ -71,6 +72,7 @@ class HeldPod:
     pod_set: str
     requests: dict[str, int]
     limits: dict[str, int]
+    finished: bool = False  # Succeeded or Failed: the quota no longer counts it
 
 
 @dataclass
@@ -78,7 +80,7 @@ class _Job:
     job: EffectiveJob | None  # None: not buildable (yet): the runtime is not known
     source: dict | None  # kept only while job is None, to build it when the runtime arrives
     version: tuple[str, object]  # (uid, generation): a new one is built again
-    demand: dict[str, dict[str, tuple[int, frozenset[str]]]] = field(default_factory=dict)  # per quota signature
+    demand: dict[str, dict[str, tuple[int, frozenset[str], frozenset[str]]]] = field(default_factory=dict)  # per quota signature
     expires: float | None = None  # a local entry (admitted here, not watched yet)
 
 
@@ -105,7 +107,9 @@ def held_pod(pod: dict) -> HeldPod | None:
         requests, limits = pod_resources(pod.get("spec") if isinstance(pod.get("spec"), dict) else {})
     except (QuantityError, AttributeError, TypeError):
         requests, limits = {}, {}
-    return HeldPod(job, str(labels.get(REPLICATED_JOB, "")), requests, limits)
+    status = pod.get("status") if isinstance(pod.get("status"), dict) else {}
+    return HeldPod(job, str(labels.get(REPLICATED_JOB, "")), requests, limits,
+                   status.get("phase") in ("Succeeded", "Failed"))
 
 
 def _identity(obj: dict) -> tuple[str, str] | None:
@@ -273,20 +277,22 @@ class Reservations:
                     demand = entry.demand[signature] = _demand(entry.job, quota)
                 scoped = quotascope.is_scoped(quota)
                 quota_name = str((quota.get("metadata") or {}).get("name", ""))
-                for key, (amount, pod_sets) in demand.items():
+                for key, (amount, pod_sets, peak) in demand.items():
                     left = amount - sum(_holds(pod, key) for pod in pods
-                                        if not scoped or pod.pod_set in pod_sets)
+                                        if (not scoped or pod.pod_set in pod_sets)
+                                        and (not pod.finished or pod.pod_set in peak))
                     if left > 0:
                         sums.setdefault((quota_name, key), {})[name] = left
         return sums
 
 
-def _demand(job: EffectiveJob, quota: dict) -> dict[str, tuple[int, frozenset[str]]]:
-    """Per pod key of the quota: what the job adds at its peak, and the pod sets the quota counts."""
+def _demand(job: EffectiveJob, quota: dict) -> dict[str, tuple[int, frozenset[str], frozenset[str]]]:
+    """Per pod key of the quota: what the job adds at its peak, the pod sets the quota counts, and
+    those that run at the peak."""
     matched = quotascope.matching(quota, job.pod_sets)
     names = frozenset(ps.name for ps in job.pod_sets if id(ps) in matched)
-    return {key: (need.amount, names) for key, need in needs(job, quota, (), matched).items()
-            if need.kind == "pods" and need.amount}
+    return {key: (need.amount, names, frozenset(ps.name for ps, _ in need.parts))
+            for key, need in needs(job, quota, (), matched).items() if need.kind == "pods" and need.amount}
 
 
 def _holds(pod: HeldPod, key: str) -> int:

@@ -151,14 +151,26 @@ def _capacity(context: CheckContext, settings: KueueCheck, queue: str, local: di
         facts["verdict"] = "cohort cycle"
         return [Finding(f"ClusterQueue {cq_name}'s cohort tree has a cycle, so Kueue admits nothing from it",
                         f"{ASK_ADMIN} to fix the Cohorts' parentName", severity="warn")]
+    unjudged = tree.judged(cq_name)
+    if unjudged:
+        facts["verdict"] = f"unknown: {unjudged}"
+        return []
+    flavors = state.resource_flavors or {}
+    missing = sorted({f for g in groups for f in g.flavors if f not in flavors})
+    if missing:  # Kueue keeps such a ClusterQueue inactive (clusterqueue.go: flavor not found)
+        facts["verdict"] = "inactive"
+        return [Finding(f"ClusterQueue {cq_name} names the ResourceFlavor {', '.join(missing)}, which does not exist, "
+                        "so Kueue admits no job from it until it does", f"{ASK_ADMIN} to create it",
+                        severity="warn")]
     sets = kueue.queued_sets(context.job, kueue.covering(groups, "pods") is not None)
     where = f"ClusterQueue {cq_name} (LocalQueue {queue})"
-    flavors = state.resource_flavors or {}
     # pod set -> group -> the flavors its pods may use, in the group's order
     allowed: dict[str, dict[Group, list[str]]] = {}
     for ps in sets:
-        for resource in ps.totals:
+        for resource, total in ps.totals.items():
             group = kueue.covering(groups, resource)
+            if group is None and total == 0:
+                continue  # a zero request of a resource the queue does not list is skipped (#8079)
             if group is None:
                 facts["verdict"] = "never"
                 covered = ", ".join(sorted({r for g in groups for r in g.covered})) or "nothing"
@@ -213,36 +225,42 @@ def _never(context: CheckContext, tree: Forest, cq_name: str, where: str, sets: 
     def usable(group: Group) -> list[str]:
         return sorted({f for ps in sets for f in allowed.get(ps.name, {}).get(group, [])})
 
-    def room(ps: QueuedSet, group: Group, resource: str, alone: int) -> int:
-        """The most of ``resource`` the pod set can get: alone in its flavor, and beside the others."""
-        others = sum(o.totals.get(resource, 0) for o in sets if o is not ps and group in allowed.get(o.name, {}))
-        together = sum(tree.potential(cq_name, (f, resource)) for f in usable(group)) - others
-        return min(alone, together)
+    def most_pods(ps: QueuedSet, group: Group, flavors: list[str]) -> int:
+        """The most pods of ``ps`` that fit, every resource of the group at once: in one of
+        ``flavors`` alone, and beside the other pod sets in all the usable flavors together."""
+        def room(resource: str, alone: int) -> int:
+            others = sum(o.totals.get(resource, 0) for o in sets if o is not ps and group in allowed.get(o.name, {}))
+            return min(alone, sum(tree.potential(cq_name, (f, resource)) for f in usable(group)) - others)
+
+        asked = {r: n for r, n in ps.per_pod.items() if r in group.covered and n > 0}
+        return max((min(room(r, tree.potential(cq_name, (f, r))) // n for r, n in asked.items()) for f in flavors),
+                   default=0)
 
     for ps in sets:
         for group, fit in allowed.get(ps.name, {}).items():
             asked = {r: n for r, n in ps.totals.items() if r in group.covered}
             if any(all(n <= tree.potential(cq_name, (f, r)) for r, n in asked.items()) for f in fit):
                 continue
-            resource = max(asked, key=lambda r: asked[r] - max(tree.potential(cq_name, (f, r)) for f in fit))
+            resource = max(asked, key=lambda r: asked[r] / max(1, max(tree.potential(cq_name, (f, r)) for f in fit)))
             most = {f: tree.potential(cq_name, (f, resource)) for f in fit}
             best = max(most, key=lambda f: most[f])
             return [Finding(
                 f"pod set {ps.name} needs {_show(resource, asked[resource])} {resource} ({ps.breakdown(resource)}) in "
                 f"one flavor; {where} can ever provide at most {_show(resource, most[best])} in flavor {best}"
                 f"{_whence(tree, cq_name, (best, resource))}, so Kueue never admits the job",
-                _fewer(context, ps, resource, room(ps, group, resource, most[best])))]
+                _fewer(context, ps, most_pods(ps, group, fit)))]
     for group in groups:
         flavors = usable(group)
         for resource, total in _group_totals(sets, group, allowed).items():
             most = sum(tree.potential(cq_name, (f, resource)) for f in flavors)
             if total > most:
-                parts = ", ".join(f"{ps.name} {ps.breakdown(resource)}" for ps in sets if resource in ps.totals)
+                parts = ", ".join(f"{ps.name} {ps.breakdown(resource)}" for ps in sets if ps.totals.get(resource))
                 largest = max((ps for ps in sets if resource in ps.totals), key=lambda ps: ps.totals[resource])
                 return [Finding(
                     f"job needs {_show(resource, total)} {resource} in all ({parts}); {where} can ever provide at most "
                     f"{_show(resource, most)} in the flavors its pods may use ({', '.join(flavors)}), so Kueue never "
-                    "admits the job", _fewer(context, largest, resource, room(largest, group, resource, most)))]
+                    "admits the job",
+                    _fewer(context, largest, most_pods(largest, group, allowed.get(largest.name, {}).get(group, []))))]
     return []
 
 
@@ -306,9 +324,9 @@ def _whence(tree: Forest, cq_name: str, fr: tuple[str, str]) -> str:
     return f" (nominal {_show(fr[1], nominal)})"
 
 
-def _fewer(context: CheckContext, ps: QueuedSet, resource: str, most: int) -> str:
+def _fewer(context: CheckContext, ps: QueuedSet, fits: int) -> str:
+    """The fix: the most workers that fit, when the pod set is the workers; else less per pod."""
     job = context.job
-    per_pod = ps.totals[resource] // ps.count if ps.count else 0
-    if job.workers is not None and ps.name == job.workers.name and per_pod > 0 and most // per_pod >= 1:
-        return f"{fewer_workers(job, most // per_pod)}, or {ASK_ADMIN} to raise the quota"
-    return f"less {resource} per pod or fewer pods in {ps.name}, or {ASK_ADMIN} to raise the quota"
+    if job.workers is not None and ps.name == job.workers.name and fits >= 1:
+        return f"{fewer_workers(job, fits)}, or {ASK_ADMIN} to raise the quota"
+    return f"less per pod or fewer pods in {ps.name}, or {ASK_ADMIN} to raise the quota"

@@ -133,9 +133,10 @@ def setup(build, make_bundle, review):
     """review a job (workers ask ``gpus`` each, tolerate the GPU taint) against Kueue objects."""
 
     def run(*objects, num_nodes=2, gpus=8, labels=QUEUED, settings=None, mutations=None, tolerate=True,
-            runtime_extra=None, namespace_labels=None):
+            runtime_extra=None, namespace_labels=None, launcher=None):
         worker = build.pod_spec(cpu="8", memory="32Gi", gpus=gpus, **({"tolerations": TOLERATE_GPU} if tolerate else {}))
-        runtime = build.runtime(launcher_as_node=False, node=worker, launcher=build.pod_spec(cpu="1", memory="2Gi"))
+        runtime = build.runtime(launcher_as_node=False, node=worker,
+                                launcher=launcher or build.pod_spec(cpu="1", memory="2Gi"))
         runtime["spec"].update(runtime_extra or {})
         job = build.trainjob(numNodes=num_nodes, labels=labels)
         state = build.state(runtime, build.namespace(labels=namespace_labels), *objects)
@@ -304,3 +305,71 @@ def test_a_queue_label_in_a_cluster_without_any_queue_only_warns(build, make_bun
     assert decision.allowed
     assert finding(decision, "warn")[0].startswith("label kueue.x-k8s.io/queue-name names the LocalQueue team-queue, "
                                                    "but the cluster has no Kueue queues")
+
+
+# -- what an attack review found (policies/kueue.py and the check) ---------------------------
+
+def test_a_zero_request_of_a_covered_resource_still_needs_a_flavor(setup, build):
+    """Kueue keeps a covered resource asked at 0 (flavorassigner.go skips zeros only for resources
+    the queue does not cover): a launcher limited to 0 GPUs needs a GPU flavor it tolerates."""
+    launcher = build.pod_spec(cpu="1", memory="2Gi")
+    launcher["containers"][0]["resources"]["limits"] = {GPU: 0}
+    decision = setup(gpu_queue(), *DEFAULT_OBJECTS, runtime_extra=None, launcher=launcher)
+    assert finding(decision)[0].startswith("no ResourceFlavor of ClusterQueue team-cq (LocalQueue team-queue) can take "
+                                           "pod set launcher: flavor a100 has the taint")
+
+
+def test_a_cluster_queue_naming_a_missing_flavor_is_inactive_and_only_warns(setup):
+    queue = cluster_queue("team-cq", [flavor_quota("default-flavor", cpu=100, memory="1Ti")],
+                          [flavor_quota("a100", nvidia_gpu=16), flavor_quota("h100-typo", nvidia_gpu=16)])
+    decision = setup(queue, *DEFAULT_OBJECTS)
+    assert decision.allowed
+    assert finding(decision, "warn")[0] == ("ClusterQueue team-cq names the ResourceFlavor h100-typo, which does not "
+                                            "exist, so Kueue admits no job from it until it does")
+
+
+def test_a_cohort_tree_deeper_than_the_cap_is_not_judged_and_never_raises(setup):
+    chain = [cohort(f"c{i}", parent=f"c{i + 1}") for i in range(kueue.MAX_DEPTH + 5)]
+    decision = setup(gpu_queue(cohort="c0"), *chain, *DEFAULT_OBJECTS, num_nodes=30)
+    assert decision.allowed
+    assert decision.facts["kueue"]["verdict"].startswith("unknown: its cohort tree is more than")
+
+
+def test_cycles_are_found_in_one_pass_over_a_long_chain():
+    chain = [cohort(f"c{i}", parent=f"c{i + 1}") for i in range(3000)] + [cohort("c3000", parent="c1500")]
+    tree = forest(cluster_queue("a", [flavor_quota("gpu", nvidia_gpu=8)], cohort="c0"), *chain)
+    assert tree.in_cycle("a") and len(tree.cyclic) == 3001
+
+
+@pytest.mark.parametrize("damage", ["coveredResources", "resources", "nodeLabels", "nominal", "reservation"])
+def test_objects_the_api_server_would_refuse_never_raise(setup, damage):
+    queue = gpu_queue(reserved={"a100": {GPU: 4}})
+    flavors = list(DEFAULT_OBJECTS)
+    if damage == "coveredResources":
+        queue["spec"]["resourceGroups"][1]["coveredResources"] = 5
+    elif damage == "resources":
+        queue["spec"]["resourceGroups"][1]["flavors"][0]["resources"] = 5
+    elif damage == "nodeLabels":
+        flavors[1] = resource_flavor("a100", labels=["x"])
+    elif damage == "nominal":
+        queue["spec"]["resourceGroups"][1]["flavors"][0]["resources"][0]["nominalQuota"] = "abc"
+    else:
+        queue["status"]["flavorsReservation"][0]["resources"] = {"name": GPU}
+    decision = setup(queue, *flavors)
+    assert decision.facts["kueue"]["verdict"]  # judged or said why not; nothing raised
+    if damage == "nominal":  # a number Kueue never uses is not guessed
+        assert decision.allowed and decision.facts["kueue"]["verdict"].startswith("unknown: ClusterQueue team-cq has a quota")
+
+
+def test_the_suggested_worker_count_fits_every_resource_of_the_group(setup, build):
+    """One flavor covering cpu, memory and GPUs: the fix must leave room for all three."""
+    queue = cluster_queue("team-cq", [flavor_quota("default-flavor", cpu=100, memory="100Gi", nvidia_gpu=16)])
+    flavors = (resource_flavor("default-flavor"), local_queue("team-queue", "team-cq"))
+    message, fix = finding(setup(queue, *flavors, num_nodes=4))
+    assert fix == "reduce spec.trainer.numNodes to 2, or ask your admin to raise the quota"
+    assert setup(queue, *flavors, num_nodes=2).allowed
+    assert message.startswith("pod set node needs 32 nvidia.com/gpu (4 x 8) in one flavor")
+
+
+def test_breakdowns_show_quantities_as_kubectl_does():
+    assert kueue.QueuedSet("node", 4, {"memory": 32 * 2**30, "cpu": 1500}, {}).breakdown("memory") == "4 x 32Gi"

@@ -107,14 +107,30 @@ def test_phases_reserve_their_peak_and_a_finished_phase_counts_as_shown_up(build
     assert held(reservations, quotas) == {}
 
 
-def _torch_runtime(build):
+def test_a_finished_phase_below_the_peak_leaves_the_peak_reserved(build):
+    """The quota stops counting a finished pod: an initializer that is done must not lower what
+    the larger phase after it still needs (4 nodes x 4 cpu after a 16-cpu initializer... here 8)."""
+    quotas = [build.quota({"requests.cpu": "100"})]
+    state, reservations = model(build, *quotas, _torch_runtime(build, init_cpu="8"))
+    obj = build.trainjob("phased", runtime="torch", numNodes=4)  # initializer 8 cpu, then 4 nodes x 4 cpu
+    obj["metadata"].update(uid="u", generation=1)
+    reservations.job_seen(obj)
+    init = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "phased-init-0", "namespace": "team-a",
+        "labels": {JOBSET_NAME: "phased", REPLICATED_JOB: "dataset-initializer"}},
+        "spec": {"containers": [{"name": "i", "resources": {"requests": {"cpu": "8"}}}]}, "status": {"phase": "Succeeded"}}
+    reservations.pod_seen(init)
+    assert held(reservations, quotas) == {("compute", "requests.cpu"): (("phased", 16000),)}
+
+
+def _torch_runtime(build, init_cpu="16"):
     """A dataset initializer that must finish before the nodes start (test_quota_counts.phased_job's)."""
     def rjob(name, ancestor, cpu, **extra):
         return {"name": name, **extra, "template": {"metadata": {"labels": {ANCESTOR: ancestor}},
                                                     "spec": {"template": {"spec": build.pod_spec(cpu=cpu, name=name)}}}}
     return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime", "metadata": {"name": "torch"},
             "spec": {"mlPolicy": {"numNodes": 1}, "template": {"spec": {"replicatedJobs": [
-                rjob("dataset-initializer", "dataset-initializer", "16"),
+                rjob("dataset-initializer", "dataset-initializer", init_cpu),
                 rjob("node", "trainer", "4", dependsOn=[{"name": "dataset-initializer", "status": "Complete"}])]}}}}
 
 
