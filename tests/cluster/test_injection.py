@@ -336,14 +336,15 @@ def test_the_running_reconciler_deletes_orphans_when_their_grace_period_ends(web
                                                                             wait_for):
     """No sweep runs here (interval of an hour): the orphans' own watch events and grace period do it."""
     ns = namespace
-    webhook(Reconciler(api, PROVENANCE, grace_seconds=4, interval=3600, namespace=ns))
+    # a grace period long enough that a loaded machine still sees both orphans before it ends
+    webhook(Reconciler(api, PROVENANCE, grace_seconds=12, interval=3600, namespace=ns))
     kubectl("create", "quota", "no-trainjobs", "-n", ns, "--hard=count/trainjobs.trainer.kubeflow.org=0")
     refused = create(kubectl, trainjob("late", ns), check=False)
     assert refused.returncode != 0 and "exceeded quota" in refused.stderr, refused.stderr
     assert exists(kubectl, "secret", "late-mpi-ssh-auth", ns) and exists(kubectl, "networkpolicy", "late-mpi-isolation", ns)
     wait_for("both orphans deleted once their grace period passed",
              lambda: not exists(kubectl, "secret", "late-mpi-ssh-auth", ns)
-             and not exists(kubectl, "networkpolicy", "late-mpi-isolation", ns), 40)
+             and not exists(kubectl, "networkpolicy", "late-mpi-isolation", ns), 60)
 
 
 def test_orphans_of_refused_jobs_go_after_grace_and_a_resubmission_replaces_them(
