@@ -18,9 +18,10 @@ from typing import Annotated, Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from . import imageref
-from .cel import CelCompileError, CompiledExpression, Fields, compile_expression, merged_reads
+from . import bundlecel, imageref
+from .cel import CompiledExpression, Fields, merged_reads
 from .resources import DEFAULT_ACCELERATORS, QuantityError, to_decimal
+from .yamlpos import Anchor, locate
 
 API_VERSION = "policy.trainjob-admission.io/v1alpha1"
 KIND = "PolicyBundle"
@@ -67,6 +68,43 @@ class Match(Strict):
     kinds: list[Literal["TrainJob", "MPIJob"]] = ["TrainJob", "MPIJob"]
 
 
+# As ValidatingAdmissionPolicy names them: a variable is a CEL identifier; a match condition's
+# name and an audit annotation's key are qualified names of at most 63 characters.
+CelIdentifier = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$")]
+QualifiedName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]*$")]
+ValidationAction = Literal["Deny", "Warn", "Audit"]
+
+
+class Variable(Strict):
+    """A named expression, read as ``variables.NAME`` by later variables and by the rules."""
+
+    name: CelIdentifier
+    expression: str
+
+
+class MatchCondition(Strict):
+    """A CEL boolean: false leaves the bundle or rule out for this request; an error denies."""
+
+    name: QualifiedName
+    expression: str
+
+
+class AuditAnnotation(Strict):
+    """A value for the API server's audit log, returned in the AdmissionResponse as ``<bundle>/<key>``."""
+
+    key: QualifiedName
+    valueExpression: str
+
+
+def _unique(items: Sequence[BaseModel], attribute: str, what: str) -> None:
+    seen: set[str] = set()
+    for item in items:
+        name = getattr(item, attribute)
+        if name in seen:
+            raise ValueError(f"{what} {name!r} is used twice")
+        seen.add(name)
+
+
 class Validation(Strict):
     name: str = Field(min_length=1, max_length=128, pattern=r"^[a-zA-Z0-9][-a-zA-Z0-9_.]*$")
     expression: str
@@ -74,6 +112,33 @@ class Validation(Strict):
     messageExpression: str | None = None
     remediation: str | None = None
     severity: Literal["deny", "warn"] = "deny"
+    validationActions: list[ValidationAction] | None = None  # None: from severity
+    matchConditions: list[MatchCondition] = Field(default_factory=list, max_length=64)  # no copy per rule
+
+    @model_validator(mode="after")
+    def _actions(self) -> "Validation":
+        """ValidatingAdmissionPolicy's rules for validationActions, and one way to say it."""
+        _unique(self.matchConditions, "name", "matchCondition")
+        actions = self.validationActions
+        if actions is None:
+            return self
+        if not actions:
+            raise ValueError("validationActions needs at least one of Deny, Warn, Audit")
+        if len(set(actions)) != len(actions):
+            raise ValueError(f"validationActions lists an action twice: {actions}")
+        if {"Deny", "Warn"} <= set(actions):
+            raise ValueError("validationActions Deny and Warn may not be used together (the denial already "
+                             "tells the submitter)")
+        if "severity" in self.model_fields_set:
+            raise ValueError("set validationActions or severity, not both (severity: warn is validationActions: [Warn])")
+        return self
+
+    @property
+    def actions(self) -> tuple[str, ...]:
+        """What a failure does: validationActions, else [Deny] or [Warn] from severity."""
+        if self.validationActions is not None:
+            return tuple(self.validationActions)
+        return ("Deny",) if self.severity == "deny" else ("Warn",)
 
 
 def _quantity(value: str | None) -> str | None:
@@ -412,18 +477,20 @@ class BundleSpec(Strict):
     priority: int = 100  # lower first; the first bundle that sets a mutation/injection setting wins
     match: Match = Match()
     params: dict[str, Any] = {}
+    variables: list[Variable] = Field(default=[], max_length=64)
+    matchConditions: list[MatchCondition] = Field(default=[], max_length=64)
     validations: list[Validation] = []
+    auditAnnotations: list[AuditAnnotation] = Field(default=[], max_length=64)
     checks: Checks = Checks()
     mutations: Mutations = Mutations()
     injections: Injections = Injections()
 
     @model_validator(mode="after")
     def _unique_rules(self) -> "BundleSpec":
-        seen: set[str] = set()
-        for rule in self.validations:
-            if rule.name in seen:
-                raise ValueError(f"rule name {rule.name!r} is used twice")
-            seen.add(rule.name)
+        _unique(self.validations, "name", "rule name")
+        _unique(self.variables, "name", "variable")
+        _unique(self.matchConditions, "name", "matchCondition")
+        _unique(self.auditAnnotations, "key", "auditAnnotation key")
         return self
 
 
@@ -453,25 +520,51 @@ class Problem:
     column: int | None = None
 
     def __str__(self) -> str:
-        where = [self.source]
+        """``file:line:column: bundle B: rule R: field: message`` (as compilers print, so editors jump there)."""
+        where = [f"{self.source}:{self.line}:{self.column}" if self.line else self.source]
         if self.bundle:
             where.append(f"bundle {self.bundle}")
         if self.rule:
             where.append(f"rule {self.rule}")
         if self.field:
             where.append(self.field)
-        if self.line:
-            where.append(f"line {self.line}, column {self.column}")
         return f"{': '.join(where)}: {self.message}"
+
+    @property
+    def position(self) -> tuple[float, float]:
+        """For sorting: problems in file order, those without a position last."""
+        return (self.line or float("inf"), self.column or 0)
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
+@dataclass(frozen=True)
+class CelSites:
+    """The expressions of one document that compiled, by path (``("spec", "validations", 0,
+    "expression")``), with what running them needs and where each is in its file: policy lint
+    runs them on sample jobs, also when the rest of the document has errors."""
+
+    source: str
+    bundle: str | None
+    document: Any
+    expressions: dict[tuple, CompiledExpression]
+    anchors: dict[tuple, Anchor]
+    params: dict[str, Any]
+    variables: dict[str, CompiledExpression]  # by name, for cel.Variables
+
+    def problem(self, path: tuple, message: str) -> Problem:
+        return expression_problem(self.source, self.bundle, path, message, self.document, self.anchors.get(path))
+
+
 class BundleError(ValueError):
-    def __init__(self, problems: list[Problem]):
+    def __init__(self, problems: list[Problem], sites: Sequence[CelSites] = ()):
         super().__init__("\n".join(str(p) for p in problems))
         self.problems = problems
+        self.sites = list(sites)  # of the documents that failed, for lint to run what compiled
+
+
+Conditions = tuple[tuple[str, CompiledExpression], ...]  # (name, expression) in order
 
 
 @dataclass(frozen=True)
@@ -479,6 +572,13 @@ class CompiledRule:
     rule: Validation
     expression: CompiledExpression
     message_expression: CompiledExpression | None
+    conditions: Conditions = ()  # its matchConditions
+    effect: str = "deny"  # of a failure (a decision.Effect value): from its validationActions (or severity)
+
+
+def _effect(actions: tuple[str, ...]) -> str:
+    """Deny denies; Warn warns the submitter; Audit alone only records (the decision log)."""
+    return "deny" if "Deny" in actions else "warn" if "Warn" in actions else "audit"
 
 
 @dataclass(frozen=True)
@@ -490,6 +590,10 @@ class Bundle:
     source: str
     digest: str
     rules: tuple[CompiledRule, ...] = field(default_factory=tuple)
+    variables: Conditions = ()  # (name, expression), evaluated lazily per request (cel.Variables)
+    conditions: Conditions = ()  # the bundle's matchConditions, on the submitted object
+    annotations: Conditions = ()  # (key, valueExpression) of its auditAnnotations
+    cel: CelSites | None = field(default=None, compare=False, repr=False)  # every expression, for lint
 
     @property
     def version(self) -> str:
@@ -502,53 +606,104 @@ class Bundle:
     @cached_property
     def cel_reads(self) -> dict[str, Fields]:
         """Per variable, the fields any of the bundle's expressions reads: the engine converts each
-        variable to CEL once per review for all of them, not once per rule."""
-        return merged_reads(e for r in self.rules for e in (r.expression, r.message_expression) if e is not None)
+        variable to CEL once per review for all of them, not once per rule. ``variables`` is not
+        converted but evaluated (cel.Variables), so it is not among them."""
+        expressions = [e for r in self.rules for e in (r.expression, r.message_expression, *(c for _, c in r.conditions))
+                       if e is not None] + [e for _, e in (*self.variables, *self.annotations)]
+        reads = merged_reads(expressions)
+        reads.pop("variables", None)
+        return reads
+
+    @cached_property
+    def variable_map(self) -> dict[str, CompiledExpression]:
+        return dict(self.variables)
+
+    @cached_property
+    def condition_reads(self) -> dict[str, Fields]:
+        """Likewise for the bundle's matchConditions (evaluated before the job exists)."""
+        return merged_reads(e for _, e in self.conditions)
 
 
-def compile_document(document: Any, source: str) -> Bundle:
-    """Validate the schema and compile every rule; raises BundleError listing every problem."""
+def compile_document(document: Any, source: str, node: yaml.Node | None = None) -> Bundle:
+    """Validate the schema and compile every expression; raises BundleError listing every
+    problem, schema and CEL alike, in file order (with ``node``, the composed YAML of the
+    document, each at its line and column)."""
     name = (document.get("metadata") or {}).get("name") if isinstance(document, dict) else None
+    problems: list[Problem] = []
+    parsed: BundleDocument | None = None
     try:
         parsed = BundleDocument.model_validate(document)
     except ValidationError as exc:
-        raise BundleError([_schema_problem(err, document, source, name) for err in exc.errors()]) from None
-    problems: list[Problem] = []
-    rules: list[CompiledRule] = []
-    for rule in parsed.spec.validations:
-        compiled: dict[str, CompiledExpression | None] = {"expression": None, "messageExpression": None}
-        for key in compiled:
-            text = getattr(rule, key)
-            if text is None:
-                continue
-            try:
-                compiled[key] = compile_expression(text)
-            except CelCompileError as exc:
-                problems.append(Problem(source, exc.message, name, rule.name, key, exc.line, exc.column))
-        if compiled["expression"] is not None:
-            rules.append(CompiledRule(rule, compiled["expression"], compiled["messageExpression"]))
-    if problems:
-        raise BundleError(problems)
+        problems += [_schema_problem(err, document, source, name, node) for err in exc.errors()]
+    spec = document.get("spec") if isinstance(document, dict) else None
+    compiled, errors = bundlecel.compile_sites(spec)
+    problems += [expression_problem(source, name, error.path, error.message, document, locate(node, error.path),
+                                    error.line, error.column) for error in errors]
+    params = spec.get("params") if isinstance(spec, dict) else None
+    names = {("spec", "variables", i, "expression"): v.get("name") for i, v in bundlecel.items(spec, "variables")}
+    sites = CelSites(source, name, document, compiled,
+                     {path: anchor for path in compiled if (anchor := locate(node, path)) is not None},
+                     params if isinstance(params, dict) else {},
+                     {names[path]: e for path, e in compiled.items() if path in names and isinstance(names[path], str)})
+    if problems or parsed is None:
+        raise BundleError(sorted(problems, key=lambda p: p.position), [sites])
     canonical = json.dumps(parsed.model_dump(mode="json", exclude={"status"}), sort_keys=True, separators=(",", ":"))
     digest = "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
-    return Bundle(parsed.spec, parsed.metadata.name, source, digest, tuple(rules))
+    spec_model = parsed.spec
+
+    def named(items: Sequence[BaseModel], base: tuple, attribute: str, key: str) -> Conditions:
+        return tuple((getattr(item, attribute), compiled[(*base, i, key)]) for i, item in enumerate(items))
+
+    rules = tuple(
+        CompiledRule(rule, compiled[("spec", "validations", i, "expression")],
+                     compiled.get(("spec", "validations", i, "messageExpression")),
+                     named(rule.matchConditions, ("spec", "validations", i, "matchConditions"), "name", "expression"),
+                     _effect(rule.actions))
+        for i, rule in enumerate(spec_model.validations))
+    return Bundle(spec_model, parsed.metadata.name, source, digest, rules,
+                  named(spec_model.variables, ("spec", "variables"), "name", "expression"),
+                  named(spec_model.matchConditions, ("spec", "matchConditions"), "name", "expression"),
+                  named(spec_model.auditAnnotations, ("spec", "auditAnnotations"), "key", "valueExpression"),
+                  sites)
 
 
-def _schema_problem(err: dict, document: Any, source: str, bundle: str | None) -> Problem:
-    loc = list(err.get("loc", ()))
+def expression_problem(source: str, bundle: str | None, path: tuple, message: str, document: Any,
+                       anchor: Anchor | None, line: int | None = None, column: int | None = None) -> Problem:
+    """A problem with an expression at ``path``: at its place in the file when ``anchor`` knows
+    it, else with its place inside the expression in words."""
+    rule, where = rule_and_field(list(path), document)
+    at_line, at_column, inside = anchor.at(line, column) if anchor else (
+        None, None, f" (expression line {line}, column {column})" if line else "")
+    return Problem(source, message + inside, bundle, rule, where, at_line, at_column)
+
+
+def rule_and_field(loc: list, document: Any) -> tuple[str | None, str | None]:
+    """The rule a location is in (by name) and the field path, relative to the rule when in one."""
     rule = None
     if len(loc) >= 3 and loc[:2] == ["spec", "validations"] and isinstance(loc[2], int):
         try:
             rule = document["spec"]["validations"][loc[2]].get("name")
         except (KeyError, IndexError, TypeError, AttributeError):
             rule = None
+        if isinstance(rule, str):
+            loc = loc[3:]
     path = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[")
+    return (rule if isinstance(rule, str) else None), path or None
+
+
+def _schema_problem(err: dict, document: Any, source: str, bundle: str | None, node: yaml.Node | None) -> Problem:
+    loc = list(err.get("loc", ()))
+    unknown = err.get("type") == "extra_forbidden"
+    anchor = locate(node, loc, key=unknown)
+    rule, path = rule_and_field(loc, document)
     message = err.get("msg", "invalid")
-    if err.get("type") == "extra_forbidden":
+    if unknown:
         message = "unknown field (check the spelling; see policies/bundles/default.yaml for every field)"
     elif err.get("type") == "literal_error":
         message = f"{message}, got {err.get('input')!r}"
-    return Problem(source, message, bundle, rule, path or None)
+    elif err.get("type") == "value_error":
+        message = message.removeprefix("Value error, ")
+    return Problem(source, message, bundle, rule, path, anchor.line if anchor else None, anchor.column if anchor else None)
 
 
 # A 690-byte YAML "billion laughs" bundle once killed the server: aliases share one parsed node,
@@ -562,6 +717,11 @@ MAX_ALIAS_NODES = 10_000  # nodes that aliases may add to one document, all toge
 def parse_documents(text: str, source: str) -> list[Any]:
     """The YAML documents in ``text``; a YAML bomb, a recursive alias or an oversized document is
     refused with its line before it is built."""
+    return [document for document, _ in parse_nodes(text, source)]
+
+
+def parse_nodes(text: str, source: str) -> list[tuple[Any, yaml.Node]]:
+    """Each document with its composed node (where each value was written: policies/yamlpos.py)."""
     if len(text) > MAX_SOURCE_CHARS:
         raise BundleError([Problem(source, f"{len(text)} characters, more than the {MAX_SOURCE_CHARS} a bundle "
                                            "source may have")])
@@ -573,7 +733,7 @@ def parse_documents(text: str, source: str) -> list[Any]:
             _check_document(node, source)
             document = loader.construct_document(node)
             if document is not None:
-                documents.append(document)
+                documents.append((document, node))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line, column = (mark.line + 1, mark.column + 1) if mark else (None, None)
@@ -654,23 +814,25 @@ def load_bundles(specs: list[str]) -> list[Bundle]:
     """Load and compile every bundle in files/directories/builtins; all problems in one error."""
     bundles: list[Bundle] = []
     problems: list[Problem] = []
+    sites: list[CelSites] = []
     for spec in specs:
         for source, text in read_source(spec):
             try:
-                documents = parse_documents(text, source)
+                documents = parse_nodes(text, source)
             except BundleError as exc:
                 problems.extend(exc.problems)
                 continue
-            for document in documents:
+            for document, node in documents:
                 try:
-                    bundles.append(compile_document(document, source))
+                    bundles.append(compile_document(document, source, node))
                 except BundleError as exc:
                     problems.extend(exc.problems)
+                    sites.extend(exc.sites)
     names = [b.name for b in bundles]
     for duplicate in sorted({n for n in names if names.count(n) > 1}):
         problems.append(Problem(", ".join(b.source for b in bundles if b.name == duplicate), "bundle name used twice", duplicate))
     if problems:
-        raise BundleError(problems)
+        raise BundleError(problems, sites + [b.cel for b in bundles if b.cel is not None])
     return order(bundles)
 
 

@@ -7,6 +7,7 @@ regex) are provided as custom functions with the same names and semantics.
 """
 from __future__ import annotations
 
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,7 +25,10 @@ from . import celparse
 from .celfast import compile_tree
 from .resources import QuantityError, to_decimal
 
-VARIABLES = ("object", "oldObject", "request", "params", "namespaceObject", "job")
+VARIABLES = ("object", "oldObject", "request", "params", "namespaceObject", "job", "variables")
+# A bundle's matchConditions decide whether it applies before its mutations, so before ``job`` and
+# the bundle's ``variables`` exist (docs/admin-guide.md "Variables and match conditions").
+CONDITION_VARIABLES = ("object", "oldObject", "request", "params", "namespaceObject")
 MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
 BUILTIN_FUNCTIONS = frozenset(
     {
@@ -352,9 +356,51 @@ class CompiledExpression:
             raise CelEvalError(f"{type(exc).__name__}: {exc}") from None
 
 
+class Variables(ct.MapType):
+    """A bundle's ``variables`` for one evaluation: each is evaluated the first time an expression
+    reads it, then kept, so a variable no rule reaches costs nothing and one read by every rule is
+    evaluated once. A failure becomes the error value of the expressions that read it (as a
+    missing field does); a used-up budget or an abandoned evaluation still stops at once. Each
+    variable has its own step budget, as each expression has: the reader's is restored after."""
+
+    def __init__(self, compiled: dict[str, CompiledExpression], activation: dict[str, Any], budget: Budget):
+        super().__init__()
+        self._compiled, self._activation, self._budget = compiled, activation, budget
+
+    def __getitem__(self, name: Any) -> Any:
+        if dict.__contains__(self, name):
+            return dict.__getitem__(self, name)
+        expression = self._compiled[name]  # an unknown name is a KeyError, as in any map; lint refuses it
+        left = self._budget.left
+        try:
+            value = expression.evaluate(self._activation, self._budget)
+        except BudgetExceeded:
+            raise
+        except CelEvalError as exc:
+            value = celpy.CELEvalError(f"variables.{name}: {exc}")
+        finally:
+            self._budget.left = left
+        dict.__setitem__(self, name, value)
+        return value
+
+
+_OPERATORS = {"addition_add": "+", "addition_sub": "-", "multiplication_mul": "*", "multiplication_div": "/",
+              "multiplication_mod": "%", "relation_lt": "<", "relation_le": "<=", "relation_gt": ">",
+              "relation_ge": ">=", "relation_eq": "==", "relation_ne": "!=", "relation_in": "in"}
+# the operator is a lark Token, or its name when the parser came from the table cache (celtables)
+_OVERLOAD = re.compile(r"found no matching overload for (?:Token\('RULE', )?'(\w+)'\)? applied to '\((.*)\)'")
+_TYPE = re.compile(r"<class '(?:celpy\.celtypes\.)?(\w+?)(?:Type)?'>")
+TYPE_ERROR = "type error"
+
+
 def describe_eval_error(exc: celpy.CELEvalError) -> str:
-    """cel-python puts the whole activation in its message; keep only the reason."""
+    """cel-python puts the whole activation in its message; keep only the reason, and an
+    operator applied to the wrong types in words (``+ is not defined for string and int``)."""
     reason = exc.args[0] if exc.args else str(exc)
+    match = _OVERLOAD.search(reason) if isinstance(reason, str) else None
+    if match:
+        types = [t.lower().replace("none", "null") for t in _TYPE.findall(match.group(2))]
+        return f"{TYPE_ERROR}: {_OPERATORS.get(match.group(1), match.group(1))} is not defined for {' and '.join(types)}"
     if isinstance(reason, str) and "(in activation" in reason:
         reason = reason.split(" (in activation")[0]
     if isinstance(reason, str) and reason.startswith("no such member"):
@@ -362,11 +408,12 @@ def describe_eval_error(exc: celpy.CELEvalError) -> str:
     return str(reason)
 
 
-def compile_expression(source: str) -> CompiledExpression:
-    """Parse, lint and prepare ``source``; raises CelCompileError with the position."""
+def compile_expression(source: str, variables: tuple[str, ...] = VARIABLES) -> CompiledExpression:
+    """Parse, lint and prepare ``source`` for an environment of ``variables``; raises
+    CelCompileError with the position."""
     if not isinstance(source, str) or not source.strip():
         raise CelCompileError("expression is empty")
-    return _compile(source)
+    return _compile(source, variables)
 
 
 def clear_caches() -> None:
@@ -377,7 +424,7 @@ def clear_caches() -> None:
 
 
 @lru_cache(maxsize=1024)  # a reload recompiles the same texts; what is compiled is never changed
-def _compile(source: str) -> CompiledExpression:
+def _compile(source: str, variables: tuple[str, ...]) -> CompiledExpression:
     try:
         tree, reads = celparse.parse(source, _ENVIRONMENT.compile)
     except celpy.CELParseError as exc:
@@ -388,8 +435,10 @@ def _compile(source: str) -> CompiledExpression:
         raise CelCompileError(f"syntax error: {exc}") from None
     if reads is None:  # a new shape (one seen before passed both, with these reads)
         _check_depth(tree)
-        reads = _lint(tree)
+        reads = _lint(tree, variables)
         celparse.remember(source, tree, reads)
+    elif not set(reads) <= set(variables):  # the shape passed in a wider environment: find where
+        _lint(tree, variables)
     program = _ENVIRONMENT.program(tree, functions=FUNCTIONS)
     fast = compile_tree(tree, FUNCTIONS, ITERATION_STEPS, CHARS_PER_STEP)
     return CompiledExpression(source, program, frozenset(reads), {name: _freeze(t) for name, t in reads.items()}, fast)
@@ -421,7 +470,7 @@ def _first_token(node: lark.Tree) -> lark.Token | None:
     return None
 
 
-def _lint(tree: lark.Tree) -> dict[str, _Tree]:
+def _lint(tree: lark.Tree, variables: tuple[str, ...] = VARIABLES) -> dict[str, _Tree]:
     """Reject unknown top-level variables and functions; return the variables used, each with
     the field paths read from it (a plain field chain like ``job.totals.gpus``; a value used any
     other way, e.g. indexed, iterated or passed to a function, is read whole)."""
@@ -432,15 +481,15 @@ def _lint(tree: lark.Tree) -> dict[str, _Tree]:
             return
         if node.data == "member_dot":
             chain = _field_chain(node)
-            if chain is not None and chain[0] not in bound and chain[0] in VARIABLES:
+            if chain is not None and chain[0] not in bound and chain[0] in variables:
                 _add_path(used, chain[0], chain[1])
                 return
         if node.data == "ident":
             name = str(node.children[0])
             if name not in bound:
-                if name not in VARIABLES:
+                if name not in variables:
                     raise CelCompileError(
-                        f"undeclared reference to {name!r} (variables are: {', '.join(VARIABLES)})",
+                        f"undeclared reference to {name!r} (variables are: {', '.join(variables)})",
                         node.meta.line, node.meta.column,
                     )
                 _add_path(used, name, [])
@@ -542,6 +591,7 @@ def _macro_variable(expr: lark.Tree) -> str | None:
     return None
 
 
+BoolType = ct.BoolType  # what a condition gives (an int, not a Python bool)
 _INT64 = range(-(1 << 63), 1 << 63)
 
 

@@ -23,6 +23,7 @@ class Result(StrEnum):
     PASS = "pass"
     FAIL = "fail"
     ERROR = "error"  # the rule could not be evaluated
+    EXCEPTED = "excepted"  # failed, and a PolicyException waived it (policies/exceptions.py): allowed
 
 
 FAILED = frozenset({Result.FAIL, Result.ERROR})
@@ -34,6 +35,7 @@ class Effect(StrEnum):
     ALLOW = "allow"
     DENY = "deny"
     WARN = "warn"
+    AUDIT = "audit"  # recorded in the decision log only: a rule with validationActions [Audit]
 
 
 class Verdict(StrEnum):
@@ -56,14 +58,16 @@ class RuleResult:
     effect: Effect
     messages: list[str] = field(default_factory=list)
     remediations: list[str] = field(default_factory=list)
+    exception: str = ""  # namespace/name of the PolicyException that waived it (result EXCEPTED)
 
     @property
     def qualified(self) -> str:
         return f"{self.bundle}/{self.rule}"
 
     def as_dict(self) -> dict:
-        return {"bundle": self.bundle, "rule": self.rule, "result": self.result, "effect": self.effect,
-                "messages": self.messages}
+        out = {"bundle": self.bundle, "rule": self.rule, "result": self.result, "effect": self.effect,
+               "messages": self.messages}
+        return out | {"exception": self.exception} if self.exception else out
 
 
 def allows(results: Iterable[RuleResult]) -> bool:
@@ -88,6 +92,8 @@ class Decision:
     # watched state is the truth, offline (review --cluster-state) it may be state left out.
     unchecked: list[dict[str, str]] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)  # CheckContext.facts: kept in the decision log
+    # The bundles' auditAnnotations ("<bundle>/<key>": value), for the API server's audit log
+    audit_annotations: dict[str, str] = field(default_factory=dict)
 
     @property
     def allowed(self) -> bool:
@@ -145,4 +151,4 @@ class Decision:
             "injections": self.injections,
             "job": self.job.totals if self.job else None,
             "unchecked": self.unchecked,
-        }
+        } | ({"auditAnnotations": self.audit_annotations} if self.audit_annotations else {})

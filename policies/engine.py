@@ -9,9 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from . import effective_job, injections, kueue, limits, mutations, objectcounts, queueing, quotascope, redaction
-from .bundle import Bundle, Injections, Mutations, accelerators, merged
-from .cel import Budget, CelEvalError, Fields, prune, to_cel, to_python
+from . import (effective_job, exceptions, injections, kueue, limits, mutations, objectcounts, queueing, quotascope,
+               redaction, rulenames)
+from .bundle import Bundle, CompiledRule, Conditions, Injections, Mutations, accelerators, merged
+from .cel import Budget, BoolType, CelEvalError, Fields, Variables, prune, to_cel, to_python
 from .checks import duration
 from .checks.base import CheckContext, Finding
 from .checks.registry import CHECKS
@@ -99,34 +100,100 @@ class _Activation:
         return {name: self.value(name, fields) for name, fields in reads.items()}
 
 
-def _run_cel(bundle: Bundle, activation: _Activation, budget: Budget) -> list[RuleResult]:
+MAX_ANNOTATION_BYTES = 10 * 1024  # an auditAnnotation value is cut there, as ValidatingAdmissionPolicy cuts it
+
+
+def _run_cel(bundle: Bundle, activation: _Activation, budget: Budget) -> tuple[list[RuleResult], dict[str, str]]:
+    """The bundle's rules (each whose matchConditions hold) and its auditAnnotations, all reading
+    one set of converted variables and one lazily evaluated ``variables``."""
     results = []
     variables = activation.with_params(bundle.spec.params).for_bundle(bundle.cel_reads)
+    if bundle.variables:
+        variables["variables"] = Variables(bundle.variable_map, variables, budget)
     for compiled in bundle.rules:
         rule = compiled.rule
         try:
+            if compiled.conditions and not _conditions_hold(compiled.conditions, variables, budget):
+                continue  # not for this request: no result, as a rule whose bundle does not match
             value = to_python(compiled.expression.evaluate(variables, budget))
             if not isinstance(value, bool):
                 raise CelEvalError(f"expression must evaluate to true or false, got {redaction.shown(value)}")
         except CelEvalError as exc:
-            results.append(RuleResult(bundle.name, rule.name, Result.ERROR, Effect(rule.severity),
+            results.append(RuleResult(bundle.name, rule.name, Result.ERROR, Effect(compiled.effect),
                                       [f"rule {rule.name!r} could not be evaluated: {exc}"],
                                       ["ask your admin to fix the rule (trainjob-admission policy explain -f JOB.yaml)"]))
             continue
         if value:
             results.append(RuleResult(bundle.name, rule.name, Result.PASS, Effect.ALLOW))
             continue
-        message = rule.message or f"failed rule {rule.name}: {rule.expression}"
-        if compiled.message_expression is not None:
-            try:
-                rendered = to_python(compiled.message_expression.evaluate(variables, budget))
-                if isinstance(rendered, str) and rendered.strip():
-                    message = rendered
-            except CelEvalError:
-                pass  # the static message stands, as in ValidatingAdmissionPolicy
-        results.append(RuleResult(bundle.name, rule.name, Result.FAIL, Effect(rule.severity), [message],
-                                  [rule.remediation or ""]))
-    return results
+        results.append(RuleResult(bundle.name, rule.name, Result.FAIL, Effect(compiled.effect),
+                                  [_message(compiled, variables, budget)], [rule.remediation or ""]))
+    annotations: dict[str, str] = {}
+    for key, expression in bundle.annotations:
+        try:
+            value = to_python(expression.evaluate(variables, budget))
+            if value is not None and not isinstance(value, str):
+                raise CelEvalError(f"valueExpression must evaluate to a string or null, got {redaction.shown(value)}")
+        except CelEvalError as exc:
+            results.append(RuleResult(bundle.name, rulenames.AUDIT_ANNOTATION, Result.ERROR, Effect.DENY,
+                                      [f"auditAnnotation {key!r} could not be evaluated: {exc}"], [ADMIN_FIX]))
+            continue
+        if value:
+            annotations[f"{bundle.name}/{key}"] = value.encode()[:MAX_ANNOTATION_BYTES].decode(errors="ignore")
+    return results, annotations
+
+
+ADMIN_FIX = "ask your admin to fix the bundle (trainjob-admission policy lint lists its errors)"
+
+
+def _conditions_hold(conditions: Conditions, variables: dict[str, Any], budget: Budget) -> bool:
+    """All of ``conditions`` are true (ValidatingAdmissionPolicy's matchConditions); an error is
+    raised as a CelEvalError naming the condition, so the caller fails closed."""
+    for name, expression in conditions:
+        try:
+            value = expression.evaluate(variables, budget)
+        except CelEvalError as exc:
+            raise CelEvalError(f"matchCondition {name!r} could not be evaluated: {exc}") from None
+        if not isinstance(value, BoolType):
+            raise CelEvalError(f"matchCondition {name!r} must evaluate to true or false, got "
+                               f"{redaction.shown(to_python(value))}")
+        if not value:
+            return False
+    return True
+
+
+def _message(compiled: CompiledRule, variables: dict[str, Any], budget: Budget) -> str:
+    """What the submitter reads for a failed rule: its messageExpression, else its message, else
+    a sentence naming the rule; never the rule's CEL text."""
+    if compiled.message_expression is not None:
+        try:
+            rendered = to_python(compiled.message_expression.evaluate(variables, budget))
+            if isinstance(rendered, str) and rendered.strip():
+                return rendered
+        except CelEvalError:
+            pass  # the static message stands, as in ValidatingAdmissionPolicy
+    return compiled.rule.message or f"the job fails rule {compiled.rule.name}; ask your admin what it requires"
+
+
+def _matching(active: list[Bundle], shared: _Activation, obj: dict, budget: Budget
+              ) -> tuple[list[Bundle], list[RuleResult]]:
+    """The bundles whose matchConditions hold for the submitted object (before any mutation, so
+    without ``job``), and a denial for each whose conditions could not be evaluated (fail closed:
+    such a bundle stays active)."""
+    kept, results = [], []
+    for bundle in active:
+        if not bundle.conditions:
+            kept.append(bundle)
+            continue
+        view = _Activation({"object": lambda: obj, "params": lambda b=bundle: b.spec.params}, parent=shared)
+        try:
+            if not _conditions_hold(bundle.conditions, view.for_bundle(bundle.condition_reads), budget):
+                continue
+        except CelEvalError as exc:
+            results.append(RuleResult(bundle.name, rulenames.MATCH_CONDITION, Result.ERROR, Effect.DENY,
+                                      [f"bundle {bundle.name}: {exc}"], [ADMIN_FIX]))
+        kept.append(bundle)
+    return kept, results
 
 
 def _builtin(bundle: str, rule: str, findings: list[Finding]) -> list[RuleResult]:
@@ -202,12 +269,14 @@ def _audited(results: list[RuleResult], audit: set[str]) -> list[RuleResult]:
     return [replace(r, effect=Effect.WARN) if r.bundle in audit and r.effect is Effect.DENY else r for r in results]
 
 
-def _redact(results: list[RuleResult], request: AdmissionInput, job: EffectiveJob | None, namespace: dict) -> None:
+def _redact(results: list[RuleResult], request: AdmissionInput, job: EffectiveJob | None, namespace: dict,
+            annotations: dict[str, str]) -> None:
     """Messages and fixes without env and annotation values (policies/redaction.py), before they
     become warnings, the denial, the decision log or `review`'s report: the submitter's, and
     those a rule can read without the submitter writing them (the runtime's env in every pod of
-    the effective job, the namespace's annotations). Collected only when there is a message."""
-    if not any(r.messages for r in results):
+    the effective job, the namespace's annotations). Collected only when there is a message. The
+    auditAnnotations too: the API server keeps them in its audit log."""
+    if not annotations and not any(r.messages for r in results):
         return
     pods = [ps.pod for ps in job.pod_sets] if job is not None else []
     values = redaction.echoable_values(request.object, request.old_object, pods, namespace)
@@ -215,6 +284,8 @@ def _redact(results: list[RuleResult], request: AdmissionInput, job: EffectiveJo
         for r in results:
             r.messages = [redaction.scrub(m, values) for m in r.messages]
             r.remediations = [redaction.scrub(m, values) for m in r.remediations]
+        for key, value in annotations.items():
+            annotations[key] = redaction.scrub(value, values)
 
 
 def _oversized(request: AdmissionInput, active: list[Bundle]) -> list[RuleResult]:
@@ -286,6 +357,12 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
     namespace = state.namespace(request.namespace)
     runtime_name = str(((obj.get("spec") or {}).get("runtimeRef") or {}).get("name", ""))
     active = [b for b in bundles if matches(b, request, namespace, runtime_name)]
+    shared = _Activation({"oldObject": lambda: request.old_object, "request": request.as_cel_request,
+                          "namespaceObject": lambda: namespace})
+    oversized = _oversized(request, active) if active else []  # before any CEL reads the object
+    unmet: list[RuleResult] = []
+    if not oversized and any(b.conditions for b in active):
+        active, unmet = _matching(active, shared, obj, budget)
     enforcing = [b for b in active if b.spec.mode == "enforce"]
     warnings = [DEPRECATION_WARNING] if request.kind == "MPIJob" else []
 
@@ -294,8 +371,8 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
     patch: list[dict] = []
     mutated = obj
     budget.check()
-    results: list[RuleResult] = _oversized(request, active) if active else []
-    if not results:  # else too large to evaluate: denied as it is, unmutated
+    results: list[RuleResult] = oversized + unmet
+    if not oversized:  # else too large to evaluate: denied as it is, unmutated
         try:
             state, snapshot_warning = running_state(request.operation, obj, state)  # the runtime Trainer runs it with
             warnings += [snapshot_warning] if snapshot_warning and active else []
@@ -325,15 +402,10 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
         planned = injections.plan(job, injection_settings, mutated)
 
     facts: dict = {}
+    audit_annotations: dict[str, str] = {}
     if job is not None and active:
         current_job = job
-        activation = _Activation({
-            "object": lambda: mutated,
-            "oldObject": lambda: request.old_object,
-            "request": request.as_cel_request,
-            "namespaceObject": lambda: namespace,
-            "job": current_job.as_cel,
-        })
+        activation = _Activation({"object": lambda: mutated, "job": current_job.as_cel}, parent=shared)
         context = CheckContext(job, namespace, state.namespace_quotas(request.namespace),
                                _old_job(request, state, active), mutated, request.old_object,
                                state.namespace_limit_ranges(request.namespace), planned, state,
@@ -341,11 +413,17 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
         for bundle in active:
             budget.check()
             results += _checks(bundle, context)
-            results += _run_cel(bundle, activation, budget)
+            found, annotations = _run_cel(bundle, activation, budget)
+            results += found
+            audit_annotations.update(annotations)
 
     audit = {b.name for b in active if b.spec.mode == "audit"}
     results = _audited(results, audit)
-    _redact(results, request, job, namespace)
+    _redact(results, request, job, namespace, audit_annotations)
+    waivers = exceptions.apply(results, request.object, state)  # after redaction: warnings repeat the messages
+    results, warnings = waivers.results, warnings + waivers.warnings
+    if waivers.facts:
+        facts["exceptions"] = waivers.facts
     for r in results:
         if r.effect is Effect.WARN:
             prefix = f"[{r.qualified}{' audit' if r.bundle in audit else ''}] "
@@ -365,4 +443,5 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
         injection_settings=injection_settings,
         unchecked=_unchecked(request, state, active, missing_runtime, job) if report_unchecked else [],
         facts=facts,
+        audit_annotations=audit_annotations,
     )

@@ -37,6 +37,7 @@ def decision_text(obj: dict, decision: Decision) -> str:
     for injection in decision.injections:
         detail = ", ".join(f"{k}={v}" for k, v in injection.items() if k not in ("kind", "name"))
         lines.append(f"  inject: {injection['kind']} {injection['name']}" + (f" ({detail})" if detail else ""))
+    lines += [f"  audit annotation: {key}={value}" for key, value in decision.audit_annotations.items()]
     return "\n".join(lines)
 
 

@@ -1,5 +1,5 @@
 """The cluster objects a decision depends on: runtimes, the Namespace, ResourceQuotas, LimitRanges,
-RuntimeClasses (pod overhead), Nodes,
+RuntimeClasses (pod overhead), Nodes, PolicyExceptions,
 and Trainer's runtime snapshots (ConfigMaps ``<job>-runtime-snapshot``; no other ConfigMap is kept).
 
 The server fills a :class:`ClusterState` from watches; ``review --cluster-state`` fills one from a
@@ -25,10 +25,11 @@ _ATTR = {"ClusterTrainingRuntime": "cluster_runtimes", "TrainingRuntime": "runti
          "ResourceQuota": "quotas", "LimitRange": "limit_ranges", "Node": "nodes", "ConfigMap": "snapshots",
          "RuntimeClass": "runtime_classes", "PriorityClass": "priority_classes", "StorageClass": "storage_classes",
          "Pod": "pods", "LocalQueue": "local_queues", "ClusterQueue": "cluster_queues", "Cohort": "cohorts",
-         "ResourceFlavor": "resource_flavors", "WorkloadPriorityClass": "workload_priority_classes"}
+         "ResourceFlavor": "resource_flavors", "WorkloadPriorityClass": "workload_priority_classes",
+         "PolicyException": "exceptions"}
 KINDS = tuple(_ATTR)
 _PER_NAMESPACE = ("ResourceQuota", "LimitRange")  # kept as {namespace: {name: object}}
-_NAMESPACED = ("TrainingRuntime", "ConfigMap", "Pod", "LocalQueue")  # kept as {(namespace, name): object}
+_NAMESPACED = ("TrainingRuntime", "ConfigMap", "Pod", "LocalQueue", "PolicyException")  # kept as {(namespace, name): object}
 
 
 DEFAULT_STORAGE_CLASS_ANNOTATIONS = ("storageclass.kubernetes.io/is-default-class",
@@ -74,6 +75,8 @@ class ClusterState:
     cohorts: dict[str, dict] | None = None
     resource_flavors: dict[str, dict] | None = None
     workload_priority_classes: dict[str, dict] | None = None
+    # PolicyExceptions (policies/exceptions.py), parsed when a decision in their namespace needs them
+    exceptions: dict[tuple[str, str], dict] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     def upsert(self, obj: dict) -> None:

@@ -133,7 +133,10 @@ def _truncate(text: str, limit: int) -> str:
 
 
 def response(uid: str, *, allowed: bool, message: str = "", warnings: list[str] | None = None,
-             patch: list[dict] | None = None, decision_id: str = "", code: int = 403) -> dict:
+             patch: list[dict] | None = None, decision_id: str = "", code: int = 403,
+             audit_annotations: dict[str, str] | None = None) -> dict:
+    """``audit_annotations``: the bundles' ("<bundle>/<key>"), which the API server writes to its
+    audit log beside our ``decision-id``."""
     body: dict[str, Any] = {"uid": uid, "allowed": allowed}
     if not allowed:
         body["status"] = {"code": code, "reason": "Forbidden" if code == 403 else "BadRequest",
@@ -143,12 +146,13 @@ def response(uid: str, *, allowed: bool, message: str = "", warnings: list[str] 
     if patch:
         body["patchType"] = "JSONPatch"
         body["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
-    if decision_id:
-        body["auditAnnotations"] = {"decision-id": decision_id}
+    annotations = {**(audit_annotations or {}), **({"decision-id": decision_id} if decision_id else {})}
+    if annotations:
+        body["auditAnnotations"] = annotations
     return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": body}
 
 
 def from_decision(uid: str, decision: Decision, decision_id: str) -> dict:
     """The /validate answer: allowed or denied with our message, and the warnings (no patch)."""
     return response(uid, allowed=decision.allowed, message=decision.status_message, warnings=decision.warnings,
-                    decision_id=decision_id)
+                    decision_id=decision_id, audit_annotations=decision.audit_annotations)

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 # The policy engine (CEL, pydantic) is imported by the commands that decide, not here: --help and
 # argument errors then answer in a tenth of a second. Hence the literal: policies.bundle.BUILTIN_PREFIX.
 DEFAULT_BUNDLE = "builtin:default"
-CEL_COMMANDS = ("review", "policy")  # they compile bundles: the CEL parser comes from a cache (policies/celtables.py)
+CEL_COMMANDS = ("review", "policy", "audit")  # they compile bundles: the CEL parser comes from a cache (policies/celtables.py)
 T = TypeVar("T")
 
 
@@ -173,50 +173,81 @@ def cmd_review(args: argparse.Namespace) -> int:
     return _strict(code, decisions, args)
 
 
-def cmd_policy_lint(args: argparse.Namespace) -> int:
-    from policies.bundle import BundleError, load_bundles
-    from policies.lint import lint
+def _lint_samples() -> tuple[list, ClusterState]:
+    """The demo's jobs and cluster state (package data): what lint runs every expression on."""
+    from policies.lint import samples
 
-    problems = 0
+    from .sampledata import sample_job, sample_state
+
+    return samples([sample_job(name) for name in LINT_SAMPLES]), sample_state()
+
+
+LINT_SAMPLES = ("allowed.yaml", "too-many-gpus.yaml", "legacy-mpijob.yaml")  # a TrainJob of 4 and of 1 node, an MPIJob
+
+
+def cmd_policy_lint(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from policies.bundle import BundleError, accelerators, load_bundles
+    from policies.lint import lint, type_errors
+
+    tried, state = _lint_samples()
+    found: list = []  # per path in order: its Problems, or (bundle, its lint warnings)
     for path in args.paths:
         try:
-            bundles = load_bundles([path])
+            for bundle in load_bundles([path]):
+                found += type_errors(bundle.cel, tried, state, accelerators([bundle])) or [(bundle, lint(bundle))]
         except FileNotFoundError:
             raise CliError(f"not found: {path}", EXIT_NOT_FOUND) from None
         except BundleError as exc:
-            problems += len(exc.problems)
-            for problem in exc.problems:
-                print(f"ERROR {problem}")
+            found += sorted(exc.problems + [p for sites in exc.sites for p in type_errors(sites, tried, state)],
+                            key=lambda p: (p.source, p.position))
+    errors = [item for item in found if not isinstance(item, tuple)]
+    if args.output != "text":
+        print(dump({"ok": not errors, "errors": [p.as_dict() for p in errors],
+                    "bundles": [{"source": b.source, "name": b.name, "version": b.version, "mode": b.spec.mode,
+                                 "rules": len(b.rules), "digest": b.digest, "warnings": [asdict(w) for w in warnings]}
+                                for b, warnings in (item for item in found if isinstance(item, tuple))]},
+                   args.output))
+        return EXIT_INVALID if errors else EXIT_OK
+    for item in found:
+        if not isinstance(item, tuple):
+            print(f"ERROR {item}")
             continue
-        for bundle in bundles:
-            print(f"OK    {bundle.source}: bundle {bundle.name} {bundle.version} ({bundle.spec.mode}, "
-                  f"{len(bundle.rules)} rules, {bundle.digest[:19]})")
-            for warning in lint(bundle):
-                print(f"WARN  {warning}")
-    return EXIT_INVALID if problems else EXIT_OK
+        bundle, warnings = item
+        print(f"OK    {bundle.source}: bundle {bundle.name} {bundle.version} ({bundle.spec.mode}, "
+              f"{len(bundle.rules)} rules, {bundle.digest[:19]})")
+        for warning in warnings:
+            print(f"WARN  {warning}")
+    return EXIT_INVALID if errors else EXIT_OK
 
 
 def cmd_policy_test(args: argparse.Namespace) -> int:
+    from policies import casereport
     from policies.cases import CaseError, load_cases, run_case
 
     bundles = _bundles(args.paths)
     if not Path(args.cases).exists():
         raise CliError(f"not found: {args.cases}", EXIT_NOT_FOUND)
+    results, problems = [], []
     try:
-        results = [run_case(path, case, bundles) for path, case in load_cases(Path(args.cases))]
+        cases = load_cases(Path(args.cases))
     except CaseError as exc:
-        raise CliError(str(exc)) from None
-    failed = sum(not r.passed for r in results)
-    if args.output != "text":
-        print(dump({"results": [vars(r) for r in results], "passed": len(results) - failed, "failed": failed},
-                   args.output))
-        return EXIT_DENIED if failed else EXIT_OK
-    for result in results:
-        print(f"{'PASS' if result.passed else 'FAIL'}  {result.name}  ({result.source})")
-        for failure in result.failures:
-            print(f"      {failure}")
-    print(f"{len(results) - failed} passed, {failed} failed")
-    return EXIT_DENIED if failed else EXIT_OK
+        raise CliError(f"invalid test cases:\n{exc}") from None
+    for path, case in cases:
+        try:
+            results.append(run_case(path, case, bundles))
+        except CaseError as exc:  # a file the case names: every such case listed, then exit 2
+            problems += exc.problems
+    if problems:
+        raise CliError("invalid test cases:\n" + "\n".join(problems))
+    if args.output == "junit":
+        print(casereport.junit(results))
+    elif args.output == "text":
+        print(casereport.text(results))
+    else:
+        print(dump(casereport.as_json(results), args.output))
+    return EXIT_DENIED if any(not r.passed for r in results) else EXIT_OK
 
 
 def cmd_policy_explain(args: argparse.Namespace) -> int:
@@ -233,6 +264,56 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
     return _strict(EXIT_OK, decisions, args)
 
 
+def _existing_jobs(args: argparse.Namespace, namespace: str | None) -> list[dict]:
+    """The jobs to audit: from the cluster with --kubeconfig, else the TrainJobs and MPIJobs in --cluster-state."""
+    if not args.kubeconfig:
+        objects = [obj for path in args.cluster_state or [] for obj in _objects(path)]
+        return [obj for obj in objects if obj.get("kind") in ("TrainJob", "MPIJob")
+                and (namespace is None or (obj.get("metadata") or {}).get("namespace") == namespace)]
+    from .audit import read_jobs, using  # the Kubernetes client: only with --kubeconfig (start-up time)
+
+    return _from_cluster(args.kubeconfig, lambda: using(args.kubeconfig, lambda api: read_jobs(api, namespace)))
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from policies import audit
+
+    if not args.kubeconfig and (args.write_reports or not args.cluster_state):
+        raise CliError("audit reads the jobs from --kubeconfig K (or offline from --cluster-state F); "
+                       "--write-reports needs --kubeconfig")
+    namespace = None if args.all_namespaces else args.namespace
+    bundles = _review_bundles(args)
+    found = audit.audit(_existing_jobs(args, namespace), bundles, _states(args))
+    if args.output == "text":
+        print(audit.as_text(found))
+    elif args.output == "csv":
+        print(audit.as_csv(found))
+    elif args.output == "policyreport":
+        print(dump({"apiVersion": "v1", "kind": "List", "items": audit.policy_reports(found)}, "yaml"))
+    else:
+        print(dump(audit.as_json(found), args.output))
+    if args.write_reports:
+        _write_reports(args, audit.policy_reports(found), namespace)
+    return EXIT_DENIED if found.failed else EXIT_OK
+
+
+def _write_reports(args: argparse.Namespace, reports: list[dict], namespace: str | None) -> None:
+    from .audit import ReportsNotServed, using, write_reports
+    from .kube.client import ApiError
+
+    try:
+        deleted = _from_cluster(args.kubeconfig, lambda: using(args.kubeconfig,
+                                                               lambda api: write_reports(api, reports, namespace)))
+    except ReportsNotServed as exc:
+        raise CliError(str(exc), EXIT_NOT_FOUND) from None
+    except ApiError as exc:
+        raise CliError(f"{exc}: --write-reports needs get, list, create, update and delete on "
+                       "policyreports.wgpolicyk8s.io in the namespaces audited", EXIT_UNREACHABLE) from None
+    written = ", ".join(f"{r['metadata']['namespace']}/{r['metadata']['name']}" for r in reports) or "none"
+    print(f"PolicyReports written: {written}" + (f"; deleted: {', '.join(deleted)}" if deleted else ""),
+          file=sys.stderr)
+
+
 def _add_review_inputs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-f", "--file", required=True, metavar="FILE|DIR|-",
                         help="the TrainJob or MPIJob (YAML or JSON; several documents or a List decide each job), "
@@ -246,7 +327,8 @@ def _add_review_inputs(parser: argparse.ArgumentParser) -> None:
                         help="objects as `kubectl get -o yaml` prints them: runtimes, Namespace, ResourceQuotas, "
                              "LimitRanges, RuntimeClasses, PriorityClasses, StorageClasses, Nodes and the Pods "
                              "bound to them (the schedulability pre-check; without Pods, no 'busy now' warning), "
-                             "a job's <job>-runtime-snapshot ConfigMap for --operation UPDATE (repeatable)")
+                             "a job's <job>-runtime-snapshot ConfigMap for --operation UPDATE, PolicyExceptions "
+                             "(repeatable)")
     source.add_argument("--kubeconfig", metavar="K", help="read runtimes, namespace, quotas, LimitRanges, the Runtime-, Priority- "
                                                           "and StorageClasses, Nodes and Pods (when the user may list "
                                                           "them) and PolicyBundles from a live cluster "
@@ -283,6 +365,40 @@ exit codes: 0 allowed/ok, 1 denied or failed tests, 2 invalid input or bundle, 3
 """
 
 
+def _add_audit_command(commands: argparse._SubParsersAction) -> None:
+    audit = commands.add_parser(
+        "audit", help="judge every existing TrainJob and MPIJob against the current bundles (PolicyReports)",
+        description="Judge the jobs that exist as if each were submitted now (CREATE, the live runtime, no "
+                    "mutations), with the bundles and cluster state review would use. Exit 0 no failure, 1 some "
+                    "job fails a rule (or a rule could not be judged).",
+        epilog="examples:\n"
+               "  trainjob-admission audit --kubeconfig ~/.kube/config -A\n"
+               "  trainjob-admission audit --kubeconfig ~/.kube/config -n team-a --bundle draft.yaml -o csv\n"
+               "  trainjob-admission audit --kubeconfig ~/.kube/config --write-reports\n"
+               "  trainjob-admission audit --cluster-state jobs-and-state.yaml -o policyreport",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    audit.add_argument("--bundle", action="append", metavar="PATH",
+                       help="bundle file, directory or builtin:NAME (repeatable), as for review: with --kubeconfig "
+                            "added to the cluster's PolicyBundles")
+    audit.add_argument("--bundle-selector", metavar="SEL", help="with --kubeconfig: only PolicyBundles with these labels")
+    source = audit.add_mutually_exclusive_group()
+    source.add_argument("--kubeconfig", metavar="K", help="read the jobs, the cluster state and the PolicyBundles "
+                                                          "from this cluster, as review does")
+    source.add_argument("--cluster-state", action="append", metavar="F",
+                        help="offline: the jobs (TrainJobs, MPIJobs) and the state as `kubectl get -o yaml` prints "
+                             "them (repeatable)")
+    scope = audit.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", help="only this namespace's jobs")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace's jobs (the default)")
+    audit.add_argument("-o", "--output", choices=["text", "json", "yaml", "csv", "policyreport"], default="text",
+                       help="text (failures, warnings and errors), json/yaml/csv (every result), policyreport (the "
+                            "PolicyReports --write-reports would write, as YAML)")
+    audit.add_argument("--write-reports", action="store_true",
+                       help="with --kubeconfig: write one PolicyReport (wgpolicyk8s.io/v1alpha2) named "
+                            "trainjob-admission per namespace with jobs, and delete ours where none is left")
+    audit.set_defaults(func=cmd_audit)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trainjob-admission",
@@ -305,19 +421,22 @@ def build_parser() -> argparse.ArgumentParser:
                                       epilog=f"built-in bundles: {DEFAULT_BUNDLE} and any other builtin:NAME of the package's "
                                              "policies/bundles/")
     lint.add_argument("paths", nargs="+", metavar="PATH")
+    add_output_flag(lint)
     lint.set_defaults(func=cmd_policy_lint)
-    test = policy_commands.add_parser("test", help="run test cases (object + expected decision and messages)",
-                                      epilog="example: trainjob-admission policy test builtin:default bundles/ --cases cases/\n"
-                                             "case format: see `policies/cases.py`")
+    test = policy_commands.add_parser("test", help="run test cases (a job, who submits it, and what must come back)",
+                                      epilog="example: trainjob-admission policy test builtin:default bundles/ --cases cases/ "
+                                             "-o junit > report.xml\n"
+                                             "case format: docs/admin-guide.md, section Test cases")
     test.add_argument("paths", nargs="+", metavar="PATH",
                       help="bundle files, directories or builtin:NAME, decided together as the service would")
-    test.add_argument("--cases", required=True, metavar="DIR")
-    add_output_flag(test)
+    test.add_argument("--cases", required=True, metavar="DIR", help="a case file or a directory of them (*.yaml)")
+    add_output_flag(test, "junit")
     test.set_defaults(func=cmd_policy_test)
     explain = policy_commands.add_parser("explain", help="every rule's result on an object")
     _add_review_inputs(explain)
     explain.set_defaults(func=cmd_policy_explain)
 
+    _add_audit_command(commands)
     register_server_commands(commands)  # serve, demo, decisions, certs
     return parser
 

@@ -241,7 +241,7 @@ def register_server_commands(commands: argparse._SubParsersAction) -> None:
                                                       "webhookTimeoutSeconds, "
                                                       "kubeconfig, bundleSelector, reconcileNamespaces, creationRate, "
                                                       "creationBurst, provenanceKeyFile, checkpointKey, "
-                                                      "checkpointFile, checkpointNamespace")
+                                                      "checkpointFile, checkpointNamespace, auditInterval")
     serve.add_argument("--bundle", action="append", metavar="PATH",
                        help="bundle file/dir or builtin:NAME; watched for changes (default: builtin:default, or with "
                             "a cluster only its PolicyBundle objects)")
@@ -299,6 +299,11 @@ def register_server_commands(commands: argparse._SubParsersAction) -> None:
                        help="the webhook configurations' timeoutSeconds (default 10, as in manifests/base/webhooks.yaml; "
                             "config key webhookTimeoutSeconds). Each request's evaluation and API calls must end 2 s "
                             "before it: the service then answers with the failure mode and creates nothing more")
+    serve.add_argument("--audit-interval", type=float, metavar="SECONDS",
+                       help="with a cluster: every SECONDS (at least 60; default: never) judge every TrainJob and "
+                            "MPIJob against the bundles in force, as `trainjob-admission audit` does, and write "
+                            "the PolicyReports (needs components/background-audit's role). One job at a time "
+                            "beside the reviews; between scans it costs nothing")
     serve.add_argument("--insecure-http", action="store_true", help=argparse.SUPPRESS)
     serve.set_defaults(func=cmd_serve)
 

@@ -11,24 +11,20 @@ import json
 import ssl
 import tempfile
 import uuid
-from importlib import resources
-from importlib.abc import Traversable
 from pathlib import Path
 
 import aiohttp
 import jsonpatch
 
 from certs.issue import issue
-from policies.state import ClusterState, parse_objects
 
 from .admission import API_VERSION
 from .decisionlog import DecisionLog, verify
 from .decisionlog.checkpoint import KEY_FILE, PUBLIC_KEY_FILE, create_key_pair
 from .kube.resources import JOB_RESOURCES
+from .sampledata import sample_job, sample_state
 from .server import ServerConfig, WebhookServer
 
-# Package data, so that the demo runs from a wheel and in the image; examples/ links to it for the docs.
-SAMPLE_DATA = resources.files("webhook").joinpath("samples")
 SAMPLES = ["allowed.yaml", "over-quota.yaml", "too-many-gpus.yaml", "too-many-workers.yaml", "privileged.yaml",
            "legacy-mpijob.yaml"]
 
@@ -51,18 +47,6 @@ def admission_review(obj: dict, user: str = "alice") -> dict:
             "dryRun": False,
         },
     }
-
-
-def _objects(resource: Traversable) -> list[dict]:
-    return parse_objects(resource.read_text(encoding="utf-8"), f"samples/{resource.name}")
-
-
-def sample_state() -> ClusterState:
-    objects = _objects(SAMPLE_DATA / "cluster-state.yaml")
-    for runtime in sorted((SAMPLE_DATA / "runtimes").iterdir(), key=lambda r: r.name):
-        if runtime.name.endswith(".yaml"):
-            objects += _objects(runtime)
-    return ClusterState.from_objects(objects)
 
 
 async def submit(session: aiohttp.ClientSession, base: str, obj: dict) -> tuple[dict, dict]:
@@ -110,7 +94,7 @@ async def run_demo(workdir: Path) -> int:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_tls)) as session:
             base = f"https://127.0.0.1:{port}"
             for name in SAMPLES:
-                [obj] = _objects(SAMPLE_DATA / "jobs" / name)
+                obj = sample_job(name)
                 mutated, validated = await submit(session, base, obj)
                 print(show(name, obj, mutated, validated), "\n")
             async with session.get(f"{base}/metrics") as reply:

@@ -48,6 +48,7 @@ class DecisionRecord:
     injections: list[dict] | Unset = UNSET
     job: dict | None | Unset = UNSET
     facts: dict | Unset = UNSET  # what checks learned beside the verdict (Decision.facts), when any
+    auditAnnotations: dict | Unset = UNSET  # the bundles' auditAnnotations (Decision.audit_annotations), when any
     error: str | Unset = UNSET
     httpStatus: int | Unset = UNSET
     # {authenticated, subject, address} of who sent the request (webhook/callers.py); set by the
@@ -96,7 +97,8 @@ class DecisionRecord:
                    dryRun=parsed.request.dry_run, bundles=decision.bundles, rules=_rules(decision),
                    messages=[m["message"] for m in decision.messages], warnings=decision.warnings,
                    patch=[{"op": op["op"], "path": op["path"]} for op in decision.patch] if mutate else [],
-                   injections=injected or planned, job=_totals(decision), facts=decision.facts or UNSET)
+                   injections=injected or planned, job=_totals(decision), facts=decision.facts or UNSET,
+                   auditAnnotations=decision.audit_annotations or UNSET)
 
     def as_log_fields(self) -> dict[str, Any]:
         """The fields this record has, as the log writes them (it adds time, seq, prev, digest)."""

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from policies.state import StateError, load_objects
 
 from .cli_errors import EXIT_INVALID, EXIT_NOT_FOUND, CliError
+from .auditscan import MIN_INTERVAL
 from .deadline import MARGIN
 from .decisionlog.checkpoint import CheckpointError, load_private_key
 from .provenance import ProvenanceKeyError, load_provenance
@@ -51,6 +52,7 @@ class ServeFile(BaseModel):
     checkpointFile: str | None = None
     checkpointNamespace: str | None = None
     provenanceKeyFile: str | None = None
+    auditInterval: float | None = Field(default=None, ge=MIN_INTERVAL)  # seconds; unset: no background audit
 
 
 @dataclass
@@ -109,6 +111,7 @@ def from_args(args: argparse.Namespace) -> ServeOptions:
     if namespaces and not with_cluster:
         raise CliError("--reconcile-namespace limits what the service creates and deletes in a cluster; "
                        "use it with --kubeconfig or --in-cluster", EXIT_INVALID)
+    audit_interval = _audit_interval(args, file, with_cluster)
     if system := sorted(SYSTEM_NAMESPACES.intersection(namespaces)):
         raise CliError(f"--reconcile-namespace {', '.join(system)}: the service never injects into or deletes "
                        f"from {', '.join(sorted(SYSTEM_NAMESPACES))}; remove it", EXIT_INVALID)
@@ -157,12 +160,26 @@ def from_args(args: argparse.Namespace) -> ServeOptions:
             raise CliError(str(exc), EXIT_INVALID) from None
         return ServeOptions(server, ClusterOptions(kubeconfig, args.bundle_selector or file.bundleSelector,
                                                    tuple(namespaces), provenance,
-                                                   args.checkpoint_namespace or file.checkpointNamespace))
+                                                   args.checkpoint_namespace or file.checkpointNamespace,
+                                                   audit_interval))
     try:
         objects = [obj for path in args.cluster_state or [] for obj in load_objects(path)]
     except StateError as exc:
         raise CliError(str(exc), EXIT_INVALID) from None
     return ServeOptions(server, objects=objects)
+
+
+def _audit_interval(args: argparse.Namespace, file: ServeFile, with_cluster: bool) -> float | None:
+    """Seconds between background audits (webhook/auditscan.py), None for none."""
+    value = args.audit_interval if args.audit_interval is not None else file.auditInterval
+    if value is None:
+        return None
+    if not with_cluster:
+        raise CliError("--audit-interval scans the cluster's jobs and writes PolicyReports to it; use it with "
+                       "--kubeconfig or --in-cluster (offline: trainjob-admission audit --cluster-state)", EXIT_INVALID)
+    if value < MIN_INTERVAL:
+        raise CliError(f"--audit-interval must be at least {MIN_INTERVAL:g} seconds, got {value:g}", EXIT_INVALID)
+    return value
 
 
 def _webhook_timeout(args: argparse.Namespace, file: ServeFile) -> float:

@@ -21,6 +21,7 @@ from typing import Awaitable, Callable
 from policies.reservations import Reservations, state_of
 from policies.state import ClusterState
 
+from .auditscan import BackgroundAudit
 from .bundles import BundleRegistry
 from .checkpointer import LeaseStore
 from .clusterbundles import ClusterBundles
@@ -49,6 +50,7 @@ class ClusterOptions:
     namespaces: tuple[str, ...] = ()  # injection and reconciliation only there (default: all)
     provenance: Provenance = field(default_factory=Provenance.ephemeral)  # signs and checks what we inject
     checkpoint_namespace: str | None = None  # the decision log's checkpoint Leases (default: our own namespace)
+    audit_interval: float | None = None  # seconds between background audits (webhook/auditscan.py); None: off
 
 
 class ClusterSync:
@@ -129,6 +131,9 @@ async def _start_with_cluster(config: ServerConfig, options: ClusterOptions,
              asyncio.create_task(DeadlineWarnings(api, also=(jobs,)).run(), name="deadline warnings")] + [
         asyncio.create_task(_when_ready(ready, r.run), name=f"reconciler ({r.namespace or 'all namespaces'})")
         for r in reconcilers]
+    if options.audit_interval:
+        scan = BackgroundAudit(api, server.registry, state, options.audit_interval)
+        tasks.append(asyncio.create_task(_when_ready(ready, scan.run), name="background audit"))
     for task in tasks:
         task.add_done_callback(_report_crash)
         cleanup.push_async_callback(_cancel, task)

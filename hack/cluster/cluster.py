@@ -953,15 +953,26 @@ def mpijob_crd_file() -> Path:
 
 def install_mpijob_crd(kubeconfig=ADMIN_KUBECONFIG) -> str:
     """Apply the MPIJob CRD (idempotent; `up` does it too) and wait until it is served."""
-    crd = _yaml_docs(mpijob_crd_file())[0]
+    return install_crd(mpijob_crd_file(), kubeconfig)
+
+
+def install_crd(path: Path, kubeconfig=ADMIN_KUBECONFIG) -> str:
+    """Apply the CRD in ``path`` (idempotent) and wait until its group is in discovery."""
+    crd = _yaml_docs(path)[0]
     apply_objects([crd], kubeconfig=kubeconfig, server_side=True)
-    name = crd["metadata"]["name"]
+    name, group = crd["metadata"]["name"], crd["spec"]["group"]
     kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}", kubeconfig=kubeconfig,
             timeout=90)
-    _wait("kubeflow.org/v2beta1 mpijobs in discovery", lambda: kubectl(
-        "api-resources", "--api-group=kubeflow.org", "-o", "name", kubeconfig=kubeconfig,
+    _wait(f"{name} in discovery", lambda: kubectl(
+        "api-resources", f"--api-group={group}", "-o", "name", kubeconfig=kubeconfig,
         check=False).stdout.strip(), 60)
     return name
+
+
+def policyreport_crd_file() -> Path:
+    """The wgpolicyk8s.io/v1alpha2 PolicyReport CRD (what `trainjob-admission audit --write-reports`
+    writes) from the pinned Kyverno module: the proxy serves no sigs.k8s.io/wg-policy-prototypes."""
+    return own_module_dir("kyverno") / "config" / "crds" / "policyreport" / "wgpolicyk8s.io_policyreports.yaml"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -34,6 +34,8 @@ NS = "trainjob-admission"
 SA = f"system:serviceaccount:{NS}:trainjob-admission"
 CRD = "policybundles.policy.trainjob-admission.io"
 CRD_FILE = REPO / "manifests/base/policybundle-crd.yaml"  # applied first, as docs/deploy.md says
+EXCEPTION_CRD = "policyexceptions.policy.trainjob-admission.io"
+CRD_FILES = {CRD: CRD_FILE, EXCEPTION_CRD: REPO / "manifests/base/policyexception-crd.yaml"}
 MANAGED_BY = ("app.kubernetes.io/managed-by", "trainjob-admission")
 TEST_LABEL = "trainjob-admission.io/manifest-test"
 CLI = Path(sys.executable).parent / "trainjob-admission"
@@ -136,11 +138,14 @@ def test_default_bundle_is_the_one_in_policies():
 def test_base_holds_exactly_the_service(base):
     inventory = {(d["kind"], d["metadata"]["name"]) for d in base}
     assert inventory == {
-        ("Namespace", NS), ("CustomResourceDefinition", CRD), ("ServiceAccount", "trainjob-admission"),
+        ("Namespace", NS), ("CustomResourceDefinition", CRD), ("CustomResourceDefinition", EXCEPTION_CRD),
+        ("ServiceAccount", "trainjob-admission"),
         ("ClusterRole", "trainjob-admission-reader"), ("ClusterRole", "trainjob-admission-injector"),
         ("ClusterRoleBinding", "trainjob-admission-reader"),
         ("ClusterRole", "trainjob-admission-admin"), ("ClusterRole", "trainjob-admission-auditor"),
         ("ClusterRoleBinding", "trainjob-admission-admins"), ("ClusterRoleBinding", "trainjob-admission-auditors"),
+        ("ClusterRole", "trainjob-admission-exception-admin"),
+        ("ClusterRoleBinding", "trainjob-admission-exception-admins"),
         ("Role", "trainjob-admission-decision-log-reader"), ("RoleBinding", "trainjob-admission-auditors"),
         ("Role", "trainjob-admission-checkpoint"), ("RoleBinding", "trainjob-admission-checkpoint"),
         ("ValidatingAdmissionPolicy", "trainjob-admission-managed-objects-only"),
@@ -253,6 +258,7 @@ def test_base_rbac_is_least_privilege(base):
             "localqueues", "clusterqueues", "cohorts", "resourceflavors", "workloadpriorityclasses")},
         ("policy.trainjob-admission.io", "policybundles"): {"get", "list", "watch"},
         ("policy.trainjob-admission.io", "policybundles/status"): {"patch"},
+        ("policy.trainjob-admission.io", "policyexceptions"): {"list", "watch"},  # never write a waiver
     }
     have: dict = {}
     for r in rules:
@@ -474,8 +480,9 @@ def installed(control_plane, tmp_path_factory) -> Installed:
         "resources": ["../manifests/overlays/local-ca"],
         "labels": [{"pairs": {TEST_LABEL: run}}],
         "patches": [
-            {"patch": yaml.safe_dump({"$patch": "delete", "apiVersion": "apiextensions.k8s.io/v1",
-                                      "kind": "CustomResourceDefinition", "metadata": {"name": CRD}})},
+            *({"patch": yaml.safe_dump({"$patch": "delete", "apiVersion": "apiextensions.k8s.io/v1",
+                                       "kind": "CustomResourceDefinition", "metadata": {"name": name}})}
+              for name in CRD_FILES),
             {"target": {"group": "admissionregistration.k8s.io", "kind": "(Mutating|Validating)WebhookConfiguration",
                         "name": "trainjob-admission"},
              "patch": json.dumps([{"op": "replace", "path": "/webhooks/0/namespaceSelector", "value": narrow}])},
@@ -487,9 +494,10 @@ def installed(control_plane, tmp_path_factory) -> Installed:
         assert [h["namespaceSelector"] for h in find(docs, kind, "trainjob-admission")["webhooks"]] == [narrow]
     assert not any(d["kind"] == "CustomResourceDefinition" for d in docs)
 
-    if not _exists("crd", CRD, None):
-        cluster.kubectl("apply", "-f", CRD_FILE)
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD}")
+    for name, file in CRD_FILES.items():
+        if not _exists("crd", name, None):
+            cluster.kubectl("apply", "-f", file)
+        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
     _wait_until_free()
     ours = [d for d in docs if not _exists(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace"))]
     try:
@@ -634,6 +642,14 @@ def test_people_roles(installed, kubectl, user_a_kubeconfig):
         assert can_i(kubectl, verb, bundles, *admin), verb
     assert not can_i(kubectl, "get", "secrets", "-n", NS, *admin)
     assert not can_i(kubectl, *log, *admin)
+    # PolicyExceptions: admins grant them, auditors read them, alice (edit in team-a) neither
+    exceptions = "policyexceptions.policy.trainjob-admission.io"
+    for verb in ("create", "patch", "delete"):
+        assert can_i(kubectl, verb, exceptions, "-n", "team-a", *admin), verb
+        assert not can_i(kubectl, verb, exceptions, "-n", "team-a", kubeconfig=user_a_kubeconfig), verb
+        assert not can_i(kubectl, verb, exceptions, "-n", "team-a", *auditor), verb
+    assert can_i(kubectl, "list", exceptions, "-A", *auditor)
+    assert not can_i(kubectl, "create", exceptions, "-n", "team-a", f"--as={SA}")  # the service only reads them
 
 
 def test_guard_lets_the_service_account_write_only_managed_objects(installed, kubectl, namespace, wait_for):

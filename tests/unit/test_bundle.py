@@ -41,16 +41,19 @@ def test_cel_syntax_error_names_rule_field_and_position(build):
     assert problem.bundle == "broken-syntax"
     assert problem.rule == "unbalanced"
     assert problem.field == "expression"
-    assert problem.line == 1 and problem.column is not None and problem.column > 1
+    # the file's line, and a column inside the quoted expression (which starts at column 20)
+    assert problem.line == 11 and problem.column is not None and problem.column > 20
     assert "syntax error" in problem.message
     text = str(problem)
-    assert "cel-syntax-error.yaml" in text and "rule unbalanced" in text and f"line 1, column {problem.column}" in text
+    assert f"cel-syntax-error.yaml:11:{problem.column}: bundle broken-syntax: rule unbalanced: expression:" in text
 
 
 def test_unknown_variable_names_rule_and_position(build):
     (problem,) = _problems(build, "cel-unknown-variable.yaml")
     assert problem.rule == "typo-in-variable"
-    assert (problem.line, problem.column) == (2, 3)  # `trainjob` on the second line of the expression
+    # a double-quoted string over two lines: the file position of the string, and the expression's own
+    assert (problem.line, problem.column) == (8, 20)
+    assert problem.message.endswith("(expression line 2, column 3)")  # `trainjob` on its second line
     assert "undeclared reference to 'trainjob'" in problem.message
     assert "job" in problem.message  # lists the variables that exist
 
@@ -91,7 +94,7 @@ def test_schema_error_inside_a_rule_names_the_rule(build):
     with pytest.raises(BundleError) as info:
         compile_document(doc, "inline")
     (problem,) = info.value.problems
-    assert problem.rule == "sev" and problem.field == "spec.validations[0].severity"
+    assert problem.rule == "sev" and problem.field == "severity"
 
 
 @pytest.mark.parametrize("spec, field", [

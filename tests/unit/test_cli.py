@@ -42,6 +42,7 @@ CALLS: dict[str, list[str]] = {
     "lint-examples": ["policy", "lint", "examples/bundles", "builtin:default"],
     "lint-mixed": ["policy", "lint", f"{BUNDLES}/good.yaml", f"{BUNDLES}/cel-unknown-variable.yaml"],
     "lint-missing": ["policy", "lint", "nope.yaml"],
+    "lint-json": ["policy", "lint", f"{BUNDLES}/good.yaml", f"{BUNDLES}/cel-unknown-variable.yaml", "-o", "json"],
     "test-default": ["policy", "test", "builtin:default", "--cases", "examples/cases/default"],
     "test-production": ["policy", "test", "examples/bundles/production.yaml", "--cases", "examples/cases/production"],
     "test-wrong": ["policy", "test", "builtin:default", "--cases", "tests/unit/fixtures/cases"],
@@ -197,8 +198,8 @@ def test_errors_have_their_exit_codes(cli, name, code, words):
 def test_lint_syntax_error_names_rule_and_position(cli):
     result = cli["lint-syntax"]
     assert result.returncode == 2
-    assert "ERROR tests/unit/fixtures/bundles/cel-syntax-error.yaml: bundle broken-syntax: rule unbalanced: " \
-           "expression: line 1, column " in result.stdout
+    assert "ERROR tests/unit/fixtures/bundles/cel-syntax-error.yaml:11:47: bundle broken-syntax: rule unbalanced: " \
+           "expression: syntax error" in result.stdout
     assert "syntax error" in result.stdout
     assert "rule fine" not in result.stdout  # the good rule is not blamed
 
@@ -206,8 +207,9 @@ def test_lint_syntax_error_names_rule_and_position(cli):
 def test_lint_unknown_variable_names_rule_and_position(cli):
     result = cli["lint-variable"]
     assert result.returncode == 2
-    assert ("rule typo-in-variable: expression: line 2, column 3: undeclared reference to 'trainjob'"
-            in result.stdout)
+    assert ("cel-unknown-variable.yaml:8:20: bundle broken-variable: rule typo-in-variable: expression: "
+            "undeclared reference to 'trainjob'" in result.stdout)
+    assert "(expression line 2, column 3)" in result.stdout
 
 
 def test_lint_schema_errors_exit_2_and_name_the_field(cli):
@@ -218,8 +220,8 @@ def test_lint_schema_errors_exit_2_and_name_the_field(cli):
     expected = {
         "unknown-field.yaml": "bundle broken-field: spec.checks.gpu.maxPerWorkr: unknown field",
         "bad-mode.yaml": "bundle broken-mode: spec.mode: Input should be 'enforce' or 'audit', got 'dryrun'",
-        "duplicate-rules.yaml": "bundle broken-duplicates: spec: Value error, rule name 'limit' is used twice",
-        "fips-ed25519.yaml": "bundle broken-fips: spec.injections.sshKey: Value error, key type ed25519 is not "
+        "duplicate-rules.yaml": "bundle broken-duplicates: spec: rule name 'limit' is used twice",
+        "fips-ed25519.yaml": "bundle broken-fips: spec.injections.sshKey: key type ed25519 is not "
                              "allowed with fips: true",
     }
     for file, words in expected.items():
@@ -246,6 +248,18 @@ def test_lint_reports_good_and_bad_and_fails(cli):
     assert result.returncode == 2
     assert "OK    tests/unit/fixtures/bundles/good.yaml" in result.stdout
     assert "ERROR tests/unit/fixtures/bundles/cel-unknown-variable.yaml" in result.stdout
+
+
+def test_lint_json_lists_errors_and_bundles(cli):
+    result = cli["lint-json"]
+    assert result.returncode == 2, out(result)
+    body = json.loads(result.stdout)
+    assert body["ok"] is False
+    assert [(e["source"], e["bundle"], e["rule"]) for e in body["errors"]] == [
+        (f"{BUNDLES}/cel-unknown-variable.yaml", "broken-variable", "typo-in-variable")]
+    assert "trainjob" in body["errors"][0]["message"]
+    assert [(b["source"], b["name"], b["rules"], b["warnings"]) for b in body["bundles"]] == [
+        (f"{BUNDLES}/good.yaml", "good", 1, [])]
 
 
 # --- policy test / explain --------------------------------------------------------------------

@@ -412,6 +412,13 @@ def test_bundle_reference_names_each_built_in_check_by_its_rule() -> None:
         assert f"rule `{check.rule}`" in rows[f"spec.checks.{check.setting}"][3], check
 
 
+def test_built_in_rules_table_lists_every_rule_a_cel_rule_may_not_take() -> None:
+    """docs/admin-guide.md "Built-in rules" against policies/rulenames.py (which bundles refuse)."""
+    from policies.rulenames import BUILTIN_RULES
+
+    assert [row[0].strip("`") for row in doc_table("docs/admin-guide.md", "Built-in rules")] == list(BUILTIN_RULES)
+
+
 def test_serve_settings_table_matches_the_config_schema() -> None:
     """docs/deploy.md "Server settings" against webhook.settings.ServeFile and serve's flags."""
     from webhook.cli import build_parser

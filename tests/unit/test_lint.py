@@ -10,8 +10,8 @@ def test_a_rule_without_message_is_a_warning(make_bundle):
         {"name": "static", "expression": "true", "message": "m"},
         {"name": "rendered", "expression": "true", "messageExpression": "'m'"},
     ]})
-    assert lint(bundle) == [LintWarning("<test>", "test", "silent", "no message; submitters will only see the expression")]
-    assert str(lint(bundle)[0]) == "<test>: bundle test: rule silent: no message; submitters will only see the expression"
+    assert lint(bundle) == [LintWarning("<test>", "test", "silent", "no message; submitters will only read that the job fails this rule")]
+    assert str(lint(bundle)[0]) == "<test>: bundle test: rule silent: no message; submitters will only read that the job fails this rule"
 
 
 def test_the_shipped_bundles_lint_clean(default, production):

@@ -35,9 +35,12 @@ LOCAL_QUEUES = Resource("LocalQueue", KUEUE, "localqueues")
 KUEUE_RESOURCES = (LOCAL_QUEUES, Resource("ClusterQueue", KUEUE, "clusterqueues"), Resource("Cohort", KUEUE, "cohorts"),
                    Resource("ResourceFlavor", KUEUE, "resourceflavors"),
                    Resource("WorkloadPriorityClass", KUEUE, "workloadpriorityclasses"))
+# Admins' waivers of named rules for named jobs (policies/exceptions.py); without the CRD, none.
+POLICY_EXCEPTIONS = Resource("PolicyException", "policy.trainjob-admission.io/v1alpha1", "policyexceptions")
 # What evaluate reads.
 STATE_RESOURCES = (CLUSTER_TRAINING_RUNTIMES, TRAINING_RUNTIMES, NAMESPACES, RESOURCE_QUOTAS, LIMIT_RANGES,
-                   RUNTIME_CLASSES, PRIORITY_CLASSES, STORAGE_CLASSES, NODES, PODS, *KUEUE_RESOURCES)
+                   RUNTIME_CLASSES, PRIORITY_CLASSES, STORAGE_CLASSES, NODES, PODS, *KUEUE_RESOURCES,
+                   POLICY_EXCEPTIONS)
 # Of the pods, only those on a node and not finished (a pod that finishes leaves the watch as DELETED).
 FIELD_SELECTORS = {PODS: "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"}
 
@@ -57,6 +60,10 @@ INJECTED = {r.kind: r for r in (SECRETS, NETWORK_POLICIES)}
 # Where each replica writes its decision log's signed checkpoint (webhook/checkpointer.py):
 # get, create and patch in the service's own namespace only.
 LEASES = Resource("Lease", "coordination.k8s.io/v1", "leases")
+
+# The background audit's results (webhook/audit.py), one per namespace: the format Kyverno and
+# Policy Reporter read; its CRD comes with them.
+POLICY_REPORTS = Resource("PolicyReport", "wgpolicyk8s.io/v1alpha2", "policyreports")
 
 # The jobs we decide, by kind, as (group, version, plural): TrainJob, and the legacy v2beta1 MPIJob.
 JOB_RESOURCES = {"TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),

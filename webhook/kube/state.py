@@ -7,7 +7,7 @@ from policies.state import ClusterState
 from .client import ApiError, ClusterUnreachable, KubeApi, api_client, call_json, clean, list_all
 from .resources import (CLUSTER_TRAINING_RUNTIMES, FIELD_SELECTORS, KUEUE_RESOURCES, LIMIT_RANGES, LOCAL_QUEUES,
                         NAMESPACES, NODES, PODS,
-                        PRIORITY_CLASSES, RESOURCE_QUOTAS, RUNTIME_CLASSES, STATE_RESOURCES, STORAGE_CLASSES,
+                        POLICY_EXCEPTIONS, PRIORITY_CLASSES, RESOURCE_QUOTAS, RUNTIME_CLASSES, STATE_RESOURCES, STORAGE_CLASSES,
                         TRAINING_RUNTIMES, Resource)
 from .watch import Watcher
 
@@ -47,6 +47,8 @@ def read_state(kubeconfig: str, namespace: str) -> ClusterState:
             objects += _listed(api, resource, ns, absent=(404,)) or []  # 404: the Trainer CRDs (or node.k8s.io) are not served
         nodes = _listed(api, NODES, None, absent=(403, 404)) or []
         pods = _listed(api, PODS, None, absent=(403, 404)) if nodes else None
+        # the namespace's PolicyExceptions: none without the CRD, or when the user may not list them
+        objects += _listed(api, POLICY_EXCEPTIONS, namespace, absent=(403, 404)) or []
         kueue = {r.kind: _kueue_objects(api, r, namespace if r is LOCAL_QUEUES else None) for r in KUEUE_RESOURCES}
         try:
             objects.append(clean(NAMESPACES, call_json(api, "GET", NAMESPACES.path(name=namespace))))
