@@ -13,8 +13,6 @@ one. Finished jobs and jobs being deleted are not judged.
 from __future__ import annotations
 
 import copy
-import csv
-import io
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -170,7 +168,13 @@ def audit(jobs: Iterable[dict], bundles: list[Bundle], state: Callable[[str], Cl
                             "name": meta.get("name", ""), "reason": reason})
             continue
         judged += 1
-        results += audit_job(obj, bundles, state(str(meta.get("namespace") or "")), submitter)
+        try:
+            results += audit_job(obj, bundles, state(str(meta.get("namespace") or "")), submitter)
+        except Exception as exc:  # noqa: BLE001 - one job the engine cannot judge must not end the scan
+            namespace, kind, name = _job_key(obj)
+            results.append(AuditResult(namespace, kind, name, str(meta.get("uid", "")), str(obj.get("apiVersion", "")),
+                                       "trainjob-admission", "audit", "error",
+                                       f"could not be judged ({type(exc).__name__})"))
         between()
     return Audit(results, skipped, judged)
 
@@ -196,14 +200,9 @@ def _row(result: AuditResult) -> dict:
 CSV_COLUMNS = ("namespace", "kind", "name", "bundle", "rule", "result", "message")
 
 
-def as_csv(found: Audit) -> str:
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
-    for result in found.results:
-        row = _row(result)
-        writer.writerow([row[column] for column in CSV_COLUMNS])
-    return out.getvalue().rstrip("\n")
+def csv_rows(found: Audit) -> list[list]:
+    """Every result as a row of CSV_COLUMNS (``-o csv``; the CLI escapes and writes them)."""
+    return [[row[column] for column in CSV_COLUMNS] for row in map(_row, found.results)]
 
 
 def as_text(found: Audit) -> str:

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from . import bundlecel, imageref
+from . import bundlecel, custommutations, imageref
 from .cel import CompiledExpression, Fields, merged_reads
 from .resources import DEFAULT_ACCELERATORS, QuantityError, to_decimal
 from .yamlpos import Anchor, locate
@@ -90,7 +90,7 @@ class MatchCondition(Strict):
 
 
 class AuditAnnotation(Strict):
-    """A value for the API server's audit log, returned in the AdmissionResponse as ``<bundle>/<key>``."""
+    """A value for the API server's audit log, returned in the AdmissionResponse as ``<bundle>.<key>``."""
 
     key: QualifiedName
     valueExpression: str
@@ -406,12 +406,44 @@ class NodeTargetingMutation(Strict):
     productAnnotation: str = Field(default="trainjob-admission.io/gpu-product", min_length=1, max_length=316)
 
 
+class PatchExpression(Strict):
+    """A CEL expression that computes a patch (MutatingAdmissionPolicy's JSONPatch and ApplyConfiguration)."""
+
+    expression: str
+
+
+class CustomMutation(Strict):
+    """An admin-written mutation, as MutatingAdmissionPolicy writes one (policies/custommutations.py)."""
+
+    name: QualifiedName
+    matchConditions: list[MatchCondition] = Field(default_factory=list, max_length=64)
+    patchType: Literal["JSONPatch", "ApplyConfiguration"]
+    jsonPatch: PatchExpression | None = None
+    applyConfiguration: PatchExpression | None = None
+
+    @model_validator(mode="after")
+    def _one_patch(self) -> "CustomMutation":
+        _unique(self.matchConditions, "name", "matchCondition")
+        wanted, other = (("jsonPatch", "applyConfiguration") if self.patchType == "JSONPatch"
+                         else ("applyConfiguration", "jsonPatch"))
+        if getattr(self, wanted) is None:
+            raise ValueError(f"patchType {self.patchType} needs {wanted}.expression")
+        if getattr(self, other) is not None:
+            raise ValueError(f"patchType {self.patchType} takes {wanted}, not {other}")
+        if self.jsonPatch is not None:
+            errors = custommutations.constant_path_errors(self.jsonPatch.expression)
+            if errors:
+                raise ValueError("; ".join(errors))
+        return self
+
+
 class Mutations(Strict):
     istio: IstioMutation | None = None
     scheduling: SchedulingMutation | None = None
     securityDefaults: SecurityDefaultsMutation | None = None
     costLabels: CostLabelsMutation | None = None
     nodeTargeting: NodeTargetingMutation | None = None
+    custom: list[CustomMutation] | None = Field(default=None, max_length=64)  # run per bundle, never merged
 
 
 class SshKeyInjection(Strict):
@@ -470,6 +502,30 @@ def accelerators(bundles: Sequence["Bundle"]) -> tuple[str, ...]:
     return tuple(found) if found else DEFAULT_ACCELERATORS
 
 
+class ParamKind(Strict):
+    """What kind of cluster object holds a bundle's params (ValidatingAdmissionPolicy's paramKind);
+    only ConfigMaps, whose ``data`` becomes ``params``."""
+
+    apiVersion: Literal["v1"] = "v1"
+    kind: Literal["ConfigMap"] = "ConfigMap"
+
+
+class ParamRef(Strict):
+    """Which params objects a bundle reads (ValidatingAdmissionPolicyBinding's paramRef): by name
+    or by selector, in ``namespace`` or, when empty, in the namespace of the job being admitted."""
+
+    name: str | None = Field(default=None, min_length=1, max_length=253)
+    namespace: str | None = Field(default=None, min_length=1, max_length=63)
+    selector: LabelSelector | None = None
+    parameterNotFoundAction: Literal["Allow", "Deny"] = "Deny"
+
+    @model_validator(mode="after")
+    def _one_way(self) -> "ParamRef":
+        if (self.name is None) == (self.selector is None):
+            raise ValueError("set exactly one of name and selector (selector: {} selects every params ConfigMap)")
+        return self
+
+
 class BundleSpec(Strict):
     version: str = "0.0.0"
     description: str = ""
@@ -477,6 +533,8 @@ class BundleSpec(Strict):
     priority: int = 100  # lower first; the first bundle that sets a mutation/injection setting wins
     match: Match = Match()
     params: dict[str, Any] = {}
+    paramKind: ParamKind | None = None  # with paramRef: params from cluster objects instead of inline
+    paramRef: ParamRef | None = None
     variables: list[Variable] = Field(default=[], max_length=64)
     matchConditions: list[MatchCondition] = Field(default=[], max_length=64)
     validations: list[Validation] = []
@@ -493,6 +551,15 @@ class BundleSpec(Strict):
         _unique(self.auditAnnotations, "key", "auditAnnotation key")
         return self
 
+    @model_validator(mode="after")
+    def _params_source(self) -> "BundleSpec":
+        """Params come from one place: inline, or the cluster objects paramRef names."""
+        if self.paramRef is not None and self.params:
+            raise ValueError("set params or paramRef, not both (paramRef reads params from ConfigMaps)")
+        if (self.paramKind is None) != (self.paramRef is None):
+            raise ValueError("paramKind and paramRef go together (paramKind: {apiVersion: v1, kind: ConfigMap})")
+        return self
+
 
 class Metadata(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -505,6 +572,17 @@ class BundleDocument(Strict):
     metadata: Metadata
     spec: BundleSpec
     status: dict[str, Any] | None = None  # written by the server in the cluster; ignored here
+
+    @model_validator(mode="after")
+    def _annotation_keys_fit(self) -> BundleDocument:
+        """"<bundle>.<key>" is one name segment of at most 63 characters, ending alphanumeric (the
+        API server drops an audit annotation whose key is not a qualified name)."""
+        for annotation in self.spec.auditAnnotations:
+            sent = f"{self.metadata.name}.{annotation.key}"
+            if len(sent) > 63 or not sent[-1].isalnum():
+                raise ValueError(f"auditAnnotation key {annotation.key!r}: sent as {sent!r}, which must be at most 63 "
+                                 "characters and end with a letter or digit; shorten the key or the bundle name")
+        return self
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,14 @@ def sites(spec: Any) -> Iterator[Site]:
             yield from _site((*base, "matchConditions", j), condition, "expression", VARIABLES, names, "condition", names)
     for i, annotation in items(spec, "auditAnnotations"):
         yield from _site((*where, "auditAnnotations", i), annotation, "valueExpression", VARIABLES, names, "value", names)
+    mutations = spec.get("mutations") if isinstance(spec, dict) else None
+    for i, mutation in items(mutations, "custom"):
+        base = (*where, "mutations", "custom", i)
+        for j, condition in items(mutation, "matchConditions"):
+            yield from _site((*base, "matchConditions", j), condition, "expression", VARIABLES, names, "condition", names)
+        for key in ("jsonPatch", "applyConfiguration"):
+            if isinstance(mutation.get(key), dict):
+                yield from _site((*base, key), mutation[key], "expression", VARIABLES, names, "patch", names)
 
 
 def _site(base: SitePath, item: dict, key: str, environment: tuple[str, ...], known: tuple[str, ...],
@@ -74,7 +82,8 @@ def compile_sites(spec: Any) -> tuple[dict[SitePath, CompiledExpression], list[S
     """Each expression compiled by its path, and every error found (none stops the others)."""
     compiled: dict[SitePath, CompiledExpression] = {}
     errors: list[SiteError] = []
-    params = spec.get("params") if isinstance(spec, dict) else None
+    # params.X is checked against inline params; a paramRef bundle's come from ConfigMaps, known at run time
+    params = spec.get("params") if isinstance(spec, dict) and "paramRef" not in spec else None
     for site in sites(spec):
         try:
             expression = compile_expression(site.text, site.environment)

@@ -33,6 +33,14 @@ def as_json(results: list[CaseResult]) -> dict:
     return {"results": [asdict(r) for r in results], "passed": len(results) - failed, "failed": failed}
 
 
+CSV_COLUMNS = ("source", "name", "result", "failures")
+
+
+def csv_rows(results: list[CaseResult]) -> list[list[str]]:
+    """One row per case (``-o csv``), its failures joined by " | " (the CLI escapes and writes them)."""
+    return [[r.source, r.name, "pass" if r.passed else "fail", " | ".join(r.failures)] for r in results]
+
+
 def junit(results: list[CaseResult]) -> str:
     """JUnit XML (the Jenkins/GitLab/GitHub reporters' dialect); a failure's message holds what was
     expected and what came back, its text the whole decision."""

@@ -21,14 +21,14 @@ import lark
 import re2
 from celpy.evaluation import Evaluator
 
-from . import celparse
+from . import celauthz, celparse
 from .celfast import compile_tree
 from .resources import QuantityError, to_decimal
 
-VARIABLES = ("object", "oldObject", "request", "params", "namespaceObject", "job", "variables")
+VARIABLES = ("object", "oldObject", "request", "params", "namespaceObject", "job", "variables", "authorizer")
 # A bundle's matchConditions decide whether it applies before its mutations, so before ``job`` and
 # the bundle's ``variables`` exist (docs/admin-guide.md "Variables and match conditions").
-CONDITION_VARIABLES = ("object", "oldObject", "request", "params", "namespaceObject")
+CONDITION_VARIABLES = ("object", "oldObject", "request", "params", "namespaceObject", "authorizer")
 MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
 BUILTIN_FUNCTIONS = frozenset(
     {
@@ -317,7 +317,7 @@ _FUNCTIONS: dict[str, Callable] = {
     "findAll": _regex(_find_all),
 }
 
-FUNCTIONS = {name: _error_value(fn) for name, fn in _FUNCTIONS.items()}
+FUNCTIONS = {name: _error_value(fn) for name, fn in _FUNCTIONS.items()} | celauthz.FUNCTIONS  # these give error values
 KNOWN_FUNCTIONS = BUILTIN_FUNCTIONS | MACROS | frozenset(FUNCTIONS)
 _ENVIRONMENT = celpy.Environment()
 
@@ -366,6 +366,7 @@ class Variables(ct.MapType):
     def __init__(self, compiled: dict[str, CompiledExpression], activation: dict[str, Any], budget: Budget):
         super().__init__()
         self._compiled, self._activation, self._budget = compiled, activation, budget
+        self._sizes: dict[int, int] = {}  # _values' counts of the containers its variables hold
 
     def __getitem__(self, name: Any) -> Any:
         if dict.__contains__(self, name):
@@ -374,6 +375,8 @@ class Variables(ct.MapType):
         left = self._budget.left
         try:
             value = expression.evaluate(self._activation, self._budget)
+            if _values(value, MAX_RESULT_VALUES, self._sizes) > MAX_RESULT_VALUES:  # [v, v] of [v, v] ...: 2^n
+                raise CelEvalError(f"more than {MAX_RESULT_VALUES} values")
         except BudgetExceeded:
             raise
         except CelEvalError as exc:
@@ -620,20 +623,50 @@ def to_cel(value: Any) -> Any:
     return celpy.json_to_cel(value)
 
 
+MAX_RESULT_VALUES = 100_000  # values in one result: lists built from shared parts can be exponential
+
+
+def _values(value: Any, limit: int, known: dict[int, int]) -> int:
+    """How many values ``value`` holds as a copy would (a list holding one list twice counts it
+    twice), at most ``limit`` + 1. ``known``: counts of containers met before (by identity, while
+    they live), so a value built from shared parts costs its distinct parts, not its copy."""
+    if not isinstance(value, (ct.MapType, ct.ListType)):
+        return 1
+    if id(value) in known:
+        return known[id(value)]
+    total = 1
+    for item in (value.values() if isinstance(value, ct.MapType) else value):
+        total += _values(item, limit, known)
+        if total > limit:
+            break
+    known[id(value)] = total
+    return total
+
+
 def to_python(value: Any) -> Any:
-    """CEL results back to plain Python (for messages and the decision log)."""
-    if isinstance(value, ct.BoolType):
-        return bool(value)
-    if isinstance(value, (ct.IntType, ct.UintType)):
-        return int(value)
-    if isinstance(value, ct.DoubleType):
-        return float(value)
-    if isinstance(value, ct.StringType):
-        return str(value)
-    if isinstance(value, ct.ListType):
-        return [to_python(v) for v in value]
-    if isinstance(value, ct.MapType):
-        return {str(k): to_python(v) for k, v in value.items()}
-    if isinstance(value, Quantity):
-        return value.text
-    return value
+    """CEL results back to plain Python (for messages and the decision log). A result of more than
+    MAX_RESULT_VALUES values is an error, not an expansion: variables can build [v, v] of [v, v]
+    ... in a few steps, whose copy would take 2^n values."""
+    left = [MAX_RESULT_VALUES]
+
+    def convert(value: Any) -> Any:
+        left[0] -= 1
+        if left[0] < 0:
+            raise CelEvalError(f"the result has more than {MAX_RESULT_VALUES} values")
+        if isinstance(value, ct.BoolType):
+            return bool(value)
+        if isinstance(value, (ct.IntType, ct.UintType)):
+            return int(value)
+        if isinstance(value, ct.DoubleType):
+            return float(value)
+        if isinstance(value, ct.StringType):
+            return str(value)
+        if isinstance(value, ct.ListType):
+            return [convert(v) for v in value]
+        if isinstance(value, ct.MapType):
+            return {str(k): convert(v) for k, v in value.items()}
+        if isinstance(value, Quantity):
+            return value.text
+        return value
+
+    return convert(value)

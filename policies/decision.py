@@ -92,7 +92,7 @@ class Decision:
     # watched state is the truth, offline (review --cluster-state) it may be state left out.
     unchecked: list[dict[str, str]] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)  # CheckContext.facts: kept in the decision log
-    # The bundles' auditAnnotations ("<bundle>/<key>": value), for the API server's audit log
+    # The bundles' auditAnnotations ("<bundle>.<key>": value), for the API server's audit log
     audit_annotations: dict[str, str] = field(default_factory=dict)
 
     @property

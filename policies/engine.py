@@ -9,15 +9,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from . import (effective_job, exceptions, injections, kueue, limits, mutations, objectcounts, queueing, quotascope,
+from . import (custommutations, effective_job, exceptions, injections, kueue, limits, mutations, objectcounts, queueing, quotascope,
                redaction, rulenames)
+from celpy.celtypes import MapType
+
+from . import celauthz, paramref
 from .bundle import Bundle, CompiledRule, Conditions, Injections, Mutations, accelerators, merged
-from .cel import Budget, BoolType, CelEvalError, Fields, Variables, prune, to_cel, to_python
+from .cel import Budget, BoolType, CelEvalError, Fields, Variables, merged_reads, prune, to_cel, to_python
 from .checks import duration
 from .checks.base import CheckContext, Finding
 from .checks.registry import CHECKS
 from .decision import Decision, Effect, Result, RuleResult, allows
 from .effective_job import EffectiveJob, JobModelError, MutationRefused, RuntimeNotFound
+from .patch_diff import make_patch
 from .snapshot import running_state
 from .state import ClusterState
 
@@ -39,6 +43,9 @@ class AdmissionInput:
     user_uid: str = ""
     dry_run: bool = False
     uid: str = ""
+    # How the CEL authorizer's checks are answered (policies/celauthz.py): the server asks the API
+    # server (webhook/authorizer.py); offline, review's --authorizer flag or no answer at all.
+    access: celauthz.Access = celauthz.offline
 
     @property
     def namespace(self) -> str:
@@ -58,6 +65,14 @@ class AdmissionInput:
             "kind": {"group": str(self.object.get("apiVersion", "")).split("/")[0], "kind": self.kind},
             "userInfo": {"username": self.username, "groups": list(self.groups), "uid": self.user_uid},
         }
+
+    def authorizer(self) -> celauthz.Authorizer:
+        """The CEL ``authorizer`` for the submitter; ``requestResource`` is the job itself."""
+        group = str(self.object.get("apiVersion", "")).rpartition("/")[0]
+        name = (self.object.get("metadata") or {}).get("name", "")
+        return celauthz.authorizer(self.username, self.groups, self.user_uid, self.access, {
+            "group": group, "resource": self.kind.lower() + "s", "namespace": self.namespace,
+            "name": name if isinstance(name, str) else ""})
 
 
 def matches(bundle: Bundle, request: AdmissionInput, namespace: dict, runtime_name: str) -> bool:
@@ -92,7 +107,8 @@ class _Activation:
         if key not in self._cache:
             if name not in self._values:
                 self._values[name] = self._sources[name]()
-            self._cache[key] = to_cel(prune(self._values[name], fields))
+            value = self._values[name]  # a CEL value already (the authorizer) is used as it is
+            self._cache[key] = value if isinstance(value, MapType) else to_cel(prune(value, fields))
         return self._cache[key]
 
     def for_bundle(self, reads: dict[str, Fields]) -> dict[str, Any]:
@@ -139,26 +155,38 @@ def _run_cel(bundle: Bundle, activation: _Activation, budget: Budget) -> tuple[l
                                       [f"auditAnnotation {key!r} could not be evaluated: {exc}"], [ADMIN_FIX]))
             continue
         if value:
-            annotations[f"{bundle.name}/{key}"] = value.encode()[:MAX_ANNOTATION_BYTES].decode(errors="ignore")
+            annotations[annotation_key(bundle.name, key)] = value  # cut after redaction, so no secret half-shows
     return results, annotations
+
+
+def annotation_key(bundle: str, key: str) -> str:
+    """One name segment: the API server stores a webhook's annotation as "<webhook name>/<key>"
+    and drops any whose key is not a qualified name (a second "/" makes it one no longer)."""
+    return f"{bundle}.{key}"
 
 
 ADMIN_FIX = "ask your admin to fix the bundle (trainjob-admission policy lint lists its errors)"
 
 
 def _conditions_hold(conditions: Conditions, variables: dict[str, Any], budget: Budget) -> bool:
-    """All of ``conditions`` are true (ValidatingAdmissionPolicy's matchConditions); an error is
-    raised as a CelEvalError naming the condition, so the caller fails closed."""
+    """All of ``conditions`` are true (ValidatingAdmissionPolicy's matchConditions): any false one
+    means no, whatever the others do; else the first error is raised as a CelEvalError naming the
+    condition, so the caller fails closed."""
+    error: CelEvalError | None = None
     for name, expression in conditions:
         try:
             value = expression.evaluate(variables, budget)
         except CelEvalError as exc:
-            raise CelEvalError(f"matchCondition {name!r} could not be evaluated: {exc}") from None
+            error = error or CelEvalError(f"matchCondition {name!r} could not be evaluated: {exc}")
+            continue
         if not isinstance(value, BoolType):
-            raise CelEvalError(f"matchCondition {name!r} must evaluate to true or false, got "
-                               f"{redaction.shown(to_python(value))}")
+            error = error or CelEvalError(f"matchCondition {name!r} must evaluate to true or false, got "
+                                          f"{redaction.shown(to_python(value))}")
+            continue
         if not value:
             return False
+    if error is not None:
+        raise error
     return True
 
 
@@ -173,6 +201,55 @@ def _message(compiled: CompiledRule, variables: dict[str, Any], budget: Budget) 
         except CelEvalError:
             pass  # the static message stands, as in ValidatingAdmissionPolicy
     return compiled.rule.message or f"the job fails rule {compiled.rule.name}; ask your admin what it requires"
+
+
+def _custom_mutations(enforcing: list[Bundle], obj: dict, job: EffectiveJob, shared: _Activation, budget: Budget
+                      ) -> tuple[dict, list[RuleResult]]:
+    """The bundles' own mutations (spec.mutations.custom, policies/custommutations.py) on ``obj``
+    as the built-in ones left it: in bundle order, then list order, each reading ``object`` as
+    the ones before left it (``job``: the effective job before them). The first that fails or
+    gives a bad shape denies, naming its bundle and mutation, and no later one runs."""
+    current = obj
+    pod_sets = [ps.name for ps in job.pod_sets]
+    with_job = _Activation({"job": job.as_cel}, parent=shared)
+    for bundle in enforcing:
+        assert bundle.cel is not None  # compile_document keeps every compiled expression there
+        expressions = bundle.cel.expressions
+        for i, mutation in enumerate(bundle.spec.mutations.custom or ()):
+            at = ("spec", "mutations", "custom", i)
+            key = "jsonPatch" if mutation.patchType == "JSONPatch" else "applyConfiguration"
+            expression = expressions[(*at, key, "expression")]
+            conditions = tuple((c.name, expressions[(*at, "matchConditions", j, "expression")])
+                               for j, c in enumerate(mutation.matchConditions))
+            reads = merged_reads([expression, *(e for _, e in (*conditions, *bundle.variables))])
+            reads.pop("variables", None)
+            view = _Activation({"object": lambda c=current: c}, parent=with_job).with_params(bundle.spec.params)
+            variables = view.for_bundle(reads)
+            if bundle.variables:
+                variables["variables"] = Variables(bundle.variable_map, variables, budget)
+            try:
+                if conditions and not _conditions_hold(conditions, variables, budget):
+                    continue
+                value = to_python(expression.evaluate(variables, budget))
+                problem = custommutations.shape_error(key, value)
+                if problem:
+                    raise custommutations.MutationError(problem)
+                if key == "jsonPatch":
+                    current = custommutations.apply_json_patch(current, value)
+                else:
+                    current, pods = custommutations.apply_configuration(current, value)
+                    if pods:
+                        current = custommutations.route_pods(current, job.kind, pod_sets, pods, mutations.MANAGER)
+            except (CelEvalError, custommutations.MutationError) as exc:
+                return current, [RuleResult(bundle.name, rulenames.CUSTOM_MUTATION, Result.ERROR, Effect.DENY,
+                                            [f"bundle {bundle.name}: mutation {mutation.name!r} could not be "
+                                             f"applied: {exc}"], [ADMIN_FIX])]
+    too_large = limits.oversized(current)
+    if too_large:
+        return current, [RuleResult(enforcing[0].name, rulenames.CUSTOM_MUTATION, Result.ERROR, Effect.DENY,
+                                    [f"the job as the bundles' mutations left it: {p}" for p in too_large],
+                                    [ADMIN_FIX] * len(too_large))]
+    return current, []
 
 
 def _matching(active: list[Bundle], shared: _Activation, obj: dict, budget: Budget
@@ -358,7 +435,9 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
     runtime_name = str(((obj.get("spec") or {}).get("runtimeRef") or {}).get("name", ""))
     active = [b for b in bundles if matches(b, request, namespace, runtime_name)]
     shared = _Activation({"oldObject": lambda: request.old_object, "request": request.as_cel_request,
-                          "namespaceObject": lambda: namespace})
+                          "namespaceObject": lambda: namespace, "authorizer": request.authorizer})
+    resolved = paramref.resolve(active, state, request.namespace)  # paramRef bundles' params
+    active = resolved.bundles
     oversized = _oversized(request, active) if active else []  # before any CEL reads the object
     unmet: list[RuleResult] = []
     if not oversized and any(b.conditions for b in active):
@@ -371,7 +450,7 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
     patch: list[dict] = []
     mutated = obj
     budget.check()
-    results: list[RuleResult] = oversized + unmet
+    results: list[RuleResult] = oversized + unmet + resolved.results
     if not oversized:  # else too large to evaluate: denied as it is, unmutated
         try:
             state, snapshot_warning = running_state(request.operation, obj, state)  # the runtime Trainer runs it with
@@ -390,6 +469,13 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
                 if patch:
                     mutated = patched
                     job = mutations.mutated_job(planned_on, mutated) or effective_job.build(mutated, state, families)
+                if any(b.spec.mutations.custom for b in enforcing):
+                    final, refused = _custom_mutations(enforcing, mutated, job, shared, budget)
+                    results += refused
+                    if final != mutated:  # judged as they left it; a re-plan on /validate finds nothing to add
+                        mutated = final
+                        job = effective_job.build(mutated, state, families)
+                        patch = [] if mutated == obj else make_patch(obj, mutated)
         except JobModelError as exc:
             missing_runtime = exc if isinstance(exc, RuntimeNotFound) else None
             results += _job_model_error(request, exc, active)
@@ -413,13 +499,15 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
         for bundle in active:
             budget.check()
             results += _checks(bundle, context)
-            found, annotations = _run_cel(bundle, activation, budget)
+            found, annotations = paramref.run_each(bundle, resolved, lambda b: _run_cel(b, activation, budget))
             results += found
             audit_annotations.update(annotations)
 
     audit = {b.name for b in active if b.spec.mode == "audit"}
     results = _audited(results, audit)
     _redact(results, request, job, namespace, audit_annotations)
+    for key, value in audit_annotations.items():
+        audit_annotations[key] = value.encode()[:MAX_ANNOTATION_BYTES].decode(errors="ignore")
     waivers = exceptions.apply(results, request.object, state)  # after redaction: warnings repeat the messages
     results, warnings = waivers.results, warnings + waivers.warnings
     if waivers.facts:

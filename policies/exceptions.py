@@ -16,14 +16,19 @@ from datetime import datetime, timezone
 
 from pydantic import AwareDatetime, Field, ValidationError, field_validator, model_validator
 
+from . import rulenames
 from .bundle import LabelSelector, Strict
 from .decision import FAILED, Effect, Result, RuleResult
 from .state import ClusterState
 
 KIND = "PolicyException"
-# What no exception waives: a job too large to evaluate, a job that cannot be modelled, a job
-# missing the mutations its policy needs (policies/limits.py, effective_job.py, stored.py).
-SAFETY_RULES = frozenset({"input-limits", "job-model", "mutating-webhook"})
+# What no exception waives: the engine's own rules, whose failure means something was not checked
+# (a job too large to evaluate or that cannot be modelled, a GPU product refused before the job
+# was built, a matchCondition or params object that decided nothing, an admin mutation not
+# applied) and a job missing the mutations its policy needs (policies/stored.py). Waiving one
+# would admit a job no check judged.
+SAFETY_RULES = frozenset(rulenames.ENGINE_RULES) | {"mutating-webhook"}
+EXPIRY_YEARS = (2000, 8999)  # an expiry outside is a typo, and near year 1 or 9999 not comparable in UTC
 
 
 class ExceptionMatch(Strict):
@@ -44,6 +49,14 @@ class ExceptionSpec(Strict):
     rules: list[str] = Field(min_length=1, max_length=50)
     reason: str = Field(min_length=1, max_length=1024)
     expiry: AwareDatetime  # RFC 3339 with a zone, e.g. 2026-12-31T23:59:59Z
+
+    @field_validator("expiry")
+    @classmethod
+    def _plausible(cls, expiry: datetime) -> datetime:
+        low, high = EXPIRY_YEARS
+        if not low <= expiry.year <= high:
+            raise ValueError(f"expiry must be in the years {low}-{high}")
+        return expiry
 
     @field_validator("rules")
     @classmethod

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import effective_job
+from . import custommutations, effective_job
 from .bundle import Bundle, CelSites, Problem
 from .cel import TYPE_ERROR, Budget, CelEvalError, Variables, to_cel, to_python
 from .engine import AdmissionInput
@@ -85,7 +85,7 @@ def type_errors(sites: CelSites, tried: list[Sample], state: ClusterState,
                 if reason and not (str(exc).startswith("variables.") and path[1] != "variables"):  # said there
                     found[path] = f"{reason} (with sample job {sample.name})"
                 continue
-            wrong = _wrong_result(path, value)
+            wrong = _wrong_result(path, value, expression.source)
             if wrong:
                 found[path] = f"{wrong} (with sample job {sample.name})"
     return sorted((sites.problem(path, message) for path, message in found.items()), key=lambda p: p.position)
@@ -103,7 +103,7 @@ def _type_error(message: str) -> str | None:
     return None
 
 
-def _wrong_result(path: tuple, value: Any) -> str | None:
+def _wrong_result(path: tuple, value: Any, source: str) -> str | None:
     """What the expression at ``path`` must give (a rule or condition a bool, a message a string,
     an audit annotation a string or null), if it gave something else."""
     key = path[-1]
@@ -111,6 +111,8 @@ def _wrong_result(path: tuple, value: Any) -> str | None:
         return f"messageExpression must give a string, got {type(value).__name__} {value!r:.60}"
     if key == "valueExpression" and value is not None and not isinstance(value, str):
         return f"valueExpression must give a string or null, got {type(value).__name__} {value!r:.60}"
+    if key == "expression" and path[-2] in ("jsonPatch", "applyConfiguration"):
+        return custommutations.shape_error(str(path[-2]), value, refused=custommutations.constant_paths(source))
     if key == "expression" and path[1] != "variables" and not isinstance(value, bool):
         return f"expression must give true or false, got {type(value).__name__} {value!r:.60}"
     return None

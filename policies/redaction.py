@@ -65,3 +65,30 @@ def shown(value: Any) -> str:
         if len(text) <= SHOWN_CHARS:
             return text
     return f"a value of type {type(value).__name__}"
+
+
+def redacted_patch(patch: list[dict], *objects: Any) -> list[dict]:
+    """The patch as a record keeps it: each op's ``value`` with env and annotation values replaced
+    as in messages, those of ``objects`` (the job, its pods) and those the patch itself writes: an
+    op is read in place (``/spec/trainer/env/-`` adds an env entry, ``/metadata/annotations/k`` an
+    annotation), so a credential a mutation copies or sets is as hidden as one the submitter wrote."""
+    values = echoable_values(*objects, *(_in_place(op["path"], op["value"]) for op in patch if "value" in op))
+    return [{**op, "value": _scrubbed(op["value"], values)} if "value" in op else dict(op) for op in patch]
+
+
+def _in_place(path: str, value: Any) -> Any:
+    """``value`` nested under its JSON pointer's segments, as it sits in the object it patches."""
+    for segment in reversed(str(path).split("/")[1:]):
+        key = segment.replace("~1", "/").replace("~0", "~")
+        value = [value] if key == "-" or key.isdigit() else {key: value}
+    return value
+
+
+def _scrubbed(value: Any, values: list[str]) -> Any:
+    if isinstance(value, str):
+        return scrub(value, values)
+    if isinstance(value, dict):
+        return {key: _scrubbed(item, values) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_scrubbed(item, values) for item in value]
+    return value

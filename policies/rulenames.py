@@ -8,6 +8,9 @@ CHECK_RULES = ("quota", "gpu-limits", "job-shape", "pod-security", "limit-range"
                "schedulability", "kueue")
 MATCH_CONDITION = "match-condition"  # a bundle's matchCondition that could not be evaluated
 AUDIT_ANNOTATION = "audit-annotation"  # an auditAnnotation that could not be evaluated
+CUSTOM_MUTATION = "custom-mutation"  # an admin-written mutation that could not be applied
+PARAMS = "params"  # a paramRef bundle found no params object (policies/paramref.py)
 # the job could not be modelled; it is over the input limits; a GPU product the bundle does not offer
-ENGINE_RULES = ("job-model", "input-limits", "gpu-node-targeting", MATCH_CONDITION, AUDIT_ANNOTATION)
+ENGINE_RULES = ("job-model", "input-limits", "gpu-node-targeting", MATCH_CONDITION, AUDIT_ANNOTATION,
+                CUSTOM_MUTATION, PARAMS)
 BUILTIN_RULES = CHECK_RULES + ENGINE_RULES

@@ -1,6 +1,7 @@
 """The cluster objects a decision depends on: runtimes, the Namespace, ResourceQuotas, LimitRanges,
 RuntimeClasses (pod overhead), Nodes, PolicyExceptions,
-and Trainer's runtime snapshots (ConfigMaps ``<job>-runtime-snapshot``; no other ConfigMap is kept).
+Trainer's runtime snapshots (ConfigMaps ``<job>-runtime-snapshot``) and bundles' params
+(ConfigMaps labelled ``trainjob-admission.io/params=true``, their data only); no other ConfigMap is kept.
 
 The server fills a :class:`ClusterState` from watches; ``review --cluster-state`` fills one from a
 file of objects as ``kubectl get -o yaml`` prints them, so both decide from the same inputs.
@@ -11,7 +12,7 @@ import json
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import yaml
 
@@ -20,16 +21,21 @@ from .podresources import requests_on_node
 TRAINER_GROUP = "trainer.kubeflow.org"
 # Trainer names a job's runtime snapshot <job> + this (pkg/runtime/core/snapshot.go, runtimeSnapshotSuffix).
 SNAPSHOT_SUFFIX = "-runtime-snapshot"
+# ConfigMaps with this label are bundles' params (paramRef): the service watches only those, and
+# keeps only their data (docs/security.md). Held under their own pseudo-kind, apart from snapshots.
+PARAMS_LABEL = "trainjob-admission.io/params"
+PARAMS_SELECTOR = f"{PARAMS_LABEL}=true"
+PARAMS_KIND = "ParamsConfigMap"
 # kind -> the ClusterState attribute holding it
 _ATTR = {"ClusterTrainingRuntime": "cluster_runtimes", "TrainingRuntime": "runtimes", "Namespace": "namespaces",
          "ResourceQuota": "quotas", "LimitRange": "limit_ranges", "Node": "nodes", "ConfigMap": "snapshots",
          "RuntimeClass": "runtime_classes", "PriorityClass": "priority_classes", "StorageClass": "storage_classes",
          "Pod": "pods", "LocalQueue": "local_queues", "ClusterQueue": "cluster_queues", "Cohort": "cohorts",
          "ResourceFlavor": "resource_flavors", "WorkloadPriorityClass": "workload_priority_classes",
-         "PolicyException": "exceptions"}
+         "PolicyException": "exceptions", PARAMS_KIND: "params"}
 KINDS = tuple(_ATTR)
 _PER_NAMESPACE = ("ResourceQuota", "LimitRange")  # kept as {namespace: {name: object}}
-_NAMESPACED = ("TrainingRuntime", "ConfigMap", "Pod", "LocalQueue", "PolicyException")  # kept as {(namespace, name): object}
+_NAMESPACED = ("TrainingRuntime", "ConfigMap", "Pod", "LocalQueue", "PolicyException", PARAMS_KIND)  # kept as {(namespace, name): object}
 
 
 DEFAULT_STORAGE_CLASS_ANNOTATIONS = ("storageclass.kubernetes.io/is-default-class",
@@ -77,6 +83,8 @@ class ClusterState:
     workload_priority_classes: dict[str, dict] | None = None
     # PolicyExceptions (policies/exceptions.py), parsed when a decision in their namespace needs them
     exceptions: dict[tuple[str, str], dict] = field(default_factory=dict)
+    # ConfigMaps labelled PARAMS_SELECTOR (bundles' paramRef), slimmed to name, labels and data
+    params: dict[tuple[str, str], dict] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     def upsert(self, obj: dict) -> None:
@@ -89,7 +97,7 @@ class ClusterState:
         """A write that changes nothing of what is kept (a node's heartbeat, a pod's IP) keeps the
         dict, and with it what readers computed from it; an object that stops being kept (a pod
         that finished) is dropped."""
-        kind = obj.get("kind")
+        kind = _kind(obj)
         key = _key(kind, obj) if kind in _ATTR else None
         if key is None:
             return
@@ -157,6 +165,15 @@ class ClusterState:
             return replace(self, runtimes={**self.runtimes, (namespace, name): runtime})
         return replace(self, cluster_runtimes={**self.cluster_runtimes, name: runtime})
 
+    def params_objects(self, namespace: str, name: str | None, matches: Callable[[dict[str, str]], bool]) -> list[dict]:
+        """The params ConfigMaps in ``namespace``: the one named ``name``, or (name None) every one
+        whose labels ``matches``, by name."""
+        if name is not None:
+            found = self.params.get((namespace, name))
+            return [found] if found is not None else []
+        return [self.params[key] for key in sorted(self.params)
+                if key[0] == namespace and matches((self.params[key].get("metadata") or {}).get("labels") or {})]
+
     def namespace(self, name: str) -> dict:
         return self.namespaces.get(name) or {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
 
@@ -191,8 +208,8 @@ class ClusterState:
         by_kind: dict[str, list[dict]] = {}
         objects = list(objects)
         for obj in objects:
-            if obj.get("kind") in KINDS:
-                by_kind.setdefault(obj["kind"], []).append(obj)
+            if _kind(obj) in KINDS:
+                by_kind.setdefault(_kind(obj), []).append(obj)
         state = cls()
         for kind, items in by_kind.items():
             state.replace(kind, items)
@@ -201,6 +218,16 @@ class ClusterState:
     @classmethod
     def load(cls, path: str | Path) -> "ClusterState":
         return cls.from_objects(load_objects(path))
+
+
+def _kind(obj: dict) -> Any:
+    """The object's kind, PARAMS_KIND for a ConfigMap labelled as params."""
+    kind = obj.get("kind")
+    meta = obj.get("metadata")
+    labels = meta.get("labels") if isinstance(meta, dict) else None
+    if kind == "ConfigMap" and isinstance(labels, dict) and labels.get(PARAMS_LABEL) == "true":
+        return PARAMS_KIND
+    return kind
 
 
 def _key(kind: str, obj: dict) -> Any:
@@ -261,6 +288,12 @@ def _moved(usage: dict[str, dict[str, int]], gone: dict | None, *added: dict | N
 
 
 def _slim(kind: str, obj: dict) -> dict:
+    if kind == PARAMS_KIND:  # its data is what a bundle reads; nothing else of a ConfigMap is kept
+        meta = obj.get("metadata") or {}
+        data = obj.get("data")
+        return {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {k: meta[k] for k in ("name", "namespace", "labels") if k in meta},
+                "data": data if isinstance(data, dict) else {}}
     fields = _SLIM.get(kind)
     if fields is None:
         return obj

@@ -135,7 +135,7 @@ def _truncate(text: str, limit: int) -> str:
 def response(uid: str, *, allowed: bool, message: str = "", warnings: list[str] | None = None,
              patch: list[dict] | None = None, decision_id: str = "", code: int = 403,
              audit_annotations: dict[str, str] | None = None) -> dict:
-    """``audit_annotations``: the bundles' ("<bundle>/<key>"), which the API server writes to its
+    """``audit_annotations``: the bundles' ("<bundle>.<key>"), which the API server writes to its
     audit log beside our ``decision-id``."""
     body: dict[str, Any] = {"uid": uid, "allowed": allowed}
     if not allowed:

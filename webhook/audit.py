@@ -17,9 +17,9 @@ class ReportsNotServed(Exception):
     """The API server does not serve wgpolicyk8s.io/v1alpha2 PolicyReports (no CRD)."""
 
 
-def using(kubeconfig: str, work: Callable[[KubeApi], T]) -> T:
-    """``work`` with a client for the user's kubeconfig (the CLI), closed after."""
-    api = api_client(kubeconfig)
+def using(kubeconfig: str, context: str | None, work: Callable[[KubeApi], T]) -> T:
+    """``work`` with a client for the user's kubeconfig and --context (the CLI), closed after."""
+    api = api_client(kubeconfig, context)
     try:
         return work(api)
     finally:

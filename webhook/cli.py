@@ -20,7 +20,8 @@ from policies.state import TRAINER_GROUP, ClusterState, StateError, load_objects
 
 from .cli_errors import (EXIT_BROKEN_PIPE, EXIT_DENIED, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_OK, EXIT_UNREACHABLE,
                          CliError)
-from .cli_io import VersionAction, add_output_flag, dump, one_or_list, quiet_broken_pipe, read_sources
+from .cli_io import (VersionAction, add_context_flag, add_output_flag, csv_text, dump, one_or_list, quiet_broken_pipe,
+                     read_sources)
 from .commands import register_server_commands
 
 if TYPE_CHECKING:
@@ -50,6 +51,8 @@ def _review_bundles(args: argparse.Namespace) -> list:
     PolicyBundles (--bundle-selector) plus --bundle files, else the files (default builtin:default)."""
     if args.bundle_selector and not args.kubeconfig:
         raise CliError("--bundle-selector selects the cluster's PolicyBundles: use it with --kubeconfig")
+    if args.context and not args.kubeconfig:
+        raise CliError(f"--context {args.context} selects a context of a kubeconfig: use it with --kubeconfig")
     if not args.kubeconfig:
         return _bundles(args.bundle)
     if args.bundle:
@@ -57,7 +60,8 @@ def _review_bundles(args: argparse.Namespace) -> list:
     from .clusterbundles import read_bundles  # the Kubernetes client: only with --kubeconfig (start-up time)
 
     found = _from_cluster(args.kubeconfig, lambda: read_bundles(args.kubeconfig, args.bundle or [],
-                                                                label_selector=args.bundle_selector))
+                                                                label_selector=args.bundle_selector,
+                                                                context=args.context))
     for problem in found.problems:
         print(f"warning: {problem}", file=sys.stderr)
     if not found.bundles:
@@ -103,7 +107,7 @@ def _states(args: argparse.Namespace) -> Callable[[str], ClusterState]:
             if kubeconfig:
                 from .kube.state import read_state  # only with --kubeconfig (start-up time)
 
-                cache[key] = _from_cluster(kubeconfig, lambda: read_state(kubeconfig, namespace))
+                cache[key] = _from_cluster(kubeconfig, lambda: read_state(kubeconfig, namespace, args.context))
             else:
                 cache[key] = reservations.state_of(
                     [obj for path in getattr(args, "cluster_state", None) or [] for obj in _objects(path)])
@@ -113,11 +117,14 @@ def _states(args: argparse.Namespace) -> Callable[[str], ClusterState]:
 
 
 def _request(obj: dict, args: argparse.Namespace) -> AdmissionInput:
+    from policies import celauthz
     from policies.engine import AdmissionInput
 
     meta = obj.setdefault("metadata", {})
     meta.setdefault("namespace", args.namespace)
-    return AdmissionInput(obj, operation=args.operation, username=args.user, groups=args.group or [])
+    answer = getattr(args, "authorizer", None)  # the CEL authorizer's checks: no API server is asked
+    return AdmissionInput(obj, operation=args.operation, username=args.user, groups=args.group or [],
+                          access=celauthz.offline if answer is None else celauthz.fixed(answer == "allow"))
 
 
 def _reviewable(objects: list[dict], path: str) -> list[dict]:
@@ -243,6 +250,8 @@ def cmd_policy_test(args: argparse.Namespace) -> int:
         raise CliError("invalid test cases:\n" + "\n".join(problems))
     if args.output == "junit":
         print(casereport.junit(results))
+    elif args.output == "csv":
+        sys.stdout.write(csv_text(casereport.CSV_COLUMNS, casereport.csv_rows(results)))
     elif args.output == "text":
         print(casereport.text(results))
     else:
@@ -272,7 +281,8 @@ def _existing_jobs(args: argparse.Namespace, namespace: str | None) -> list[dict
                 and (namespace is None or (obj.get("metadata") or {}).get("namespace") == namespace)]
     from .audit import read_jobs, using  # the Kubernetes client: only with --kubeconfig (start-up time)
 
-    return _from_cluster(args.kubeconfig, lambda: using(args.kubeconfig, lambda api: read_jobs(api, namespace)))
+    return _from_cluster(args.kubeconfig, lambda: using(args.kubeconfig, args.context,
+                                                        lambda api: read_jobs(api, namespace)))
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
@@ -287,7 +297,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.output == "text":
         print(audit.as_text(found))
     elif args.output == "csv":
-        print(audit.as_csv(found))
+        sys.stdout.write(csv_text(audit.CSV_COLUMNS, audit.csv_rows(found)))
     elif args.output == "policyreport":
         print(dump({"apiVersion": "v1", "kind": "List", "items": audit.policy_reports(found)}, "yaml"))
     else:
@@ -302,7 +312,7 @@ def _write_reports(args: argparse.Namespace, reports: list[dict], namespace: str
     from .kube.client import ApiError
 
     try:
-        deleted = _from_cluster(args.kubeconfig, lambda: using(args.kubeconfig,
+        deleted = _from_cluster(args.kubeconfig, lambda: using(args.kubeconfig, args.context,
                                                                lambda api: write_reports(api, reports, namespace)))
     except ReportsNotServed as exc:
         raise CliError(str(exc), EXIT_NOT_FOUND) from None
@@ -333,12 +343,16 @@ def _add_review_inputs(parser: argparse.ArgumentParser) -> None:
                                                           "and StorageClasses, Nodes and Pods (when the user may list "
                                                           "them) and PolicyBundles from a live cluster "
                                                           "(read-only), as serve does")
+    add_context_flag(parser)
     parser.add_argument("--bundle-selector", metavar="SEL",
                         help="with --kubeconfig: only PolicyBundles with these labels, as serve's --bundle-selector")
     parser.add_argument("-n", "--namespace", default="default", help="namespace when the object has none (default: default)")
     parser.add_argument("--operation", choices=["CREATE", "UPDATE"], default="CREATE")
     parser.add_argument("--user", default="cli-user", help="request.userInfo.username seen by rules")
     parser.add_argument("--group", action="append", help="request.userInfo.groups (repeatable)")
+    parser.add_argument("--authorizer", choices=["allow", "deny"],
+                        help="the answer to every permission check of a rule's CEL authorizer (default: none, "
+                             "such a rule errors: permissions cannot be checked offline)")
     add_output_flag(parser)
     parser.add_argument("--strict", action="store_true",
                         help="exit 2 when --cluster-state lacks what a check reads (the Namespace, its "
@@ -381,6 +395,7 @@ def _add_audit_command(commands: argparse._SubParsersAction) -> None:
                        help="bundle file, directory or builtin:NAME (repeatable), as for review: with --kubeconfig "
                             "added to the cluster's PolicyBundles")
     audit.add_argument("--bundle-selector", metavar="SEL", help="with --kubeconfig: only PolicyBundles with these labels")
+    add_context_flag(audit)
     source = audit.add_mutually_exclusive_group()
     source.add_argument("--kubeconfig", metavar="K", help="read the jobs, the cluster state and the PolicyBundles "
                                                           "from this cluster, as review does")
@@ -430,7 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
     test.add_argument("paths", nargs="+", metavar="PATH",
                       help="bundle files, directories or builtin:NAME, decided together as the service would")
     test.add_argument("--cases", required=True, metavar="DIR", help="a case file or a directory of them (*.yaml)")
-    add_output_flag(test, "junit")
+    add_output_flag(test, "junit", "csv")
     test.set_defaults(func=cmd_policy_test)
     explain = policy_commands.add_parser("explain", help="every rule's result on an object")
     _add_review_inputs(explain)

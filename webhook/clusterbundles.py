@@ -68,14 +68,15 @@ class ReadBundles:
     server: str
 
 
-def read_bundles(kubeconfig: str, specs: list[str], *, label_selector: str | None = None) -> ReadBundles:
+def read_bundles(kubeconfig: str, specs: list[str], *, label_selector: str | None = None,
+                 context: str | None = None) -> ReadBundles:
     """Read once what ``serve --kubeconfig`` with the same ``--bundle`` and ``--bundle-selector``
     would enforce: the bundle files, then every PolicyBundle compiled as the watch compiles it.
     A PolicyBundle that does not compile is left out and named (a running service keeps its
     last good generation, which only it knows)."""
     registry = BundleRegistry(list(specs))
     registry.poll()
-    api = api_client(kubeconfig)
+    api = api_client(kubeconfig, context)
     try:
         try:
             objects = list_all(api, POLICY_BUNDLES, label_selector=label_selector)[0]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .cli_errors import EXIT_INVALID, EXIT_NOT_FOUND, CliError
+from .cli_io import add_context_flag
 
 if TYPE_CHECKING:
     from .decisionlog import Anchors, Filters, VerifyReport
@@ -260,6 +261,7 @@ def register_server_commands(commands: argparse._SubParsersAction) -> None:
     cluster.add_argument("--kubeconfig", metavar="K", help="read runtimes, namespaces, quotas, LimitRanges and PolicyBundles from this "
                                                            "cluster, inject Secrets/NetworkPolicies into it")
     cluster.add_argument("--in-cluster", action="store_true", help="the same with the pod's service account")
+    add_context_flag(serve)
     serve.add_argument("--bundle-selector", metavar="SEL",
                        help="only PolicyBundles with these labels, e.g. team=ml,env!=dev (several servers on one cluster)")
     serve.add_argument("--reconcile-namespace", action="append", metavar="NS",
@@ -320,7 +322,7 @@ def register_server_commands(commands: argparse._SubParsersAction) -> None:
                             "with { are skipped); what is read is verified as `decisions verify` does, exit 1 if not intact")
     query.add_argument("--no-verify", action="store_true", help="do not verify the chain (the output says so)")
     query.add_argument("--user")
-    query.add_argument("--namespace")
+    query.add_argument("-n", "--namespace")
     query.add_argument("--name", help="the job's name")
     query.add_argument("--kind", choices=["TrainJob", "MPIJob"])
     query.add_argument("--decision", choices=["allow", "deny", "warn", "error"])
@@ -338,10 +340,11 @@ def register_server_commands(commands: argparse._SubParsersAction) -> None:
                             epilog="example: trainjob-admission decisions report --log decisions.jsonl --since 7d")
     report.add_argument("--log", required=True, metavar="F", help="as for query; verified in the same read")
     report.add_argument("--no-verify", action="store_true", help="do not verify the chain (the output says so)")
-    report.add_argument("--namespace")
+    report.add_argument("-n", "--namespace")
     report.add_argument("--since", help="RFC3339 time or a duration like 15m, 2h, 7d")
     report.add_argument("--until")
-    report.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    report.add_argument("-o", "--output", choices=["text", "json", "csv"], default="text",
+                        help="csv: one count a row (group, name, decision, count), for a spreadsheet's pivot table")
     report.set_defaults(func=cmd_decisions_report)
     verify_parser = sub.add_parser(
         "verify", help="check the hash chain; names an edited, inserted or removed record",

@@ -7,13 +7,16 @@ Field names are the JSON keys, hence camelCase.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, fields
 from enum import Enum
 from typing import Any
 
+from policies import redaction
 from policies.decision import Decision, Verdict
 
 from .admission import ParsedReview
+from .decisionlog.lines import canonical, redact
 
 
 class Unset(Enum):
@@ -96,7 +99,7 @@ class DecisionRecord:
         return cls(decision_id, endpoint, decision.decision, decision.allowed, **_submission(parsed),
                    dryRun=parsed.request.dry_run, bundles=decision.bundles, rules=_rules(decision),
                    messages=[m["message"] for m in decision.messages], warnings=decision.warnings,
-                   patch=[{"op": op["op"], "path": op["path"]} for op in decision.patch] if mutate else [],
+                   patch=_patch(parsed, decision) if mutate else [],
                    injections=injected or planned, job=_totals(decision), facts=decision.facts or UNSET,
                    auditAnnotations=decision.audit_annotations or UNSET)
 
@@ -126,6 +129,34 @@ def _submission(parsed: ParsedReview) -> dict[str, Any]:
             "namespace": bounded(str(meta.get("namespace", ""))),
             "name": bounded(str(meta.get("name", "") or meta.get("generateName", ""))),
             "user": bounded(parsed.request.username), "groups": groups}
+
+
+# A patch value's canonical JSON over this many bytes (a whole container list) is recorded by
+# size and digest: a mutation must not make every record of a busy cluster kilobytes long.
+MAX_PATCH_VALUE = 4096
+
+
+def _patch(parsed: ParsedReview, decision: Decision) -> list[dict]:
+    """The JSONPatch applied, each op with its value: env and annotation values redacted as in
+    messages (policies/redaction.py), then the log's own masking of Secret data and private keys
+    (decisionlog.redact, which runs again at write time) before a value is measured or hashed."""
+    if not decision.patch:
+        return []
+    pods = [ps.pod for ps in decision.job.pod_sets] if decision.job else []
+    ops = redaction.redacted_patch(decision.patch, parsed.request.object, parsed.request.old_object, pods)
+    return [_bounded_value(op) for op in ops]
+
+
+def _bounded_value(op: dict) -> dict:
+    """``op`` with its value, or over MAX_PATCH_VALUE bytes with ``valueBytes`` and ``valueSha256`` instead."""
+    if "value" not in op:
+        return op
+    value = redact(op["value"])
+    text = canonical(value).encode("utf-8")
+    if len(text) <= MAX_PATCH_VALUE:
+        return {**op, "value": value}
+    rest = {key: item for key, item in op.items() if key != "value"}
+    return {**rest, "valueBytes": len(text), "valueSha256": "sha256:" + hashlib.sha256(text).hexdigest()}
 
 
 def _rules(decision: Decision) -> list[dict]:

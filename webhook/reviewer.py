@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Awaitable, Callable
 
 from policies.cel import Abandoned, Budget
+from policies.celauthz import Access
 from policies.decision import Decision, Result
 from policies.engine import AdmissionInput, evaluate
 from policies.stored import evaluate_stored
@@ -56,13 +57,15 @@ class ReviewerConfig:
 class Reviewer:
     def __init__(self, registry: BundleRegistry, state: ClusterState, decision_log: DecisionLog, metrics: Metrics,
                  config: ReviewerConfig, injector: InjectFn | None = None,
-                 policy_gaps: Callable[[], list[str]] = list, snapshots: SnapshotFn | None = None):
+                 policy_gaps: Callable[[], list[str]] = list, snapshots: SnapshotFn | None = None,
+                 access: Access | None = None):
         """``policy_gaps``: what is missing to decide by policy (no bundle, no cluster sync yet);
         while it names anything, no job is judged (see :meth:`_no_policy`). ``snapshots``: reads
-        an updated job's runtime snapshot, which ``state`` does not watch."""
+        an updated job's runtime snapshot, which ``state`` does not watch. ``access``: answers the
+        CEL authorizer's checks (webhook/authorizer.py); None: they fail, as offline."""
         self.registry, self.state, self.log, self.metrics = registry, state, decision_log, metrics
         self.config, self.injector, self.policy_gaps = config, injector, policy_gaps
-        self.snapshots = snapshots
+        self.snapshots, self.access = snapshots, access
         self.creations = CreationLimit(config.creation_rate, config.creation_burst)
         # Evaluation has its own threads: API calls and SSH key generation (an RSA-4096 pair is
         # about a second of CPU) must never queue in front of a decision.
@@ -121,6 +124,8 @@ class Reviewer:
         gaps = self.policy_gaps()
         if gaps:
             return await self._no_policy(parsed, decision_id, endpoint, started, gaps)
+        if self.access is not None:
+            parsed.request.access = self.access
         try:
             state = self.state if mutate else await self._with_snapshot(parsed.request)
             # The evaluation's own deadline is the answer's: past it, it stops instead of holding a thread.

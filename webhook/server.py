@@ -19,6 +19,7 @@ from aiohttp import web
 
 from certs.clientca import peer_subject
 from certs.reload import CertReloader
+from policies.celauthz import Access
 from policies.state import ClusterState
 
 from .bundles import BundleRegistry
@@ -71,7 +72,8 @@ class ServerConfig:
 class WebhookServer:
     def __init__(self, config: ServerConfig, state: ClusterState, *, injector: InjectFn | None = None,
                  decision_log: DecisionLog | None = None, state_ready: asyncio.Event | None = None,
-                 checkpoint_store: CheckpointStore | None = None, snapshots: SnapshotFn | None = None):
+                 checkpoint_store: CheckpointStore | None = None, snapshots: SnapshotFn | None = None,
+                 access: Access | None = None):
         self.config = config
         self.metrics = Metrics()
         self.registry = BundleRegistry(list(config.bundle_specs))
@@ -86,7 +88,7 @@ class WebhookServer:
                              if key and store else None)
         self.decision_log.on_write_error = self.metrics.decision_log_write_failures.inc
         self.reviewer = Reviewer(self.registry, state, self.decision_log, self.metrics, config.reviewer, injector,
-                                 policy_gaps=self.policy_gaps, snapshots=snapshots)
+                                 policy_gaps=self.policy_gaps, snapshots=snapshots, access=access)
         self.in_flight = InFlight()
         self.certs = (CertReloader(config.cert_file, config.key_file, config.client_ca_file)
                       if config.cert_file and config.key_file else None)

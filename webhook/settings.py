@@ -108,6 +108,9 @@ def from_args(args: argparse.Namespace) -> ServeOptions:
                        "state comes from the API", EXIT_INVALID)
     if kubeconfig and not Path(kubeconfig).is_file():
         raise CliError(f"kubeconfig {kubeconfig} not found", EXIT_NOT_FOUND)
+    if args.context and not kubeconfig:
+        raise CliError(f"--context {args.context} selects a context of a kubeconfig: use it with --kubeconfig",
+                       EXIT_INVALID)
     if namespaces and not with_cluster:
         raise CliError("--reconcile-namespace limits what the service creates and deletes in a cluster; "
                        "use it with --kubeconfig or --in-cluster", EXIT_INVALID)
@@ -161,7 +164,7 @@ def from_args(args: argparse.Namespace) -> ServeOptions:
         return ServeOptions(server, ClusterOptions(kubeconfig, args.bundle_selector or file.bundleSelector,
                                                    tuple(namespaces), provenance,
                                                    args.checkpoint_namespace or file.checkpointNamespace,
-                                                   audit_interval))
+                                                   audit_interval, args.context))
     try:
         objects = [obj for path in args.cluster_state or [] for obj in load_objects(path)]
     except StateError as exc:

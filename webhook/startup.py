@@ -22,6 +22,7 @@ from policies.reservations import Reservations, state_of
 from policies.state import ClusterState
 
 from .auditscan import BackgroundAudit
+from .authorizer import SubjectAccessReviews
 from .bundles import BundleRegistry
 from .checkpointer import LeaseStore
 from .clusterbundles import ClusterBundles
@@ -51,6 +52,7 @@ class ClusterOptions:
     provenance: Provenance = field(default_factory=Provenance.ephemeral)  # signs and checks what we inject
     checkpoint_namespace: str | None = None  # the decision log's checkpoint Leases (default: our own namespace)
     audit_interval: float | None = None  # seconds between background audits (webhook/auditscan.py); None: off
+    context: str | None = None  # the kubeconfig's context (serve --context); None: its current-context
 
 
 class ClusterSync:
@@ -105,7 +107,7 @@ async def serve(config: ServerConfig, *, objects: list[dict] | None = None, clus
 
 async def _start_with_cluster(config: ServerConfig, options: ClusterOptions,
                               cleanup: contextlib.AsyncExitStack) -> None:
-    api = api_client(options.kubeconfig)
+    api = api_client(options.kubeconfig, options.context)
     cleanup.callback(api.close)
     state, ready = ClusterState(), asyncio.Event()
     state.reservations = Reservations(state)
@@ -115,7 +117,7 @@ async def _start_with_cluster(config: ServerConfig, options: ClusterOptions,
                    if config.checkpoint_key else None)
     server = WebhookServer(config, state, injector=only_in(options.namespaces, injector) if options.namespaces
                            else injector, state_ready=ready, checkpoint_store=checkpoints,
-                           snapshots=SnapshotReader(api))
+                           snapshots=SnapshotReader(api), access=SubjectAccessReviews(api))
     sync = ClusterSync(api, state, server.registry, bundle_selector=options.bundle_selector)
     sync.watchers.append(pod_watcher(api, state.reservations))
     log.info("reading state and PolicyBundles%s from %s",

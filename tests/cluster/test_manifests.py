@@ -248,7 +248,9 @@ def test_base_rbac_is_least_privilege(base):
         ("", "limitranges"): {"get", "list", "watch"},
         ("", "nodes"): {"list", "watch"},  # the schedulability pre-check; never get (nor proxy)
         ("", "pods"): {"list", "watch"},
-        ("", "configmaps"): {"get"},  # a job's runtime snapshot, by name: never list or watch
+        # a job's runtime snapshot, by name; list/watch only label-selected params (the code's selector)
+        ("", "configmaps"): {"get", "list", "watch"},
+        ("authorization.k8s.io", "subjectaccessreviews"): {"create"},  # the CEL authorizer; reads nothing
         ("", "events"): {"create"},  # the deadline warning: never read, update or delete
         ("node.k8s.io", "runtimeclasses"): {"get", "list", "watch"},
         ("scheduling.k8s.io", "priorityclasses"): {"get", "list", "watch"},
@@ -287,7 +289,9 @@ def test_service_rbac_covers_every_call_the_code_makes(tmp_path):
     missing = []
     for res in (*resources.STATE_RESOURCES, resources.POLICY_BUNDLES):
         missing += [(res.plural, v) for v in ("list", "watch") if not granted(rules, group(res.api_version), res.plural, v)]
-    missing += [("configmaps", "get")] * (not granted(rules, "", resources.CONFIG_MAPS.plural, "get"))
+    missing += [("configmaps", v) for v in ("get", "list", "watch") if not granted(rules, "", resources.CONFIG_MAPS.plural, v)]
+    sar = resources.SUBJECT_ACCESS_REVIEWS
+    missing += [(sar.plural, "create")] * (not granted(rules, group(sar.api_version), sar.plural, "create"))
     missing += [("events", "create")] * (not granted(rules, "", resources.EVENTS.plural, "create"))
     bundle_group = group(resources.POLICY_BUNDLES.api_version)
     missing += [("policybundles/status", "patch")] * (not granted(rules, bundle_group, "policybundles/status", "patch"))

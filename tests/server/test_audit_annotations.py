@@ -36,8 +36,8 @@ def test_audit_annotations_come_back_in_the_admission_response(tmp_path: Path):
     finally:
         stop_server(running, thread)
     assert response["allowed"] and "warnings" not in response  # the Audit rule failed, silently
-    assert response["auditAnnotations"] == {"costs/gpus": "4", "costs/submitter": "alice",
+    assert response["auditAnnotations"] == {"costs.gpus": "4", "costs.submitter": "alice",
                                             "decision-id": record["id"]}
-    assert record["auditAnnotations"] == {"costs/gpus": "4", "costs/submitter": "alice"}
+    assert record["auditAnnotations"] == {"costs.gpus": "4", "costs.submitter": "alice"}
     [audited] = [r for r in record["rules"] if r["rule"] == "big-jobs"]
     assert (audited["result"], audited["effect"], audited["messages"]) == ("fail", "audit", ["job uses 4 GPUs"])

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from tests.support.objects import example_job
+from tests.support.serve import send_json
 from webhook.decisionlog import DecisionLog
 from webhook.demo import sample_state
 from webhook.injector import Injector
@@ -56,12 +57,7 @@ class _Handler(BaseHTTPRequestHandler):
     server: MemoryApi
 
     def _answer(self, status: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, status, body)
 
     def _key(self) -> tuple[str, str, str]:
         namespace, plural, name = PATH.match(self.path).groups()

@@ -5,7 +5,6 @@ API that does not answer in time leaves the live runtime deciding, logged."""
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import ssl
 import threading
@@ -18,6 +17,7 @@ import yaml
 from webhook.snapshots import SnapshotReader
 
 from tests.support.objects import example_job, runtime
+from tests.support.serve import send_json
 
 from .conftest import Running, serving_cert, start_server, stop_server
 from .test_injection_failures import api_client
@@ -49,13 +49,8 @@ def api(tmp_path: Path):
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 seen.append(self.path)
                 stop.wait(delay)
-                body = json.dumps(snapshot() if status == 200 else
-                                  {"kind": "Status", "apiVersion": "v1", "code": status, "reason": "NotFound"}).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                send_json(self, status, snapshot() if status == 200 else
+                          {"kind": "Status", "apiVersion": "v1", "code": status, "reason": "NotFound"})
 
             def log_message(self, *args: object) -> None:
                 pass

@@ -116,3 +116,14 @@ class Serve:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def send_json(handler, status: int, obj: object) -> None:
+    """Answers an http.server request with ``obj`` as JSON: the stand-ins for the API server that
+    server-tier tests run (a SubjectAccessReview, a runtime snapshot)."""
+    body = json.dumps(obj).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)

@@ -14,6 +14,7 @@ from policies import audit
 from policies.reservations import state_of
 from policies.state import load_objects
 from webhook.cli import main
+from webhook.cli_io import csv_text
 
 STATE_FILES = ("examples/cluster-state.yaml", "examples/runtimes/mpi-openmpi.yaml")
 
@@ -129,7 +130,7 @@ def test_an_oversized_report_keeps_its_failures_and_counts(job, state, default, 
 
 def test_csv_and_json_hold_every_result(job, state, default) -> None:
     found = audit.audit([job("too-many-gpus"), job("allowed")], default, lambda ns: state)
-    rows = list(csv.DictReader(io.StringIO(audit.as_csv(found))))
+    rows = list(csv.DictReader(io.StringIO(csv_text(audit.CSV_COLUMNS, audit.csv_rows(found)))))
     assert len(rows) == len(found.results) and tuple(rows[0]) == audit.CSV_COLUMNS
     assert {(r["name"], r["rule"], r["result"]) for r in rows} >= {("llm-9gpu", "gpu-limits", "fail")}
     data = audit.as_json(found)

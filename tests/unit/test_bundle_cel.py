@@ -124,7 +124,7 @@ def test_a_bundle_match_condition_that_fails_denies_naming_it(example_job, examp
 
 def test_a_bundle_match_condition_sees_neither_job_nor_variables(make_bundle):
     found = problems(make_bundle, {"matchConditions": [{"name": "c", "expression": "job.totals.gpus > 0"}]})
-    assert "undeclared reference to 'job' (variables are: object, oldObject, request, params, namespaceObject)" \
+    assert "undeclared reference to 'job' (variables are: object, oldObject, request, params, namespaceObject, authorizer)" \
         in found[0]
 
 
@@ -193,9 +193,9 @@ def test_audit_annotations_are_prefixed_omitted_when_null_and_cut_at_10_kib(exam
                                            " + 'y'.replace('y', '" + "z" * 11000 + "')"},
     ]}, name="costs")
     decision = review(example_job("allowed"), [bundle], example_state)
-    assert decision.allowed and set(decision.audit_annotations) == {"costs/gpus", "costs/long"}
-    assert decision.audit_annotations["costs/gpus"] == "4"
-    assert len(decision.audit_annotations["costs/long"].encode()) == 10 * 1024
+    assert decision.allowed and set(decision.audit_annotations) == {"costs.gpus", "costs.long"}
+    assert decision.audit_annotations["costs.gpus"] == "4"
+    assert len(decision.audit_annotations["costs.long"].encode()) == 10 * 1024
 
 
 def test_an_audit_annotation_that_fails_denies_naming_its_key(example_job, example_state, make_bundle, review):
@@ -220,7 +220,7 @@ def test_audit_annotations_go_into_the_admission_response_beside_the_decision_id
     bundle = make_bundle({"auditAnnotations": [{"key": "gpus", "valueExpression": "string(job.totals.gpus)"}]})
     decision = review(example_job("allowed"), [bundle], example_state)
     body = admission.from_decision("uid-1", decision, "d-1")["response"]
-    assert body["auditAnnotations"] == {"test/gpus": "4", "decision-id": "d-1"}
+    assert body["auditAnnotations"] == {"test.gpus": "4", "decision-id": "d-1"}
 
 
 # --- what loading refuses ---------------------------------------------------------------------
@@ -322,7 +322,7 @@ def test_shipped_bundles_and_examples_pass_lint_evaluation(default, production):
 def test_problems_without_a_file_keep_the_position_inside_the_expression(make_bundle):
     found = problems(make_bundle, {"validations": [{"name": "r", "expression": "true &&\n  jobs.x"}]})
     assert found == ["<test>: bundle test: rule r: expression: undeclared reference to 'jobs' (variables are: object, "
-                     "oldObject, request, params, namespaceObject, job, variables) (expression line 2, column 3)"]
+                     "oldObject, request, params, namespaceObject, job, variables, authorizer) (expression line 2, column 3)"]
 
 
 def test_a_literal_block_maps_cel_positions_to_the_file(tmp_path: Path):
@@ -342,3 +342,30 @@ def test_a_literal_block_maps_cel_positions_to_the_file(tmp_path: Path):
         load_bundles([str(path)])
     (problem,) = info.value.problems
     assert (problem.line, problem.column) == (9, 11)
+
+
+# --- what an attack review found --------------------------------------------------------------
+
+def test_a_false_match_condition_wins_over_an_erroring_one(example_job, example_state, make_bundle, review):
+    """ValidatingAdmissionPolicy: any false condition skips the policy, even after an error."""
+    bundle = make_bundle({"matchConditions": [{"name": "errs", "expression": 'object.metadata.labels["tier"] == "x"'},
+                                              {"name": "never", "expression": "false"}],
+                          "validations": [{"name": "r", "expression": "false", "message": "m"}]})
+    decision = review(example_job("allowed"), [bundle], example_state)
+    assert decision.allowed and decision.bundles == []
+
+
+def test_variables_doubling_a_shared_list_fail_instead_of_expanding(example_job, example_state, make_bundle, review):
+    """[v, v] of [v, v] ...: 2^n values from n variables; the copy or a comparison would take for ever."""
+    variables = [{"name": "v0", "expression": "[1]"}] + [
+        {"name": f"v{i}", "expression": f"[variables.v{i - 1}, variables.v{i - 1}]"} for i in range(1, 40)]
+    bundle = make_bundle({"variables": variables,
+                          "validations": [{"name": "r", "expression": "variables.v39 != variables.v38", "message": "m"}]})
+    decision = review(example_job("allowed"), [bundle], example_state)
+    (result,) = [r for r in decision.results if r.rule == "r"]
+    assert result.result is Result.ERROR and "more than 100000 values" in result.messages[0]
+
+
+def test_audit_annotation_keys_are_one_name_segment_the_api_server_keeps(make_bundle):
+    assert any("at most 63 characters" in p for p in problems(make_bundle, {
+        "auditAnnotations": [{"key": "k" * 60, "valueExpression": "'v'"}]}))

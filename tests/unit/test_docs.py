@@ -498,6 +498,17 @@ def test_decision_record_reference_matches_the_record_type() -> None:
     assert documented == actual, f"undocumented: {sorted(actual - documented)}; not a field: {sorted(documented - actual)}"
 
 
+def test_patch_op_keys_are_documented() -> None:
+    """The guide's `patch` row names every key a recorded op can have (webhook/record.py _bounded_value)."""
+    from webhook.record import MAX_PATCH_VALUE, _bounded_value
+
+    row = next(row[1] for row in doc_table("docs/auditor-guide.md", "Record format") if row[0].strip("` ") == "patch")
+    keys = set(_bounded_value({"op": "add", "path": "/a", "value": 1})) | set(_bounded_value(
+        {"op": "add", "path": "/a", "value": "x" * MAX_PATCH_VALUE})) | {"from"}
+    assert {key for key in keys if f"`{key}`" not in row} == set(), row
+    assert f"{MAX_PATCH_VALUE // 1024} KiB" in row
+
+
 def test_decision_record_fields_are_the_logged_ones(tmp_path: Path) -> None:
     """Every key the server writes (here: the demo's records) is documented."""
     result = subprocess.run([str(Path(sys.executable).with_name("trainjob-admission")), "demo", "--workdir",

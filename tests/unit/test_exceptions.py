@@ -168,3 +168,16 @@ def test_review_cluster_state_reads_exceptions(build, tmp_path):
     path.write_text(yaml.safe_dump(exception()))
     state = ClusterState.from_objects(load_objects(path))
     assert list(state.exceptions) == [("team-a", "launch")]
+
+
+@pytest.mark.parametrize("expiry", ["9999-12-31T23:59:59-01:00", "0001-01-01T00:00:00+01:00", "1999-12-31T00:00:00Z"])
+def test_an_expiry_out_of_the_plausible_years_is_refused_never_raised(expiry):
+    """Near year 1 or 9999 a zone offset overflows the conversion to UTC: refused as the CRD refuses it."""
+    with pytest.raises(ValueError, match="years 2000-8999"):
+        exceptions.ExceptionSpec.model_validate({"match": {"names": ["x"]}, "rules": ["quota"], "reason": "r",
+                                                 "expiry": expiry})
+
+
+def test_a_rule_refused_before_the_job_was_built_is_never_waived():
+    """gpu-node-targeting refuses before the job is built, so no check ran: waiving it would admit an unjudged job."""
+    assert {"gpu-node-targeting", "match-condition", "params", "custom-mutation"} <= exceptions.SAFETY_RULES

@@ -68,7 +68,7 @@ def test_decided_on_each_endpoint(allowed):
     mutate = DecisionRecord.decided("d", "mutate", parsed, decision, []).as_log_fields()
     validate = DecisionRecord.decided("d", "validate", parsed, decision, []).as_log_fields()
     assert set(mutate) == set(validate) == DECIDED
-    assert mutate["patch"] == [{"op": op["op"], "path": op["path"]} for op in decision.patch] and mutate["patch"]
+    assert mutate["patch"] == decision.patch and mutate["patch"]  # each op with its value: nothing to redact here
     assert mutate["injections"] == [] and validate["patch"] == []
     assert validate["injections"] == [{**i, "status": "planned"} for i in decision.injections] and validate["injections"]
     created = [{"kind": "Secret", "name": "s", "namespace": "team-a", "status": "created"}]
@@ -121,3 +121,45 @@ def test_submitter_strings_are_bounded_in_records(example_job, example_state, de
     assert fields["user"] == "x" * 512 + "...[+1999488 chars]"
     assert fields["name"].endswith("...[+99488 chars]") and len(fields["uid"]) == 128
     assert len(fields["groups"]) == 65 and fields["groups"][-1] == "...[+9936 groups]"
+
+
+def test_patch_values_are_recorded_redacted_and_bounded(allowed):
+    """A /mutate record carries each op's value, but never a credential: env and annotation values
+    (the job's, and those the patch itself writes) as in messages, Secret data and private keys as
+    anywhere in a record; a value over 4 KiB is kept as its size and digest."""
+    import dataclasses
+    import hashlib
+
+    from webhook.decisionlog import redact
+    from webhook.record import MAX_PATCH_VALUE
+
+    parsed, decision = allowed
+    submitted = "AKIA-submitted-credential"
+    parsed.request.object["spec"]["trainer"]["env"] = [{"name": "AWS_KEY", "value": submitted}]
+    pem = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXk=\n-----END OPENSSH PRIVATE KEY-----\n"
+    large = {"containers": [{"name": f"c{i}", "image": "registry.example/x:1"} for i in range(200)]}
+    patch = [
+        {"op": "add", "path": "/spec/trainer/command", "value": ["sh", "-c", f"echo {submitted}"]},
+        {"op": "add", "path": "/spec/trainer/env/-", "value": {"name": "TOKEN", "value": "set-by-a-mutation"}},
+        {"op": "replace", "path": "/spec/trainer/env/0/value", "value": "another-long-value"},
+        {"op": "add", "path": "/metadata/annotations/team~1note", "value": "annotation-secret"},
+        {"op": "add", "path": "/metadata/annotations/trainjob-admission.io~1gpu", "value": "nvidia-a100-80gb"},
+        {"op": "add", "path": "/metadata/labels/tier", "value": "gold"},
+        {"op": "add", "path": "/spec/x", "value": {"kind": "Secret", "data": {"id_rsa": "c2VjcmV0"}, "note": pem}},
+        {"op": "add", "path": "/spec/podSpecOverrides", "value": large},
+        {"op": "remove", "path": "/spec/suspend"},
+    ]
+    ops = DecisionRecord.decided("d", "mutate", parsed, dataclasses.replace(decision, patch=patch),
+                                 []).as_log_fields()["patch"]
+    assert [op.get("value") for op in ops[:7]] == [
+        ["sh", "-c", "echo [redacted]"], {"name": "TOKEN", "value": "[redacted]"}, "[redacted]", "[redacted]",
+        "nvidia-a100-80gb", "gold",  # this service's own annotations and short or label values are kept
+        {"kind": "Secret", "data": "[redacted]", "note": "[redacted]\n"}]
+    text = canonical(redact(large)).encode()
+    assert len(text) > MAX_PATCH_VALUE
+    assert ops[7] == {"op": "add", "path": "/spec/podSpecOverrides", "valueBytes": len(text),
+                      "valueSha256": "sha256:" + hashlib.sha256(text).hexdigest()}
+    assert ops[8] == {"op": "remove", "path": "/spec/suspend"}
+    line = canonical(ops)
+    assert not any(secret in line for secret in (submitted, "set-by-a-mutation", "annotation-secret", "c2VjcmV0",
+                                                  "b3BlbnNzaC1rZXk="))

@@ -1,8 +1,6 @@
 """Reading a decision log for people: filter records and render them as a table, JSON or CSV."""
 from __future__ import annotations
 
-import csv
-import io
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator
@@ -13,6 +11,7 @@ from typing import Literal
 
 from policies.decision import FAILED
 
+from ..cli_io import csv_text
 from .lines import parse_record, read_lines, split_lines
 from .verify import VerifyReport, verify, verify_stream
 
@@ -155,19 +154,13 @@ def render(records: Iterable[dict], fmt: Literal["table", "json", "csv"] = "tabl
     if fmt == "json":  # the same values, with what a terminal acts on as JSON escapes (\u202e)
         text = json.dumps(list(records), indent=2, ensure_ascii=False)
         return _UNPRINTABLE_IN_JSON.sub(lambda m: f"\\u{ord(m[0]):04x}", text) + "\n"
-    if fmt == "csv":
-        out = io.StringIO()
-        writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(CSV_FIELDS)
-        for r in records:
-            writer.writerow([printable(cell) for cell in (
-                r.get("time", ""), r.get("id", ""), r.get("endpoint", ""), r.get("uid", ""), r.get("seq", ""),
-                r.get("decision", ""), r.get("allowed", ""), r.get("user", ""),
-                ";".join(map(str, r.get("groups") or [])), r.get("operation", ""),
-                r.get("kind", ""), r.get("namespace", ""), r.get("name", ""),
-                ";".join(failed_rules(r)), " | ".join(shown_messages(r)),
-                r.get("latencyMs", ""), r.get("dryRun", ""), r.get("digest", ""))])
-        return out.getvalue()
+    if fmt == "csv":  # cells a spreadsheet would run as formulas are escaped (cli_io.csv_text)
+        return csv_text(CSV_FIELDS, ([printable(cell) for cell in (
+            r.get("time", ""), r.get("id", ""), r.get("endpoint", ""), r.get("uid", ""), r.get("seq", ""),
+            r.get("decision", ""), r.get("allowed", ""), r.get("user", ""), ";".join(map(str, r.get("groups") or [])),
+            r.get("operation", ""), r.get("kind", ""), r.get("namespace", ""), r.get("name", ""),
+            ";".join(failed_rules(r)), " | ".join(shown_messages(r)), r.get("latencyMs", ""), r.get("dryRun", ""),
+            r.get("digest", ""))] for r in records))
     if fmt != "table":
         raise ValueError(f"unknown format {fmt!r}: use table, json or csv")
     header = ("TIME", "ID", "ENDPOINT", "DECISION", "USER", "NAMESPACE/NAME", "KIND", "FAILED RULES", "MESSAGE")

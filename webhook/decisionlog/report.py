@@ -9,6 +9,7 @@ import json
 from collections import Counter
 from typing import Literal
 
+from ..cli_io import csv_text
 from .query import failed_rules, printable, shown_messages
 
 TOP = 10  # refusal messages listed
@@ -43,9 +44,16 @@ class Summary:
                 "topRefusals": [{"message": m, "count": n} for m, n in self.refusals.most_common(TOP)]}
 
 
-def render_summary(summary: dict, fmt: Literal["text", "json"] = "text") -> str:
+# -o csv: one count a row, for a pivot table. group is decision (name empty: every submission),
+# namespace, user, rule (failures of that rule, decision empty) or refusal (a top refusal message).
+CSV_COLUMNS = ("group", "name", "decision", "count")
+
+
+def render_summary(summary: dict, fmt: Literal["text", "json", "csv"] = "text") -> str:
     if fmt == "json":
         return json.dumps(summary, indent=2, ensure_ascii=True) + "\n"
+    if fmt == "csv":
+        return csv_text(CSV_COLUMNS, [[printable(cell) for cell in row] for row in _rows(summary)])
     lines = [f"submissions: {summary['submissions']} ({_counts(summary['decisions'])})"]
     for group in ("namespaces", "users"):
         lines += [f"{group}:"] + [f"  {printable(name)}: {_counts(c)}" for name, c in summary[group].items()]
@@ -56,3 +64,12 @@ def render_summary(summary: dict, fmt: Literal["text", "json"] = "text") -> str:
 
 def _counts(counts: dict[str, int]) -> str:
     return ", ".join(f"{decision} {n}" for decision, n in sorted(counts.items())) or "-"
+
+
+def _rows(summary: dict) -> list[tuple]:
+    rows: list[tuple] = [("decision", "", decision, n) for decision, n in sorted(summary["decisions"].items())]
+    for group, key in (("namespaces", "namespace"), ("users", "user")):
+        rows += [(key, name, decision, n) for name, counts in summary[group].items()
+                 for decision, n in sorted(counts.items())]
+    rows += [("rule", rule, "", n) for rule, n in summary["failedRules"].items()]
+    return rows + [("refusal", r["message"], "deny", r["count"]) for r in summary["topRefusals"]]

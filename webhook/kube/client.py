@@ -54,13 +54,24 @@ class KubeApi(client.ApiClient):
     """The API client, remembering where its configuration came from (for messages)."""
 
     kubeconfig: str | None = None
+    context: str | None = None  # None: the kubeconfig's current-context
 
     def describe(self) -> str:
-        return f"{self.configuration.host} ({f'kubeconfig {self.kubeconfig}' if self.kubeconfig else 'in-cluster service account'})"
+        if not self.kubeconfig:
+            return f"{self.configuration.host} (in-cluster service account)"
+        context = f", context {self.context}" if self.context else ""
+        return f"{self.configuration.host} (kubeconfig {self.kubeconfig}{context})"
+
+    def kubectl(self) -> str:
+        """The kubectl flags that reach the same cluster, for messages."""
+        if not self.kubeconfig:
+            return ""
+        return f" --kubeconfig {self.kubeconfig}" + (f" --context {self.context}" if self.context else "")
 
 
-def api_client(kubeconfig: str | None) -> KubeApi:
-    """A client for ``kubeconfig``, or for the pod's service account when it is None."""
+def api_client(kubeconfig: str | None, context: str | None = None) -> KubeApi:
+    """A client for ``kubeconfig`` (its ``context``, as kubectl's --context, else its current-context),
+    or for the pod's service account when it is None."""
     cfg = client.Configuration()
     try:
         if kubeconfig is None:
@@ -68,14 +79,26 @@ def api_client(kubeconfig: str | None) -> KubeApi:
         else:
             if not Path(kubeconfig).is_file():
                 raise KubeconfigError(f"kubeconfig {kubeconfig} not found")
-            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg, persist_config=False)
+            if context is not None:
+                _check_context(kubeconfig, context)
+            config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg,
+                                    persist_config=False)
     except (config.ConfigException, yaml.YAMLError, OSError) as exc:
         where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account (not running in a pod?)"
         raise KubeconfigError(f"cannot load {where}: {exc}") from None
     cfg.connection_pool_maxsize = POOL
     api = KubeApi(cfg)
-    api.kubeconfig = kubeconfig
+    api.kubeconfig, api.context = kubeconfig, context
     return api
+
+
+def _check_context(kubeconfig: str, context: str) -> None:
+    """An unknown --context, named with the contexts there are (the client's own error names neither)."""
+    contexts, _ = config.list_kube_config_contexts(config_file=kubeconfig)
+    names = [str(c.get("name")) for c in contexts or [] if isinstance(c, dict)]
+    if context not in names:
+        raise KubeconfigError(f"kubeconfig {kubeconfig} has no context {context!r}; its contexts: "
+                              f"{', '.join(names) or 'none'} (kubectl config get-contexts)")
 
 
 def request(api: KubeApi, method: str, path: str, *, query: dict[str, str] | None = None,
@@ -97,10 +120,11 @@ def request(api: KubeApi, method: str, path: str, *, query: dict[str, str] | Non
         reason = str(getattr(exc, "reason", None) or exc)
         if reason.startswith("<"):  # "<HTTPSConnection object at 0x..>: Failed to establish ..."
             reason = reason.split(">: ", 1)[-1]
-        check = f"kubectl --kubeconfig {api.kubeconfig} cluster-info" if api.kubeconfig else "kubectl cluster-info"
+        which = f"context {api.context}" if api.context else "the kubeconfig's current context"
         raise ClusterUnreachable(f"cannot reach the Kubernetes API server at {api.describe()}: {reason}. "
-                                 f"Check that the cluster is up and that the kubeconfig's current context points "
-                                 f"at it (`{check}`)", reason=reason, timed_out=timed_out) from None
+                                 f"Check that the cluster is up and that {which} points "
+                                 f"at it (`kubectl{api.kubectl()} cluster-info`)", reason=reason,
+                                 timed_out=timed_out) from None
 
 
 def call_json(api: KubeApi, method: str, path: str, **kw) -> dict:

@@ -44,8 +44,12 @@ STATE_RESOURCES = (CLUSTER_TRAINING_RUNTIMES, TRAINING_RUNTIMES, NAMESPACES, RES
 # Of the pods, only those on a node and not finished (a pod that finishes leaves the watch as DELETED).
 FIELD_SELECTORS = {PODS: "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"}
 
-# Trainer's runtime snapshot of one job, read by name on its UPDATE (webhook/snapshots.py): get only.
+# Trainer's runtime snapshot of one job, read by name on its UPDATE (webhook/snapshots.py); and,
+# watched with policies/state.py PARAMS_SELECTOR only, the ConfigMaps bundles take params from.
 CONFIG_MAPS = Resource("ConfigMap", "v1", "configmaps")
+
+# Who may do what, asked for the CEL ``authorizer`` (webhook/authorizer.py): create only.
+SUBJECT_ACCESS_REVIEWS = Resource("SubjectAccessReview", "authorization.k8s.io/v1", "subjectaccessreviews")
 
 # The Warning Event at 80% of a TrainJob's deadline (webhook/deadlines.py): create only.
 EVENTS = Resource("Event", "v1", "events")

@@ -2,10 +2,10 @@
 for ``review --kubeconfig``."""
 from __future__ import annotations
 
-from policies.state import ClusterState
+from policies.state import PARAMS_KIND, PARAMS_SELECTOR, ClusterState
 
 from .client import ApiError, ClusterUnreachable, KubeApi, api_client, call_json, clean, list_all
-from .resources import (CLUSTER_TRAINING_RUNTIMES, FIELD_SELECTORS, KUEUE_RESOURCES, LIMIT_RANGES, LOCAL_QUEUES,
+from .resources import (CLUSTER_TRAINING_RUNTIMES, CONFIG_MAPS, FIELD_SELECTORS, KUEUE_RESOURCES, LIMIT_RANGES, LOCAL_QUEUES,
                         NAMESPACES, NODES, PODS,
                         POLICY_EXCEPTIONS, PRIORITY_CLASSES, RESOURCE_QUOTAS, RUNTIME_CLASSES, STATE_RESOURCES, STORAGE_CLASSES,
                         TRAINING_RUNTIMES, Resource)
@@ -29,16 +29,18 @@ class StateSink:
 
 
 def state_watchers(api: KubeApi, state: ClusterState) -> list[Watcher]:
+    """A watch per kind evaluate reads; of ConfigMaps only those labelled as bundles' params."""
     return [Watcher(api, resource, StateSink(state, resource.kind), field_selector=FIELD_SELECTORS.get(resource))
-            for resource in STATE_RESOURCES]
+            for resource in STATE_RESOURCES] + [
+        Watcher(api, CONFIG_MAPS, StateSink(state, PARAMS_KIND), label_selector=PARAMS_SELECTOR)]
 
 
-def read_state(kubeconfig: str, namespace: str) -> ClusterState:
+def read_state(kubeconfig: str, namespace: str, context: str | None = None) -> ClusterState:
     """The runtimes, the Namespace, its ResourceQuotas and LimitRanges, the Runtime-, Priority- and
     StorageClasses, read once (each call with a timeout); the Nodes and the pods bound to them when
     the user may list them (a namespace user usually may not: the schedulability pre-check is then
     left out, and ``review --strict`` says so)."""
-    api = api_client(kubeconfig)
+    api = api_client(kubeconfig, context)
     try:
         objects: list[dict] = []
         for resource, ns in ((CLUSTER_TRAINING_RUNTIMES, None), (TRAINING_RUNTIMES, namespace), (RESOURCE_QUOTAS, namespace),
@@ -49,6 +51,8 @@ def read_state(kubeconfig: str, namespace: str) -> ClusterState:
         pods = _listed(api, PODS, None, absent=(403, 404)) if nodes else None
         # the namespace's PolicyExceptions: none without the CRD, or when the user may not list them
         objects += _listed(api, POLICY_EXCEPTIONS, namespace, absent=(403, 404)) or []
+        # the namespace's params ConfigMaps (paramRef), when the user may list ConfigMaps there
+        objects += _listed(api, CONFIG_MAPS, namespace, absent=(403,), label_selector=PARAMS_SELECTOR) or []
         kueue = {r.kind: _kueue_objects(api, r, namespace if r is LOCAL_QUEUES else None) for r in KUEUE_RESOURCES}
         try:
             objects.append(clean(NAMESPACES, call_json(api, "GET", NAMESPACES.path(name=namespace))))
@@ -86,10 +90,12 @@ def _kueue_objects(api: KubeApi, resource: Resource, namespace: str | None) -> l
         raise
 
 
-def _listed(api: KubeApi, resource: Resource, namespace: str | None, absent: tuple[int, ...]) -> list[dict] | None:
+def _listed(api: KubeApi, resource: Resource, namespace: str | None, absent: tuple[int, ...],
+            label_selector: str | None = None) -> list[dict] | None:
     """Every ``resource`` object; None when the API answers with a status in ``absent``."""
     try:
-        return list_all(api, resource, namespace=namespace, field_selector=FIELD_SELECTORS.get(resource))[0]
+        return list_all(api, resource, namespace=namespace, label_selector=label_selector,
+                        field_selector=FIELD_SELECTORS.get(resource))[0]
     except ApiError as exc:
         if exc.status not in absent:
             raise
