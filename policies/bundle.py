@@ -115,21 +115,26 @@ class Validation(Strict):
     validationActions: list[ValidationAction] | None = None  # None: from severity
     matchConditions: list[MatchCondition] = Field(default_factory=list, max_length=64)  # no copy per rule
 
+    @field_validator("validationActions")
+    @classmethod
+    def _vap_actions(cls, actions: list[str] | None) -> list[str] | None:
+        """ValidatingAdmissionPolicy's rules for validationActions: checked on the field itself, so
+        lint reports them in the same pass as the rule's other field errors."""
+        if actions is None:
+            return actions
+        if not actions:
+            raise ValueError("needs at least one of Deny, Warn, Audit")
+        if len(set(actions)) != len(actions):
+            raise ValueError(f"lists an action twice: {actions}")
+        if {"Deny", "Warn"} <= set(actions):
+            raise ValueError("Deny and Warn may not be used together (the denial already tells the submitter)")
+        return actions
+
     @model_validator(mode="after")
     def _actions(self) -> "Validation":
-        """ValidatingAdmissionPolicy's rules for validationActions, and one way to say it."""
+        """One way to say what a failure does."""
         _unique(self.matchConditions, "name", "matchCondition")
-        actions = self.validationActions
-        if actions is None:
-            return self
-        if not actions:
-            raise ValueError("validationActions needs at least one of Deny, Warn, Audit")
-        if len(set(actions)) != len(actions):
-            raise ValueError(f"validationActions lists an action twice: {actions}")
-        if {"Deny", "Warn"} <= set(actions):
-            raise ValueError("validationActions Deny and Warn may not be used together (the denial already "
-                             "tells the submitter)")
-        if "severity" in self.model_fields_set:
+        if self.validationActions is not None and "severity" in self.model_fields_set:
             raise ValueError("set validationActions or severity, not both (severity: warn is validationActions: [Warn])")
         return self
 

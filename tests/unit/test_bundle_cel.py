@@ -369,3 +369,25 @@ def test_variables_doubling_a_shared_list_fail_instead_of_expanding(example_job,
 def test_audit_annotation_keys_are_one_name_segment_the_api_server_keeps(make_bundle):
     assert any("at most 63 characters" in p for p in problems(make_bundle, {
         "auditAnnotations": [{"key": "k" * 60, "valueExpression": "'v'"}]}))
+
+
+def test_lint_shows_a_rules_action_errors_beside_its_other_field_errors(tmp_path: Path):
+    """validationActions are checked on the field, so a rule with an unknown field and bad
+    actions shows both in one pass (a new admin's loop: every error at once)."""
+    path = tmp_path / "b.yaml"
+    path.write_text(textwrap.dedent("""\
+        apiVersion: policy.trainjob-admission.io/v1alpha1
+        kind: PolicyBundle
+        metadata: {name: b}
+        spec:
+          validations:
+            - name: r
+              expression: 'true'
+              validationActions: []
+              bogus: 1
+        """))
+    with pytest.raises(BundleError) as info:
+        load_bundles([str(path)])
+    shown = [str(p) for p in info.value.problems]
+    assert any("validationActions: needs at least one of Deny, Warn, Audit" in p for p in shown), shown
+    assert any("bogus: unknown field" in p for p in shown), shown
