@@ -93,22 +93,24 @@ COMPONENTS = {
 }
 
 # Fixed loopback ports (a busy one is replaced by a free one at `up`; see run/state.json).
+# All below 32768: Linux gives client sockets ports from 32768-60999 (ip_local_port_range), and a
+# listener cannot bind a port a long-lived client connection (the API server's to etcd) already holds.
 DEFAULT_PORTS = {
     "etcd-client": 23790,
     "etcd-peer": 23800,
-    "apiserver": 36443,
-    "controller-manager": 36257,
-    "scheduler": 36259,
-    "kwok": 36247,
-    "jobset-webhook": 36543,
-    "jobset-metrics": 36580,
-    "jobset-health": 36581,
-    "trainer-webhook": 36643,
-    "trainer-metrics": 36680,
-    "trainer-health": 36681,
-    "kueue-webhook": 36743,
-    "kueue-metrics": 36780,
-    "kueue-health": 36781,
+    "apiserver": 26443,
+    "controller-manager": 26257,
+    "scheduler": 26259,
+    "kwok": 26247,
+    "jobset-webhook": 26543,
+    "jobset-metrics": 26580,
+    "jobset-health": 26581,
+    "trainer-webhook": 26643,
+    "trainer-metrics": 26680,
+    "trainer-health": 26681,
+    "kueue-webhook": 26743,
+    "kueue-metrics": 26780,
+    "kueue-health": 26781,
 }
 
 LOOPBACK = "127.0.0.1"
