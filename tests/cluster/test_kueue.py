@@ -99,6 +99,10 @@ def test_a_job_beside_a_running_one_is_admitted_with_a_warning_and_waits_whole(e
     first, second = f"kq-first-{run}", f"kq-second-{run}"
     assert create(job(first, ns, runs="8s")).returncode == 0
     wait("the first job admitted", lambda: condition(kueue.workload_of(first, ns), "Admitted"))
+    # Kueue writes the ClusterQueue's reservations to its status a moment after it admits, and
+    # the service sees them through its watch: a server dry run says when that has happened
+    wait("the service to see the first job's reservation",
+         lambda: "the job waits in ClusterQueue" in create(job(second, ns), "--dry-run=server").stderr, timeout=60)
     p = create(job(second, ns))
     assert p.returncode == 0, p.stderr
     assert "Warning: [" in p.stderr and "the job waits in ClusterQueue" in p.stderr, p.stderr
