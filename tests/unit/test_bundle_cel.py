@@ -325,7 +325,8 @@ def test_problems_without_a_file_keep_the_position_inside_the_expression(make_bu
                      "oldObject, request, params, namespaceObject, job, variables, authorizer) (expression line 2, column 3)"]
 
 
-def test_a_literal_block_maps_cel_positions_to_the_file(tmp_path: Path):
+def file_problems(tmp_path: Path, rule: str) -> list:
+    """The problems of a bundle file whose one rule is ``rule`` (YAML lines of the rule's fields)."""
     path = tmp_path / "b.yaml"
     path.write_text(textwrap.dedent("""\
         apiVersion: policy.trainjob-admission.io/v1alpha1
@@ -334,13 +335,18 @@ def test_a_literal_block_maps_cel_positions_to_the_file(tmp_path: Path):
         spec:
           validations:
             - name: r
-              expression: |
-                true &&
-                  jobs.x
-        """))
+        """) + textwrap.indent(textwrap.dedent(rule), " " * 6))
     with pytest.raises(BundleError) as info:
         load_bundles([str(path)])
-    (problem,) = info.value.problems
+    return info.value.problems
+
+
+def test_a_literal_block_maps_cel_positions_to_the_file(tmp_path: Path):
+    (problem,) = file_problems(tmp_path, """\
+        expression: |
+          true &&
+            jobs.x
+        """)
     assert (problem.line, problem.column) == (9, 11)
 
 
@@ -374,20 +380,10 @@ def test_audit_annotation_keys_are_one_name_segment_the_api_server_keeps(make_bu
 def test_lint_shows_a_rules_action_errors_beside_its_other_field_errors(tmp_path: Path):
     """validationActions are checked on the field, so a rule with an unknown field and bad
     actions shows both in one pass (a new admin's loop: every error at once)."""
-    path = tmp_path / "b.yaml"
-    path.write_text(textwrap.dedent("""\
-        apiVersion: policy.trainjob-admission.io/v1alpha1
-        kind: PolicyBundle
-        metadata: {name: b}
-        spec:
-          validations:
-            - name: r
-              expression: 'true'
-              validationActions: []
-              bogus: 1
-        """))
-    with pytest.raises(BundleError) as info:
-        load_bundles([str(path)])
-    shown = [str(p) for p in info.value.problems]
+    shown = [str(p) for p in file_problems(tmp_path, """\
+        expression: 'true'
+        validationActions: []
+        bogus: 1
+        """)]
     assert any("validationActions: needs at least one of Deny, Warn, Audit" in p for p in shown), shown
     assert any("bogus: unknown field" in p for p in shown), shown
