@@ -196,7 +196,7 @@ def kueue_objects(queues: int = 50, pending: int = 500) -> list[dict]:
                                                  "borrowingLimit": "8", "lendingLimit": "8"}]}
                 for product in ("h100", "a100")]
         objects.append({"apiVersion": kueue, "kind": "ClusterQueue", "metadata": {"name": f"cq-{i:02d}"},
-                        "spec": {"cohortName": f"cohort-{i // 5}", "resourceGroups": [
+                        "spec": {"cohortName": f"cohort-{i // 5}", "namespaceSelector": {}, "resourceGroups": [
                             {"coveredResources": ["cpu", "memory"], "flavors": [{"name": "default-flavor", "resources": [
                                 {"name": "cpu", "nominalQuota": "256"}, {"name": "memory", "nominalQuota": "2Ti"}]}]},
                             {"coveredResources": ["nvidia.com/gpu"], "flavors": gpus}]},

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import kueue
-from ..bundle import KueueCheck
+from ..bundle import KueueCheck, LabelSelector
 from ..kueue import QUEUE_LABEL, PRIORITY_LABEL, Forest, Group, QueuedSet
 from ..queueing import runs_elsewhere
 from ..resources import format_amount
@@ -115,21 +115,26 @@ def _queue(context: CheckContext, settings: KueueCheck, queue: str, facts: dict)
 
 
 def _selector(context: CheckContext, cq_name: str, cq: dict, facts: dict) -> list[Finding]:
-    from ..bundle import LabelSelector  # pydantic: only when a ClusterQueue restricts namespaces
-    selector = (cq.get("spec") or {}).get("namespaceSelector")
-    if not isinstance(selector, dict) or not selector:
-        return []
-    labels = ((context.namespace.get("metadata") or {}).get("labels")) or {}
-    try:
-        matches = LabelSelector.model_validate(selector).matches(labels)
-    except ValueError:
-        return []  # a selector the API server stored but we cannot read: Kueue decides
-    if matches:
-        return []
+    """The ClusterQueue's namespaceSelector against the job's namespace. Absent, it selects no
+    namespace (Kueue v0.19: metav1.LabelSelectorAsSelector(nil) is labels.Nothing; ``{}`` is every
+    namespace), as workload_controller.go's admissibility check reads it."""
+    spec = cq.get("spec") or {}
+    selector = spec.get("namespaceSelector")
+    if selector is None:
+        why, fix = ("it has no namespaceSelector, which Kueue reads as no namespace",
+                    f"{ASK_ADMIN} to set namespaceSelector on ClusterQueue {cq_name} ({{}} selects every namespace)")
+    else:
+        labels = ((context.namespace.get("metadata") or {}).get("labels")) or {}
+        try:
+            if not isinstance(selector, dict) or LabelSelector.model_validate(selector).matches(labels):
+                return []
+        except ValueError:
+            return []  # a selector the API server stored but we cannot read: Kueue decides
+        why, fix = ("its namespaceSelector does not match the namespace's labels",
+                    f"{ASK_ADMIN} which LocalQueue to use, or {_queue_choice(context)}")
     facts["verdict"] = "namespace not selected"
-    return [Finding(f"ClusterQueue {cq_name} does not admit jobs from namespace {context.job.namespace} (its "
-                    "namespaceSelector does not match the namespace's labels); Kueue would keep the job suspended "
-                    "for ever", f"{ASK_ADMIN} which LocalQueue to use, or {_queue_choice(context)}")]
+    return [Finding(f"ClusterQueue {cq_name} does not admit jobs from namespace {context.job.namespace} ({why}); "
+                    "Kueue would keep the job suspended for ever", fix)]
 
 
 def _held(queue: str, local: dict, cq_name: str, cq: dict) -> list[Finding]:

@@ -26,13 +26,17 @@ def flavor_quota(name, **resources):
     return {"name": name, "resources": out}
 
 
+ABSENT = object()  # a ClusterQueue without namespaceSelector (Kueue: no namespace)
+
+
 def cluster_queue(name, *groups, cohort=None, reserved=None, pending=0, selector=None, stop=None):
+    """``selector``: its namespaceSelector; None gives {} (every namespace), ABSENT leaves it out."""
     spec = {"resourceGroups": [{"coveredResources": [r["name"] for r in flavors[0]["resources"]],
                                 "flavors": list(flavors)} for flavors in groups]}
     if cohort:
         spec["cohortName"] = cohort
-    if selector is not None:
-        spec["namespaceSelector"] = selector
+    if selector is not ABSENT:
+        spec["namespaceSelector"] = {} if selector is None else selector
     if stop:
         spec["stopPolicy"] = stop
     status = {"pendingWorkloads": pending}
@@ -187,6 +191,15 @@ def test_a_cluster_queue_that_does_not_select_the_namespace_is_refused(setup):
     assert "does not admit jobs from namespace team-a" in finding(decision)[0]
     assert setup(gpu_queue(selector={"matchLabels": {"team": "research"}}), *DEFAULT_OBJECTS,
                  namespace_labels={"team": "research"}).allowed
+
+
+def test_a_cluster_queue_without_a_namespace_selector_admits_from_no_namespace(setup):
+    """Kueue reads an absent namespaceSelector as labels.Nothing(): the job would wait for ever."""
+    decision = setup(gpu_queue(selector=ABSENT), *DEFAULT_OBJECTS)
+    message, fix = finding(decision)
+    assert message == ("ClusterQueue team-cq does not admit jobs from namespace team-a (it has no namespaceSelector, "
+                       "which Kueue reads as no namespace); Kueue would keep the job suspended for ever")
+    assert fix == "ask your admin to set namespaceSelector on ClusterQueue team-cq ({} selects every namespace)"
 
 
 def test_a_job_larger_than_its_cluster_queue_can_ever_give_is_refused_with_the_numbers(setup):
