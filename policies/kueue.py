@@ -43,6 +43,9 @@ class Limits:
     lending: int | None = None
 
 
+NO_QUOTA = Limits(0)  # a flavor/resource a node does not list
+
+
 @dataclass(frozen=True)
 class Group:
     """A resource group: resources that share one flavor per pod set, and its flavors in order."""
@@ -131,7 +134,7 @@ class Forest:
                 # A cohort a ClusterQueue names but no Cohort object defines exists, empty.
                 self.nodes.setdefault(("cohort", node.parent), _Node(None, {})).children.append(key)
         self.cyclic = self._cycles()
-        self.too_deep = self._too_deep()
+        self._roots, self.too_deep = self._depths()
         self._memo: dict[tuple[str, tuple[str, str], FlavorResource], int] = {}
 
     def _cycles(self) -> set[str]:
@@ -148,15 +151,18 @@ class Forest:
                     break
                 on_path.add(current)
                 path.append(current)
-                node = self.nodes.get(("cohort", current))
-                current = node.parent if node else None
+                current = self._cohort_parent(current)
             verdict = cycle or (current is not None and bad.get(current, False))
             bad.update(dict.fromkeys(path, verdict))
         return {name for name, is_bad in bad.items() if is_bad}
 
-    def _too_deep(self) -> set[str]:
-        """Root cohorts whose tree is more than MAX_DEPTH levels deep: Kueue's sums walk the tree,
-        and so do ours (recursively); trees that deep are not judged."""
+    def _cohort_parent(self, cohort: str) -> str | None:
+        node = self.nodes.get(("cohort", cohort))
+        return node.parent if node else None
+
+    def _depths(self) -> tuple[dict[str, str], set[str]]:
+        """Each cohort's root, and the roots whose tree is more than MAX_DEPTH levels deep:
+        Kueue's sums walk the tree, and so do ours (recursively); trees that deep are not judged."""
         depth: dict[str, int] = {}
         roots: dict[str, str] = {}
         deep: set[str] = set()
@@ -166,15 +172,13 @@ class Forest:
             path, current = [], name
             while current is not None and current not in depth and current not in self.cyclic:
                 path.append(current)
-                node = self.nodes.get(("cohort", current))
-                current = node.parent if node else None
+                current = self._cohort_parent(current)
             base, root = (depth[current], roots[current]) if current in depth else (0, path[-1])
             for offset, cohort in enumerate(reversed(path), 1):
                 depth[cohort], roots[cohort] = base + offset, root
                 if base + offset > MAX_DEPTH:
                     deep.add(root)
-        self._roots = roots
-        return deep
+        return roots, deep
 
     def judged(self, cluster_queue: str) -> str | None:
         """Why the ClusterQueue's capacity is not judged (None: it is): an unreadable quota in
@@ -193,6 +197,9 @@ class Forest:
         node = self.nodes.get(("cq", cluster_queue))
         return node is not None and node.parent in self.cyclic
 
+    def _limits(self, key: tuple[str, str], fr: FlavorResource) -> Limits:
+        return self.nodes[key].quotas.get(fr, NO_QUOTA)
+
     def _memoised(self, what: str, key: tuple[str, str], fr: FlavorResource, compute) -> int:
         slot = (what, key, fr)
         if slot not in self._memo:
@@ -202,12 +209,12 @@ class Forest:
     def subtree(self, key: tuple[str, str], fr: FlavorResource) -> int:
         """SubtreeQuota: the node's nominal quota and what its children do not keep local."""
         node = self.nodes[key]
-        return self._memoised("subtree", key, fr, lambda: node.quotas.get(fr, Limits(0)).nominal + sum(
+        return self._memoised("subtree", key, fr, lambda: self._limits(key, fr).nominal + sum(
             self.subtree(child, fr) - self.local(child, fr) for child in node.children))
 
     def local(self, key: tuple[str, str], fr: FlavorResource) -> int:
         """localQuota: what a lendingLimit keeps from the parent."""
-        lending = self.nodes[key].quotas.get(fr, Limits(0)).lending
+        lending = self._limits(key, fr).lending
         return 0 if lending is None else max(0, self.subtree(key, fr) - lending)
 
     def used(self, key: tuple[str, str], fr: FlavorResource) -> int:
@@ -232,7 +239,7 @@ class Forest:
             if parent is None:
                 return self.subtree(key, fr)
             most = self.local(key, fr) + self._potential(parent, fr)
-            borrowing = self.nodes[key].quotas.get(fr, Limits(0)).borrowing
+            borrowing = self._limits(key, fr).borrowing
             return most if borrowing is None else min(most, self.subtree(key, fr) + borrowing)
         return self._memoised("potential", key, fr, compute)
 
@@ -246,7 +253,7 @@ class Forest:
             if parent is None:
                 return self.subtree(key, fr) - self.used(key, fr)
             from_parent = self._available(parent, fr)
-            borrowing = self.nodes[key].quotas.get(fr, Limits(0)).borrowing
+            borrowing = self._limits(key, fr).borrowing
             if borrowing is not None:
                 kept = self.local(key, fr)
                 stored = self.subtree(key, fr) - kept
@@ -256,7 +263,7 @@ class Forest:
         return self._memoised("available", key, fr, compute)
 
     def nominal(self, cluster_queue: str, fr: FlavorResource) -> int:
-        return self.nodes[("cq", cluster_queue)].quotas.get(fr, Limits(0)).nominal
+        return self._limits(("cq", cluster_queue), fr).nominal
 
     def reserved(self, cluster_queue: str, fr: FlavorResource) -> int:
         return self.used(("cq", cluster_queue), fr)
