@@ -53,7 +53,9 @@ def read_state(kubeconfig: str, namespace: str, context: str | None = None) -> C
         objects += _listed(api, POLICY_EXCEPTIONS, namespace, absent=(403, 404)) or []
         # the namespace's params ConfigMaps (paramRef), when the user may list ConfigMaps there
         objects += _listed(api, CONFIG_MAPS, namespace, absent=(403,), label_selector=PARAMS_SELECTOR) or []
-        kueue = {r.kind: _kueue_objects(api, r, namespace if r is LOCAL_QUEUES else None) for r in KUEUE_RESOURCES}
+        # Kueue's: none without its CRDs (404), not known when the user may not list them (403)
+        kueue = {r.kind: _listed(api, r, namespace if r is LOCAL_QUEUES else None, absent=(403,), empty=(404,))
+                 for r in KUEUE_RESOURCES}
         try:
             objects.append(clean(NAMESPACES, call_json(api, "GET", NAMESPACES.path(name=namespace))))
         except ApiError as exc:
@@ -77,26 +79,16 @@ def read_state(kubeconfig: str, namespace: str, context: str | None = None) -> C
     return state
 
 
-def _kueue_objects(api: KubeApi, resource: Resource, namespace: str | None) -> list[dict] | None:
-    """Kueue's objects of one kind: [] without Kueue (404), None when the user may not list them
-    (the Kueue pre-check then leaves out what it cannot know)."""
-    try:
-        return list_all(api, resource, namespace=namespace)[0]
-    except ApiError as exc:
-        if exc.status == 404:
-            return []
-        if exc.status == 403:
-            return None
-        raise
-
-
 def _listed(api: KubeApi, resource: Resource, namespace: str | None, absent: tuple[int, ...],
-            label_selector: str | None = None) -> list[dict] | None:
-    """Every ``resource`` object; None when the API answers with a status in ``absent``."""
+            label_selector: str | None = None, empty: tuple[int, ...] = ()) -> list[dict] | None:
+    """Every ``resource`` object; None (not known) when the API answers with a status in
+    ``absent``, [] (none exist) with one in ``empty``."""
     try:
         return list_all(api, resource, namespace=namespace, label_selector=label_selector,
                         field_selector=FIELD_SELECTORS.get(resource))[0]
     except ApiError as exc:
+        if exc.status in empty:
+            return []
         if exc.status not in absent:
             raise
         return None
