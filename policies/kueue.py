@@ -314,6 +314,10 @@ class QueuedSet:
     def totals(self) -> dict[str, int]:
         return {r: n * self.count for r, n in self.per_pod.items()}
 
+    def in_group(self, group: Group) -> dict[str, int]:
+        """Its totals of the resources ``group`` covers: what one flavor of the group must hold."""
+        return {r: n for r, n in self.totals.items() if r in group.covered}
+
     @cached_property
     def needs(self) -> nodefit.PodNeeds:
         return nodefit.pod_needs(self.pod_spec, {})

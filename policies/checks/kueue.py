@@ -243,7 +243,7 @@ def _never(context: CheckContext, tree: Forest, cq_name: str, where: str, sets: 
 
     for ps in sets:
         for group, fit in allowed.get(ps.name, {}).items():
-            asked = {r: n for r, n in ps.totals.items() if r in group.covered}
+            asked = ps.in_group(group)
             if any(all(n <= tree.potential(cq_name, (f, r)) for r, n in asked.items()) for f in fit):
                 continue
             resource = max(asked, key=lambda r: asked[r] / max(1, max(tree.potential(cq_name, (f, r)) for f in fit)))
@@ -278,7 +278,7 @@ def _assign(room_of, cq_name: str, sets: list[QueuedSet],
     chosen: dict[str, dict[str, str]] = {}
     for ps in sets:
         for group, fit in allowed.get(ps.name, {}).items():
-            asked = {r: n for r, n in ps.totals.items() if r in group.covered}
+            asked = ps.in_group(group)
             flavor = next((f for f in fit if all(taken.get((f, r), 0) + n <= room_of(cq_name, (f, r))
                                                  for r, n in asked.items())), None)
             if flavor is None:
