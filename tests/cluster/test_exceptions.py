@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
 import yaml
 
 from tests.support.objects import edit_binding, trainjob
-from tests.support.service import REPO, cluster, service_as_installed
+from tests.support.service import REPO, cluster, default_bundle_for, scratch_namespace, service_as_installed
 
 pytestmark = pytest.mark.cluster
 
@@ -60,36 +59,30 @@ class Setup:
 
 @pytest.fixture(scope="module")
 def setup(control_plane, policybundle_crd, tmp_path_factory):
-    run = uuid.uuid4().hex[:8]
-    ns, group = f"pex-{run}", f"pex-admins-{run}"
     cluster.apply_objects(yaml.safe_load_all(CRD_FILE.read_text()), server_side=True)
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD}")
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", REPO / "examples/runtimes/mpi-openmpi.yaml")
     role = next(d for d in yaml.safe_load_all((REPO / "manifests/base/people.yaml").read_text())
                 if d["kind"] == "ClusterRole" and d["metadata"]["name"] == ROLE)
-    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-               "metadata": {"name": group, "labels": {LABEL: run}},
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": ROLE},
-               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": group}]}
-    bundle = yaml.safe_load((REPO / "policies/bundles/default.yaml").read_text())
-    bundle["metadata"] = {"name": ns, "labels": {LABEL: run}}
-    bundle["spec"]["match"] = {"namespaces": [ns]}
-    try:
-        cluster.apply_objects([role], server_side=True)
-        cluster.apply_objects([
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
-            {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "compute", "namespace": ns},
-             "spec": {"hard": {"requests.cpu": "64", "requests.memory": "256Gi",
-                               "requests.nvidia.com/gpu": str(QUOTA_GPUS)}}},
-            edit_binding(ns, "alice"), binding, bundle])
-        wait("quota status", lambda: json.loads(kc("get", "resourcequota", "compute", "-n", ns, "-o", "json").stdout
-                                                ).get("status", {}).get("hard"))
-        with service_as_installed(tmp_path_factory.mktemp("exceptions"), ns, [ns], f"{LABEL}={run}") as svc:
-            yield Setup(ns, svc, ("--as=adam", f"--as-group={group}"), group)
-    finally:
-        kc("delete", "clusterrolebinding", group, "--ignore-not-found")
-        kc("delete", "policybundle", ns, "--ignore-not-found", "--wait=false")
-        kc("delete", "namespace", ns, "--ignore-not-found", "--wait=false")
+    with scratch_namespace("pex", LABEL) as (ns, run):
+        group = f"pex-admins-{run}"
+        binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                   "metadata": {"name": group, "labels": {LABEL: run}},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": ROLE},
+                   "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": group}]}
+        try:
+            cluster.apply_objects([role], server_side=True)
+            cluster.apply_objects([
+                {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "compute", "namespace": ns},
+                 "spec": {"hard": {"requests.cpu": "64", "requests.memory": "256Gi",
+                                   "requests.nvidia.com/gpu": str(QUOTA_GPUS)}}},
+                edit_binding(ns, "alice"), binding, default_bundle_for(ns, LABEL, run)])
+            wait("quota status", lambda: json.loads(kc("get", "resourcequota", "compute", "-n", ns, "-o", "json").stdout
+                                                    ).get("status", {}).get("hard"))
+            with service_as_installed(tmp_path_factory.mktemp("exceptions"), ns, [ns], f"{LABEL}={run}") as svc:
+                yield Setup(ns, svc, ("--as=adam", f"--as-group={group}"), group)
+        finally:
+            kc("delete", "clusterrolebinding", group, "--ignore-not-found")
 
 
 def test_alice_cannot_grant_an_exception(setup):

@@ -12,12 +12,11 @@ import json
 import uuid
 
 import pytest
-import yaml
 
 from tests.support import kueue
 from tests.support.kueue import QUEUE_LABEL, condition, kueue_queues, wait
 from tests.support.objects import edit_binding, trainjob
-from tests.support.service import REPO, cluster, service_as_installed
+from tests.support.service import REPO, cluster, default_bundle_for, scratch_namespace, service_as_installed
 
 pytestmark = pytest.mark.cluster
 
@@ -25,34 +24,21 @@ LABEL = "trainjob-admission.io/kueue-service-test"
 PODS_PER_JOB, GPUS_PER_POD, QUEUE_GPUS = 2, 4, 8
 
 
-def _bundle(name: str, run: str, namespace: str, local_queue: str) -> dict:
-    doc = yaml.safe_load((REPO / "policies/bundles/default.yaml").read_text())
-    doc["metadata"] = {"name": name, "labels": {LABEL: run}}
-    doc["spec"]["match"] = {"namespaces": [namespace]}
-    doc["spec"]["mutations"]["scheduling"]["defaultQueue"] = local_queue
-    return doc
-
-
 @pytest.fixture(scope="module")
 def env(control_plane, policybundle_crd, tmp_path_factory):
     """(namespace, queues, service) with the service deciding for the namespace."""
-    run = uuid.uuid4().hex[:8]
-    ns = f"kueue-{run}"
-    try:
-        cluster.apply_objects([
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {LABEL: run}}},
-            edit_binding(ns, "alice")])
+    with scratch_namespace("kueue", LABEL) as (ns, run):
+        cluster.apply_objects([edit_binding(ns, "alice")])
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", REPO / "examples/runtimes/mpi-openmpi.yaml")
         with kueue_queues({ns: QUEUE_GPUS}, borrowing_limit=0) as q:
-            cluster.apply_objects([_bundle(ns, run, ns, q.local_queue)])
+            bundle = default_bundle_for(ns, LABEL, run)
+            bundle["spec"]["mutations"]["scheduling"]["defaultQueue"] = q.local_queue
+            cluster.apply_objects([bundle])
             with service_as_installed(tmp_path_factory.mktemp("kueue"), ns, [ns], f"{LABEL}={run}") as svc:
                 # the service's watches see the queues before the first decision
                 wait("the LocalQueue in the service's view", lambda: _decides_with_queue(ns), timeout=60)
                 yield ns, q, svc
             cluster.kubectl("delete", "trainjobs", "--all", "-n", ns, "--timeout=90s", check=False, timeout=120)
-    finally:
-        cluster.kubectl("delete", "policybundle", ns, "--ignore-not-found", "--wait=false", check=False)
-        cluster.kubectl("delete", "namespace", ns, "--ignore-not-found", "--wait=false", check=False)
 
 
 def _decides_with_queue(ns: str) -> bool:

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 
 import pytest
-import yaml
 
-from tests.support.objects import runtime, trainjob
-from tests.support.service import REPO, cluster, service_as_installed
+from tests.support.objects import edit_binding, runtime, trainjob
+from tests.support.service import cluster, default_bundle_for, scratch_namespace, service_as_installed
 
 pytestmark = pytest.mark.cluster
 
@@ -27,27 +25,15 @@ def kc(*args, kubeconfig=None, input=None):
 
 @pytest.fixture(scope="module")
 def team(control_plane, policybundle_crd, tmp_path_factory):
-    run = uuid.uuid4().hex[:8]
-    ns = f"resv-{run}"
-    bundle = yaml.safe_load((REPO / "policies/bundles/default.yaml").read_text())
-    bundle["metadata"] = {"name": ns, "labels": {LABEL: run}}
-    bundle["spec"]["match"] = {"namespaces": [ns]}
-    try:
+    with scratch_namespace("resv", LABEL) as (ns, run):
         cluster.apply_objects([
             runtime(),  # mpi-openmpi, as examples/runtimes ships it
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {LABEL: run}}},
             {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "team-quota", "namespace": ns},
              "spec": {"hard": {GPU_KEY: "8"}}},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-             "metadata": {"name": "alice-edit", "namespace": ns},
-             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
-             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}]},
-            bundle])
+            edit_binding(ns, "alice"),
+            default_bundle_for(ns, LABEL, run)])
         with service_as_installed(tmp_path_factory.mktemp("resv"), ns, [ns], f"{LABEL}={run}"):
             yield ns
-    finally:
-        kc("delete", "policybundle", ns, "--ignore-not-found", "--wait=false")
-        kc("delete", "namespace", ns, "--ignore-not-found", "--wait=false")
 
 
 def create(job: dict):

@@ -9,13 +9,11 @@ the default bundle plus GPU node targeting and duration limits; alice submits wi
 from __future__ import annotations
 
 import json
-import uuid
 
 import pytest
-import yaml
 
 from tests.support.objects import GPU, edit_binding, runtime, trainjob
-from tests.support.service import REPO, cluster, service_as_installed
+from tests.support.service import cluster, default_bundle_for, scratch_namespace, service_as_installed
 
 pytestmark = pytest.mark.cluster
 
@@ -49,11 +47,9 @@ def get(kind: str, name: str, ns: str) -> dict | None:
     return json.loads(p.stdout) if p.returncode == 0 else None
 
 
-def _bundle(name: str, run: str, namespace: str) -> dict:
-    doc = yaml.safe_load((REPO / "policies/bundles/default.yaml").read_text())
-    doc["metadata"] = {"name": name, "labels": {LABEL: run}}
+def _bundle(namespace: str, run: str) -> dict:
+    doc = default_bundle_for(namespace, LABEL, run)
     spec = doc["spec"]
-    spec["match"] = {"namespaces": [namespace]}
     spec["checks"]["gpu"] = {"maxPerWorker": 16, "maxPerJob": 128}  # the nodes decide, not the GPU limits
     spec["checks"].pop("quota", None)
     spec["checks"]["schedulability"] = {}
@@ -69,20 +65,11 @@ def _bundle(name: str, run: str, namespace: str) -> dict:
 
 @pytest.fixture(scope="module")
 def sched(control_plane, policybundle_crd, tmp_path_factory):
-    run = uuid.uuid4().hex[:8]
-    ns = f"sched-{run}"
-    try:
-        cluster.apply_objects([
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {LABEL: run}}},
-            _gpu_workers_runtime(ns),
-            edit_binding(ns, "platform-admins", kind="Group"),
-            edit_binding(ns, "alice"),
-            _bundle(ns, run, ns)])
+    with scratch_namespace("sched", LABEL) as (ns, run):
+        cluster.apply_objects([_gpu_workers_runtime(ns), edit_binding(ns, "platform-admins", kind="Group"),
+                               edit_binding(ns, "alice"), _bundle(ns, run)])
         with service_as_installed(tmp_path_factory.mktemp("sched"), ns, [ns], f"{LABEL}={run}"):
             yield ns
-    finally:
-        kc("delete", "policybundle", ns, "--ignore-not-found", "--wait=false")
-        kc("delete", "namespace", ns, "--ignore-not-found", "--wait=false")
 
 
 def submit(job: dict, as_user: tuple[str, str] | None = None):

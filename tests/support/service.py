@@ -146,3 +146,31 @@ def service_as_installed(workdir: Path, name: str, namespaces: list[str], select
         if svc:
             svc.stop()
         delete_bindings(bindings)
+
+
+def default_bundle_for(namespace: str, label: str, run: str) -> dict:
+    """The default bundle as a PolicyBundle named after ``namespace`` that matches only it,
+    labelled ``label: run`` for the service's --bundle-selector; the caller adjusts its spec."""
+    import yaml
+
+    doc = yaml.safe_load((REPO / "policies/bundles/default.yaml").read_text())
+    doc["metadata"] = {"name": namespace, "labels": {label: run}}
+    doc["spec"]["match"] = {"namespaces": [namespace]}
+    return doc
+
+
+@contextlib.contextmanager
+def scratch_namespace(prefix: str, label: str) -> Iterator[tuple[str, str]]:
+    """(namespace, run) for one test module: a namespace ``<prefix>-<run>`` labelled ``label: run``,
+    deleted on exit with the PolicyBundle of its name (default_bundle_for)."""
+    import uuid
+
+    run = uuid.uuid4().hex[:8]
+    namespace = f"{prefix}-{run}"
+    try:
+        cluster.apply_objects([{"apiVersion": "v1", "kind": "Namespace",
+                                "metadata": {"name": namespace, "labels": {label: run}}}])
+        yield namespace, run
+    finally:
+        for kind in ("policybundle", "namespace"):
+            cluster.kubectl("delete", kind, namespace, "--ignore-not-found", "--wait=false", check=False)
