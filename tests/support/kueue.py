@@ -174,18 +174,21 @@ def ran_one_after_the_other(first: str, second: str, ns: str, pods_per_job: int,
     deadline = time.monotonic() + timeout
     while True:
         assert time.monotonic() < deadline, "the second job never ran to completion"
-        # read the second job before the first: if the second has pods (or was admitted) now, the
-        # first's Workload was Finished, its quota released, before this read of it (its
-        # TrainJob's Complete condition may come later)
-        second_pods, second_wl = pods_of(second, ns), workload_of(second, ns)
-        first_pods, first_done = pods_of(first, ns), condition(workload_of(first, ns), "Finished")
+        # read the second job before the first: if the second was admitted (or has pods) now, the
+        # first's quota was released before this read of it: its pods had all succeeded (Kueue
+        # reclaims a finished pod set's quota) or its Workload was Finished (its TrainJob's
+        # Complete condition may come later)
+        second_job, second_pods, second_wl = get("trainjob", second, ns), pods_of(second, ns), workload_of(second, ns)
+        first_pods = pods_of(first, ns)
+        first_done = (len(first_pods) == pods_per_job and all(p["status"].get("phase") == "Succeeded" for p in first_pods)
+                      or condition(workload_of(first, ns), "Finished"))
         for job, pods in ((first, first_pods), (second, second_pods)):
             assert len(pods) <= pods_per_job, (job, [p["metadata"]["name"] for p in pods])
             assert not unschedulable(pods), f"{job} holds pods while others cannot be placed: {unschedulable(pods)}"
         if not first_done:
             assert not second_pods, f"{second} has pods while {first} runs: Kueue let both in"
             assert not condition(second_wl, "Admitted")
-            assert get("trainjob", second, ns)["spec"].get("suspend") is True
+            assert second_job["spec"].get("suspend") is True
             waited_beside_first |= bool(first_pods)
         if len(second_pods) == pods_per_job and all(p["status"].get("phase") == "Succeeded" for p in second_pods):
             break
