@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-unit test-server test-cluster bench lint clean
+.PHONY: install demo test test-unit test-server test-cluster bench lint clean images
 .DEFAULT_GOAL := help
 
 help:
@@ -15,6 +15,7 @@ help:
 	@echo "make test   - install, then run the unit, server and (with Go) cluster tests"
 	@echo "make test-cluster - build the Go control plane, run the cluster tests"
 	@echo "make lint   - pyflakes over the code, tests, bench and hack (part of make test)"
+	@echo "make images - the real node's pause, OpenMPI and service images from Debian packages (root; cached by content)"
 	@echo "make bench  - engine and server benchmarks, each side by side with its baseline (bench/cluster.py: on the control plane)"
 
 $(STAMP): pyproject.toml requirements.lock
@@ -40,11 +41,16 @@ test-server: $(STAMP)
 	$(PY) -m pytest tests/server -q
 
 lint: $(STAMP)
-	$(PY) -m pyflakes webhook policies certs bench tests hack
+	$(PY) -m pyflakes webhook policies certs bench tests $(shell find hack -name '*.py' -not -path 'hack/cluster/run/*')
 
 bench: $(STAMP)
 	$(PY) bench/engine.py
 	$(PY) bench/server.py
+
+# The pause, OpenMPI runtime and service images from Debian packages (mmdebstrap, root): OCI archives in
+# hack/images/out/ (or $TRAINJOB_IMAGES_OUT), tagged by a hash of their inputs; a rebuild prints 'cached'.
+images: $(STAMP)
+	$(PY) hack/images/images.py build
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

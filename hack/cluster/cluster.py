@@ -36,6 +36,8 @@ import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import realnode  # noqa: E402  (hack/cluster/realnode.py: the real node beside the KWOK nodes)
 REPO = HERE.parent.parent
 BIN = HERE / "bin"
 RUN = HERE / "run"
@@ -46,7 +48,7 @@ TOOLS = HERE / "tools"  # the Go wrapper module
 # and `build` refuses to run when go.mod disagrees.
 # ---------------------------------------------------------------------------------------------
 VERSIONS = {
-    "kubernetes": "v1.36.3",  # kube-apiserver, kube-controller-manager, kube-scheduler, kubectl
+    "kubernetes": "v1.36.3",  # kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, kube-proxy
     "etcd": "v3.6.8",  # the etcd server k8s.io/kubernetes v1.36.3 itself resolves
     "kwok": "v0.8.0",
     "jobset": "v0.12.0",
@@ -85,6 +87,10 @@ COMPONENTS = {
         "k8s.io/kubernetes/cmd/kube-controller-manager", "kubernetes", "kube-controller-manager"),
     "kube-scheduler": ("k8s.io/kubernetes/cmd/kube-scheduler", "kubernetes", "kube-scheduler"),
     "kubectl": ("k8s.io/kubernetes/cmd/kubectl", "kubernetes", "kubectl"),
+    # the real node (hack/cluster/realnode.py): one kubelet and the kube-proxy that routes its
+    # pods' Service traffic (the in-cluster API server address among it)
+    "kubelet": ("k8s.io/kubernetes/cmd/kubelet", "kubernetes", "kubelet"),
+    "kube-proxy": ("k8s.io/kubernetes/cmd/kube-proxy", "kubernetes", "kube-proxy"),
     "kwok": ("sigs.k8s.io/kwok/cmd/kwok", "kwok", "kwok"),
     "jobset": ("sigs.k8s.io/jobset", "jobset", "jobset"),
     "trainer-controller-manager": (
@@ -111,6 +117,14 @@ DEFAULT_PORTS = {
     "kueue-webhook": 26743,
     "kueue-metrics": 26780,
     "kueue-health": 26781,
+    # the real node (realnode.py); the kubelet listens on its bridge address, the rest on loopback
+    "kubelet": 26250,
+    "kubelet-healthz": 26248,
+    "kube-proxy-metrics": 26249,
+    "kube-proxy-healthz": 26256,
+    "coredns-health": 26253,
+    "coredns-ready": 26254,
+    "kube-router-health": 26255,
 }
 
 LOOPBACK = "127.0.0.1"
@@ -285,11 +299,12 @@ def _main_built() -> bool:
 
 
 def built() -> bool:
-    return _main_built() and all(own_module_binary(n).exists() for n in CLUSTER_OWN_MODULES)
+    return _main_built() and all(own_module_binary(n).exists() for n in wanted_own_modules())
 
 
 def cmd_build(_args=None) -> int:
     check_gomod()
+    realnode.install_host_tools(log)
     if built():  # without Go, prebuilt binaries are used as they are
         log(f"build: cached, nothing to do ({BIN})")
         return 0
@@ -299,8 +314,10 @@ def cmd_build(_args=None) -> int:
         return 3
     if not _main_built():
         _build_main(go)
-    for name in CLUSTER_OWN_MODULES:  # a second build each, after the main one
+    for name in wanted_own_modules():  # a second build each, after the main one
         build_own_module(name)
+    if realnode.unsupported_reason() is None:
+        node_images()
     return 0
 
 
@@ -346,6 +363,33 @@ OWN_MODULES = {
         "edits": {"cmd/kueue/main.go": ('metricsCertPath := "/etc/kueue/metrics/certs"',
                                         'metricsCertPath := os.Getenv("KUEUE_METRICS_CERT_DIR")')},
     },
+    # The real node (realnode.py); built only where it can run (realnode.unsupported_reason()).
+    "containerd": {
+        "module": "github.com/containerd/containerd/v2", "version": "v2.2.9",
+        "sum": "h1:ddw9THGOXhcKnHORjkKoXtazPjwtcPwmqk8AVyRpfZw=",
+        "mains": ["./cmd/containerd", "./cmd/ctr", "./cmd/containerd-shim-runc-v2"],
+        "ldflags": "-X=github.com/containerd/containerd/v2/version.Version=v2.2.9",
+        "cpus": 2, "nice": 5, "real_node": True,
+    },
+    "coredns": {
+        "module": "github.com/coredns/coredns", "version": "v1.15.0",
+        "sum": "h1:OBT+OEyHVdUiVxPhrNlC5XZVq3RkSxzQXfZQ76gm5ck=", "main": ".",
+        "ldflags": "-X=github.com/coredns/coredns/coremain.GitCommit=v1.15.0", "cpus": 2, "nice": 5,
+        "real_node": True,
+        # only the plugins realnode.corefile() uses: coredns.go imports all ~60 (cloud SDKs among
+        # them), which costs 130 s more CPU to build
+        "edits": {"coredns.go": ('_ "github.com/coredns/coredns/core/plugin" // Plug in CoreDNS.',
+                                 "\n\t".join(f'_ "github.com/coredns/coredns/plugin/{p}"' for p in (
+                                     "bind", "cache", "errors", "forward", "health", "kubernetes",
+                                     "log", "loop", "ready", "reload")))},
+    },
+    "kube-router": {  # NetworkPolicy enforcement only; v1.6.1 is the newest release the proxy serves
+        "module": "github.com/cloudnativelabs/kube-router", "version": "v1.6.1",
+        "sum": "h1:b+DzpRig0UyZN/EOEWejai3VCiG3z3Lm4vfNYLv102Q=", "main": "./cmd/kube-router",
+        "ldflags": "-X=github.com/cloudnativelabs/kube-router/pkg/version.Version=v1.6.1 "
+                   "-X=github.com/cloudnativelabs/kube-router/pkg/version.BuildDate=1970-01-01T00:00:00Z",
+        "cpus": 2, "nice": 5, "real_node": True,
+    },
     "kyverno": {
         "module": "github.com/kyverno/kyverno", "version": "v1.17.0",
         "sum": "h1:QaM5dRtMgGjBYFf4bbyP+li5ND4j8lvCNOCc8ayHTXU=", "main": "./cmd/kyverno",
@@ -357,7 +401,14 @@ OWN_MODULES = {
 CLUSTER_OWN_MODULES = [n for n, spec in OWN_MODULES.items() if not spec.get("bench_only")]
 
 
+def wanted_own_modules() -> list[str]:
+    """The modules `build` and `up` need here: the real node's only where it can run."""
+    return [n for n in CLUSTER_OWN_MODULES
+            if not OWN_MODULES[n].get("real_node") or realnode.unsupported_reason() is None]
+
+
 def own_module_binary(name: str) -> Path:
+    """The binary, or for a module with several `mains` the directory holding them by their names."""
     return BIN / f"{name}-{OWN_MODULES[name]['version']}"
 
 
@@ -408,11 +459,13 @@ def build_own_module(name: str) -> Path:
     log(f"build: {spec['module']}@{spec['version']} in its own module ({cpus} CPU, nice {spec['nice']})")
     t0 = time.monotonic()
     try:
+        mains = spec.get("mains")
+        target = tmp / "out" if mains else tmp / name
         subprocess.run(["nice", "-n", str(spec["nice"]), find_go(), "build", "-p", cpus, "-trimpath",
                         "-ldflags", " ".join(["-s", "-w", spec.get("ldflags", "")]).strip(),
-                        "-o", str(tmp / name), spec["main"]],
+                        "-o", str(target) + ("/" if mains else ""), *(mains or [spec["main"]])],
                        cwd=_edited_copy(src, spec.get("edits", {}), tmp), env=env, check=True, timeout=7200)
-        os.replace(tmp / name, out)
+        os.replace(target, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"build: {out.name} done in {time.monotonic() - t0:.0f} s")
@@ -1076,7 +1129,10 @@ def up(timeout: float = 300) -> dict:
         old = _load_state()
         if old or _stray_pids():
             log("up: cleaning a stale run (crashed or half-started)")
+            _stop_real_node(old)
             _stop_all(old)
+        if (RUN / "realnode").exists():
+            realnode.teardown_host(RUN, binary("kube-proxy"), log)
         if RUN.exists():
             shutil.rmtree(RUN)
         RUN.mkdir(parents=True)
@@ -1099,8 +1155,13 @@ def _start(t0: float, timeout: float) -> dict:
     deadline = t0 + timeout
     left = lambda: max(5.0, deadline - time.monotonic())  # noqa: E731
     ports = _pick_ports()
+    why_not = realnode.unsupported_reason()
+    real_node = why_not is None and os.environ.get("TJA_REAL_NODE", "1") != "0"
+    if not real_node:
+        log(f"up: no real node ({why_not or 'TJA_REAL_NODE=0'}); its tests will skip")
     state = {"status": "starting", "ports": ports, "procs": {},
-             "versions": VERSIONS | {n: OWN_MODULES[n]["version"] for n in CLUSTER_OWN_MODULES},
+             "versions": VERSIONS | {n: OWN_MODULES[n]["version"] for n in wanted_own_modules()},
+             "real_node_skipped": None if real_node else (why_not or "TJA_REAL_NODE=0"),
              "apiserver": _apiserver_url(ports), "kubectl": str(KUBECTL),
              "kubeconfigs": {"admin": str(ADMIN_KUBECONFIG), "user-a": str(USER_A_KUBECONFIG),
                              "user-b": str(USER_B_KUBECONFIG)},
@@ -1129,6 +1190,9 @@ def _start(t0: float, timeout: float) -> dict:
         "trainer": ("trainer-controller", [], RUN / "trainer.kubeconfig", None),
         "kueue": (KUEUE_IDENTITY, [], RUN / "kueue.kubeconfig", None),
     }
+    if real_node:  # how the API server authenticates to the kubelet (logs, exec)
+        pki.issue(RUN / "pki/kube-apiserver-kubelet-client.crt", RUN / "pki/kube-apiserver-kubelet-client.key",
+                  "kube-apiserver-kubelet-client", ["system:masters"], client=True)
     for ident, (cn, orgs, kc, ns) in identities.items():
         crt, key = pki.issue(RUN / f"pki/{ident}.crt", RUN / f"pki/{ident}.key", cn, orgs, client=True)
         write_kubeconfig(kc, server, ca_pem, crt, key, cn, ns)
@@ -1169,7 +1233,15 @@ def _start(t0: float, timeout: float) -> dict:
     _spawn(state, "kube-apiserver", [
         binary("kube-apiserver"),
         f"--etcd-servers=http://{LOOPBACK}:{p['etcd-client']}",
-        f"--bind-address={LOOPBACK}", f"--advertise-address={LOOPBACK}", f"--secure-port={p['apiserver']}",
+        # with the real node its pods reach the API server at the bridge address (kube-proxy takes the
+        # `kubernetes` ClusterIP there); without it nothing but loopback listens
+        f"--bind-address={'0.0.0.0' if real_node else LOOPBACK}", f"--advertise-address={LOOPBACK}",
+        f"--secure-port={p['apiserver']}",
+        *(["--enable-aggregator-routing=true",  # webhook Services are called at their endpoints (pod IPs)
+           f"--kubelet-client-certificate={pki_dir / 'kube-apiserver-kubelet-client.crt'}",
+           f"--kubelet-client-key={pki_dir / 'kube-apiserver-kubelet-client.key'}",
+           f"--kubelet-certificate-authority={pki.ca_crt}",
+           "--kubelet-preferred-address-types=InternalIP"] if real_node else []),
         f"--cert-dir={RUN / 'apiserver'}",
         f"--tls-cert-file={pki_dir / 'apiserver.crt'}", f"--tls-private-key-file={pki_dir / 'apiserver.key'}",
         f"--client-ca-file={pki.ca_crt}",
@@ -1328,8 +1400,10 @@ def _start(t0: float, timeout: float) -> dict:
         ok = [n for n in items if any(c["type"] == "Ready" and c["status"] == "True"
                                       for c in n["status"].get("conditions", []))
               and not any(t["key"].startswith("node.kubernetes.io/") for t in n["spec"].get("taints", []))]
-        return len(ok) == len(NODES)
+        return len([n for n in ok if n["metadata"]["name"] != realnode.REAL_NODE]) == len(NODES)
     _wait("KWOK nodes Ready (without the node controller's not-ready taints)", lambda: (_check_running(state), nodes_ready())[1], left(), interval=0.5)
+    if real_node:
+        realnode.start(sys.modules[__name__], state, pki, node_images(), left)
     for ns in NAMESPACES:
         _wait(f"serviceaccount default in {ns}",
               lambda: kubectl("get", "sa", "default", "-n", ns, check=False).returncode == 0, left())
@@ -1340,11 +1414,35 @@ def _start(t0: float, timeout: float) -> dict:
     return state
 
 
+def node_images() -> dict:
+    """name -> (archive, ref) of the real node's images (hack/images/images.py), built if missing."""
+    if "trainjob_images" not in sys.modules:
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("trainjob_images", REPO / "hack" / "images" / "images.py")
+        sys.modules["trainjob_images"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["trainjob_images"])
+    return sys.modules["trainjob_images"].build_all()
+
+
+def _stop_real_node(state: dict) -> None:
+    """The kubelet first (it would restart what is stopped), then every pod's containers, while
+    containerd still runs to stop them."""
+    kubelet = state.get("procs", {}).get("kubelet")
+    if kubelet and _alive(kubelet["pid"]) and _is_ours(kubelet["pid"], kubelet["exe"]):
+        _stop_pid(kubelet["pid"], "kubelet")
+    ctd = state.get("procs", {}).get("containerd")
+    if ctd and _alive(ctd["pid"]):
+        realnode.stop_containers(own_module_binary("containerd") / "ctr", RUN)
+
+
 def down() -> None:
     """Stop every process `up` started (and strays from hack/cluster/bin); logs stay in run/logs."""
     with _locked():
         state = _load_state()
+        _stop_real_node(state)
         _stop_all(state)
+        if (RUN / "realnode").exists():
+            realnode.teardown_host(RUN, binary("kube-proxy"), log)
         busy = [f"{n}:{port}" for n, port in (state.get("ports") or {}).items() if _port_in_use(port)]
         if state:
             state["status"] = "down"

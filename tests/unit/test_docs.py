@@ -292,6 +292,7 @@ def test_install_commands_are_applied_by_a_manifest_test() -> None:
     applies them; the other kubectl steps are docs/deploy.md's install, which that test follows."""
     tests = [p.read_text(encoding="utf-8") for p in (ROOT / "tests" / "cluster").glob("test_*.py")
              if p.name != "test_docs_cluster.py"]
+    tests.append((ROOT / "tests" / "support" / "install.py").read_text(encoding="utf-8"))  # the install they share
     deploy = " ".join((ROOT / "docs" / "deploy.md").read_text(encoding="utf-8").split())
     count = 0
     for doc in DOCS:

@@ -1,0 +1,322 @@
+"""Issue 17 point 4 on the real node (hack/cluster/realnode.py): an MPI TrainJob whose pods really
+run, in containerd with runc, on the CNI bridge, with cluster DNS and kube-router enforcing
+NetworkPolicies.
+
+alice submits the job with kubectl; the service (as installed, on the host) admits it and injects
+the SSH key Secret and the NetworkPolicy; Trainer mounts the key; `mpirun` on the launcher reaches
+both workers over SSH with it and the ring program's output shows every rank; the TrainJob ends
+Complete. Then the proofs that the injected parts are the ones at work:
+- the same job with the Secret's private key replaced by another fails to connect;
+- a pod outside the job cannot reach a worker's sshd while the NetworkPolicy is in place, and can
+  once it is deleted (so the enforcement, not the network, refused it).
+
+Skipped, with the reason `up` printed, on a machine that cannot run the real node.
+"""
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import re
+import time
+import uuid
+
+import pytest
+
+from tests.support.install import NS as SERVICE_NS
+from tests.support.install import TEST_LABEL, install
+from tests.support.objects import edit_binding, runtime, trainjob
+from tests.support.service import cluster, default_bundle_for, scratch_namespace, service_as_installed
+
+pytestmark = pytest.mark.cluster
+
+LABEL = "trainjob-admission.io/real-node-test"
+RUNTIME = "openmpi-real-node"
+SSH_PORT = 2222
+
+
+def kc(*args, kubeconfig=None, input=None, timeout=120):
+    return cluster.kubectl(*args, kubeconfig=kubeconfig or cluster.ADMIN_KUBECONFIG, check=False, input=input,
+                           timeout=timeout)
+
+
+def get(*args) -> dict:
+    p = kc("get", *args, "-o", "json")
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+@pytest.fixture(scope="module")
+def node(control_plane) -> dict:
+    state = cluster.status()
+    if not state.get("real_node"):
+        pytest.skip(f"no real node in this control plane: {state.get('real_node_skipped') or 'not started'}")
+    return state["real_node"]
+
+
+def real_runtime(node: dict) -> dict:
+    """Trainer's own OpenMPI runtime (deepspeed-distributed, from the module cache) with the OpenMPI
+    image built here, placed on the real node: launcher + 2 workers, one rank per worker."""
+    stock = next(r for r in cluster._mpi_runtimes(cluster.module_dir("trainer"))
+                 if r["metadata"]["name"] == "deepspeed-distributed")
+    rt = copy.deepcopy(stock)
+    rt["metadata"] = {"name": RUNTIME, "labels": {"trainer.kubeflow.org/framework": "openmpi"}}
+    mpi = rt["spec"]["mlPolicy"]["mpi"]
+    rt["spec"]["mlPolicy"]["numNodes"] = 2
+    mpi["runLauncherAsNode"] = False
+    for rjob in rt["spec"]["template"]["spec"]["replicatedJobs"]:
+        pod = rjob["template"]["spec"]["template"]["spec"]
+        pod.update(copy.deepcopy(node["placement"]))
+        for c in pod["containers"]:
+            c["image"] = node["images"]["openmpi"]
+            c["imagePullPolicy"] = "IfNotPresent"
+            if rjob["name"] == "node":  # the default bundle's minimum per worker; two fill the node's 2 CPUs
+                c["resources"] = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "1Gi"}}
+    return rt
+
+
+@pytest.fixture(scope="module")
+def team(node, policybundle_crd, tmp_path_factory):
+    with scratch_namespace("real", LABEL) as (ns, run):
+        bundle = default_bundle_for(ns, LABEL, run)
+        bundle["spec"]["injections"]["sshKey"]["adoptExisting"] = True  # test_another_key_fails_to_connect
+        cluster.apply_objects([real_runtime(node), edit_binding(ns, "alice"), bundle], server_side=True)
+        try:
+            with service_as_installed(tmp_path_factory.mktemp("real"), ns, [ns], f"{LABEL}={run}"):
+                yield ns
+        finally:
+            kc("delete", "clustertrainingruntime", RUNTIME, "--ignore-not-found")
+
+
+def ring_job(name: str, ns: str, *, suspend: bool = False, command: list[str] | None = None) -> dict:
+    spec = {"runtimeRef": {"name": RUNTIME, "kind": "ClusterTrainingRuntime",
+                           "apiGroup": "trainer.kubeflow.org"},
+            "trainer": {"numNodes": 2,
+                        "command": command or ["mpirun", "--np", "2", "--bind-to", "none",
+                                               "python3", "/opt/mpi/ring.py"]}}
+    if suspend:
+        spec["suspend"] = True
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+            "metadata": {"name": name, "namespace": ns}, "spec": spec}
+
+
+def submit(job: dict) -> None:
+    p = kc("create", "-f", "-", input=json.dumps(job), kubeconfig=cluster.USER_A_KUBECONFIG)
+    assert p.returncode == 0, f"alice's kubectl create was refused:\n{p.stderr}"
+
+
+def finished(name: str, ns: str, wait_for, timeout: float = 240) -> tuple[str, str]:
+    """(Complete or Failed, what the launcher printed): logs are read while the job runs, since
+    JobSet deletes a failed job's pods."""
+    out = {"log": ""}
+
+    def done() -> bool:
+        pods = get("pods", "-n", ns, "-l", f"jobset.sigs.k8s.io/jobset-name={name}")["items"]
+        for pod in pods:
+            if "-launcher-" in pod["metadata"]["name"]:
+                text = kc("logs", "-n", ns, pod["metadata"]["name"]).stdout
+                if text.strip():
+                    out["log"] = text
+        for c in get("trainjob", name, "-n", ns).get("status", {}).get("conditions", []):
+            if c["type"] in ("Complete", "Failed") and c["status"] == "True":
+                out["type"] = c["type"]
+                return True
+        return False
+    wait_for(f"TrainJob {name} to finish", done, timeout, interval=2)
+    return out["type"], out["log"]
+
+
+def keypair() -> tuple[str, str]:
+    """(OpenSSH private key, authorized_keys line) of a new ed25519 pair."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+    key = ed25519.Ed25519PrivateKey.generate()
+    return (key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                              serialization.NoEncryption()).decode(),
+            key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode())
+
+
+# The launcher first prints the public half of the private key it holds, then runs the ring.
+SHOW_KEY_THEN_RING = ["bash", "-c", "ssh-keygen -y -f ~/.ssh/id_rsa && exec mpirun --np 2 --bind-to none "
+                                    "python3 /opt/mpi/ring.py"]
+
+
+def test_mpi_job_runs_with_the_injected_key(team, node, wait_for):
+    submit(ring_job("ring", team, command=SHOW_KEY_THEN_RING))
+    secret = get("secret", "ring-mpi-ssh-auth", "-n", team)
+    assert secret["type"] == "kubernetes.io/ssh-auth"
+    assert [o["kind"] for o in secret["metadata"].get("ownerReferences", [])] == ["TrainJob"]
+    outcome, log = finished("ring", team, wait_for)
+    assert outcome == "Complete", log
+    ring = re.search(r"ring ok size=2 hosts=(\S+)", log)
+    assert ring, log
+    # the key mpirun's ssh held is the injected one: Trainer creates the Secret only when it is
+    # missing, and an immutable Secret cannot have changed since the service created it
+    again = get("secret", "ring-mpi-ssh-auth", "-n", team, "--show-managed-fields")
+    assert again["metadata"]["uid"] == secret["metadata"]["uid"] and secret.get("immutable") is True
+    assert "trainer" not in {f["manager"] for f in again["metadata"].get("managedFields", [])}, again["metadata"]
+    injected = base64.b64decode(secret["data"]["ssh-publickey"]).decode().split()[:2]
+    assert " ".join(injected) in log, (injected, log)
+    assert sorted(ring[1].split(",")) == ["ring-node-0-0", "ring-node-0-1"], log  # a rank in each worker
+    pods = get("pods", "-n", team, "-l", "jobset.sigs.k8s.io/jobset-name=ring")["items"]
+    assert {p["spec"]["nodeName"] for p in pods} == {node["name"]}
+
+
+def test_another_key_fails_to_connect(team, wait_for):
+    """The same job with a Secret whose private key is not the one the workers trust (the bundle
+    adopts an existing Secret): ssh from the launcher is refused and the job fails."""
+    private, _ = keypair()
+    _, trusted = keypair()
+    cluster.apply_objects([{
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/ssh-auth", "immutable": True,
+        "metadata": {"name": "ring-wrong-key-mpi-ssh-auth", "namespace": team},
+        "stringData": {"ssh-privatekey": private, "ssh-publickey": trusted}}])
+    submit(ring_job("ring-wrong-key", team))
+    outcome, log = finished("ring-wrong-key", team, wait_for, timeout=300)
+    assert outcome == "Failed", log
+    assert "Permission denied" in log or "ORTE was unable to reliably start" in log, log
+
+
+def probe(ns: str, node: dict, name: str, target: str) -> bool:
+    """A pod outside the job tries the worker's sshd port; True when the TCP connection opened."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+           "spec": {"restartPolicy": "Never", **copy.deepcopy(node["placement"]),
+                    "securityContext": {"runAsUser": 1000, "runAsNonRoot": True,
+                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [{"name": "probe", "image": node["images"]["openmpi"],
+                                    "imagePullPolicy": "IfNotPresent",
+                                    "command": ["timeout", "5", "bash", "-c", f"exec 3<>/dev/tcp/{target}/{SSH_PORT}"],
+                                    "securityContext": {"allowPrivilegeEscalation": False,
+                                                        "capabilities": {"drop": ["ALL"]}}}]}}
+    kc("delete", "pod", name, "-n", ns, "--ignore-not-found", "--wait=true")
+    assert kc("create", "-f", "-", input=json.dumps(pod)).returncode == 0
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        phase = get("pod", name, "-n", ns)["status"].get("phase")
+        if phase in ("Succeeded", "Failed"):
+            return phase == "Succeeded"
+        time.sleep(1)
+    raise AssertionError(f"probe pod {name} did not finish: {get('pod', name, '-n', ns)['status']}")
+
+
+def test_network_policy_keeps_others_from_the_workers(team, node, wait_for):
+    submit(ring_job("ring-idle", team, command=["sleep", "600"]))  # workers run sshd until deleted
+
+    def worker_ip() -> str | None:
+        pods = get("pods", "-n", team, "-l", "jobset.sigs.k8s.io/jobset-name=ring-idle")["items"]
+        ready = [p for p in pods if "-node-" in p["metadata"]["name"] and any(
+            c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))]
+        return ready[0]["status"]["podIP"] if ready else None
+    wait_for("a ring-idle worker Ready", lambda: worker_ip() is not None, 180, interval=1)
+    ip = worker_ip()
+    policies = get("networkpolicy", "-n", team)["items"]
+    ours = [p["metadata"]["name"] for p in policies
+            if any(o["kind"] == "TrainJob" and o["name"] == "ring-idle"
+                   for o in p["metadata"].get("ownerReferences", []))]
+    assert ours, [p["metadata"]["name"] for p in policies]
+    assert not probe(team, node, "probe-denied", ip), "a pod outside the job reached the worker's sshd"
+    assert kc("delete", "networkpolicy", *ours, "-n", team).returncode == 0
+    time.sleep(2)  # kube-router syncs on the watch event
+    assert probe(team, node, "probe-allowed", ip), "without the NetworkPolicy the probe should connect"
+    kc("delete", "trainjob", "ring-idle", "-n", team, "--wait=false")
+
+
+# ---------------------------------------------------------------------------------------------
+# The service as users deploy it (issue 17 point 3): docs/deploy.md's `kubectl apply -k
+# manifests/overlays/local-ca` with the image built here, its two replicas on the real node
+# ---------------------------------------------------------------------------------------------
+def test_service_deployed_with_the_manifests_decides_on_the_real_node(node, policybundle_crd, tmp_path_factory,
+                                                                     wait_for):
+    run = uuid.uuid4().hex[:8]
+    ns = f"deployed-{run}"
+    image, tag = node["images"]["service"].rsplit(":", 1)
+    on_node = {"target": {"kind": "Deployment", "name": "trainjob-admission"}, "patch": json.dumps([
+        {"op": "add", "path": "/spec/template/spec/nodeSelector", "value": node["placement"]["nodeSelector"]},
+        {"op": "add", "path": "/spec/template/spec/tolerations", "value": node["placement"]["tolerations"]},
+        # the injection namespaces component's two steps for one more namespace (the RoleBinding below)
+        {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "--reconcile-namespace"},
+        {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": ns}])}
+    injector = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "trainjob-admission-injector", "namespace": ns},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": "trainjob-admission-injector"},
+                "subjects": [{"kind": "ServiceAccount", "name": "trainjob-admission", "namespace": SERVICE_NS}]}
+    # docs/deploy.md's two edits of the NetworkPolicy, which kube-router enforces here: the API server
+    # calls from the bridge address, and its endpoint after kube-proxy's DNAT is the control plane's port
+    network = {"target": {"kind": "NetworkPolicy", "name": "trainjob-admission"}, "patch": json.dumps([
+        {"op": "replace", "path": "/spec/ingress/0/from/0/ipBlock/cidr", "value": f"{node['gateway']}/32"},
+        {"op": "add", "path": "/spec/egress/1/ports/-",
+         "value": {"port": cluster.status()["ports"]["apiserver"], "protocol": "TCP"}}])}
+    try:
+        with install(tmp_path_factory.mktemp("deploy"), run, bundle_namespaces=[ns],
+                     extra={"images": [{"name": "trainjob-admission", "newName": image, "newTag": tag}],
+                            "patches": [on_node, network]}):
+            # after the install's sweep of labelled leftovers, which would take it too
+            cluster.apply_objects([{"apiVersion": "v1", "kind": "Namespace",
+                                    "metadata": {"name": ns, "labels": {TEST_LABEL: run}}},
+                                   edit_binding(ns, "alice"), injector, runtime(namespace=ns)])
+            wait_for("the Deployment's 2 replicas available on the real node", lambda: get(
+                "deployment", "trainjob-admission", "-n", SERVICE_NS).get("status", {}).get("availableReplicas") == 2,
+                240, interval=2)
+            pods = get("pods", "-n", SERVICE_NS, "-l", "app.kubernetes.io/name=trainjob-admission")["items"]
+            assert {p["spec"]["nodeName"] for p in pods} == {node["name"]} and len(pods) == 2
+
+            def decided_by_the_pods() -> bool:  # the webhook answers once an endpoint is ready
+                p = kc("create", "--dry-run=server", "-f", "-", kubeconfig=cluster.USER_A_KUBECONFIG,
+                       input=json.dumps(trainjob("probe", ns, nodes=2, gpus=0)))
+                return p.returncode == 0
+            wait_for("the in-cluster service to answer", decided_by_the_pods, 120, interval=2)
+            too_many = trainjob("too-many-gpus", ns, nodes=2, gpus=64)
+            p = kc("create", "-f", "-", input=json.dumps(too_many), kubeconfig=cluster.USER_A_KUBECONFIG)
+            assert p.returncode != 0 and "trainjob-admission" in p.stderr and "gpu" in p.stderr.lower(), p.stderr
+            submit(trainjob("fits", ns, nodes=2, gpus=0))
+            assert get("secret", "fits-mpi-ssh-auth", "-n", ns)["type"] == "kubernetes.io/ssh-auth"
+            logs = "".join(kc("exec", "-n", SERVICE_NS, pod["metadata"]["name"], "--", "cat",
+                              "/var/log/trainjob-admission/decisions.jsonl").stdout for pod in pods)
+            for job in ("fits", "too-many-gpus"):  # each decision is in one replica's log
+                assert re.search(rf'"name":\s*"{job}"', logs), logs[-2000:]
+            rolling_restart_loses_no_admission(ns, wait_for)
+    finally:
+        kc("delete", "namespace", ns, "--wait=false")
+
+
+def rolling_restart_loses_no_admission(ns: str, wait_for) -> None:
+    """Issue 17 point 5: alice submits jobs one after another while the Deployment restarts (a rolling
+    update, maxUnavailable 0) and then loses a replica; every submission gets the service's decision
+    (admitted here), none a failed webhook call, and the surviving replicas' logs verify. (The logs of
+    the replicas that went are gone with their pods: collecting them is not done yet.)"""
+    import threading
+
+    results: list[tuple[str, int, str]] = []
+    stop = threading.Event()
+
+    def submit_loop() -> None:
+        for i in range(400):  # bounded: the restart is over long before
+            if stop.is_set():
+                return
+            name = f"loop-{i}"
+            p = kc("create", "-f", "-", input=json.dumps(trainjob(name, ns, nodes=2, gpus=0)),
+                   kubeconfig=cluster.USER_A_KUBECONFIG)
+            results.append((name, p.returncode, p.stderr))
+    worker = threading.Thread(target=submit_loop)
+    worker.start()
+    try:
+        time.sleep(2)
+        assert kc("rollout", "restart", "deployment/trainjob-admission", "-n", SERVICE_NS).returncode == 0
+        p = kc("rollout", "status", "deployment/trainjob-admission", "-n", SERVICE_NS, "--timeout=240s", timeout=260)
+        assert p.returncode == 0, p.stderr
+        pods = get("pods", "-n", SERVICE_NS, "-l", "app.kubernetes.io/name=trainjob-admission")["items"]
+        assert kc("delete", "pod", "-n", SERVICE_NS, pods[0]["metadata"]["name"], "--wait=true").returncode == 0
+        wait_for("2 replicas available again", lambda: get(
+            "deployment", "trainjob-admission", "-n", SERVICE_NS).get("status", {}).get("availableReplicas") == 2,
+            180, interval=2)
+        time.sleep(3)
+    finally:
+        stop.set()
+        worker.join(timeout=120)
+    failed = [(n, err) for n, rc, err in results if rc != 0]
+    assert len(results) >= 10 and not failed, (len(results), failed[:5])
+    for pod in get("pods", "-n", SERVICE_NS, "-l", "app.kubernetes.io/name=trainjob-admission")["items"]:
+        p = kc("exec", "-n", SERVICE_NS, pod["metadata"]["name"], "--", "trainjob-admission", "decisions",
+               "verify", "--log", "/var/log/trainjob-admission/decisions.jsonl")
+        assert p.returncode == 0 and p.stdout.startswith("OK"), p.stdout + p.stderr
