@@ -26,6 +26,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import time
@@ -287,7 +288,7 @@ def teardown_host(run: Path, kube_proxy: Path | None, log) -> None:
         subprocess.run(["ip", "netns", "delete", ns.name], capture_output=True, timeout=30)
     if kube_proxy and kube_proxy.exists():
         subprocess.run([str(kube_proxy), "--cleanup"], capture_output=True, timeout=60)
-    _flush_kube_router()
+    _flush_kube_chains()
     _ip("link", "delete", BRIDGE, check=False)
     log("down: real node's containers, mounts, bridge and packet filter rules removed")
 
@@ -305,19 +306,19 @@ def unmount_under(root: Path) -> None:
         subprocess.run(["umount", "-l", mp], capture_output=True, timeout=30)
 
 
-def _flush_kube_router() -> None:
-    """kube-router's chains (KUBE-ROUTER-*, KUBE-POD-FW-*, KUBE-NWPLCY-*) and ipsets."""
-    save = subprocess.run(["iptables-save", "-t", "filter"], capture_output=True, text=True, timeout=30)
-    chains = [ln[1:].split()[0] for ln in save.stdout.splitlines()
-              if ln.startswith(":") and ln[1:].startswith(("KUBE-ROUTER-", "KUBE-POD-FW-", "KUBE-NWPLCY-",
-                                                             "KUBE-SRC-", "KUBE-DST-"))]
-    rules = [ln for ln in save.stdout.splitlines() if ln.startswith("-A ") and any(f"-j {c}" in ln for c in chains)]
-    for rule in rules:
-        subprocess.run(["iptables", "-t", "filter", "-D", *rule.split()[1:]], capture_output=True, timeout=30)
-    for c in chains:
-        subprocess.run(["iptables", "-t", "filter", "-F", c], capture_output=True, timeout=30)
-    for c in chains:
-        subprocess.run(["iptables", "-t", "filter", "-X", c], capture_output=True, timeout=30)
+def _flush_kube_chains() -> None:
+    """The KUBE-* chains left in the filter, nat and mangle tables, and the rules jumping to them:
+    kube-router's (KUBE-ROUTER-*, KUBE-POD-FW-*, KUBE-NWPLCY-*), the kubelet's (KUBE-FIREWALL,
+    KUBE-KUBELET-CANARY) and whatever `kube-proxy --cleanup` left; then kube-router's ipsets."""
+    for table in ("filter", "nat", "mangle"):
+        save = subprocess.run(["iptables-save", "-t", table], capture_output=True, text=True, timeout=30).stdout
+        chains = [ln[1:].split()[0] for ln in save.splitlines() if ln.startswith(":KUBE-")]
+        for ln in save.splitlines():
+            if ln.startswith("-A ") and any(f"-j {c}" in ln for c in chains):
+                subprocess.run(["iptables", "-t", table, "-D", *shlex.split(ln)[1:]], capture_output=True, timeout=30)
+        for flag in ("-F", "-X"):
+            for c in chains:
+                subprocess.run(["iptables", "-t", table, flag, c], capture_output=True, timeout=30)
     sets = subprocess.run(["ipset", "list", "-n"], capture_output=True, text=True, timeout=30).stdout.split()
     for s in sets:
         if s.startswith(("KUBE-", "kube-router")):
