@@ -54,6 +54,7 @@ VERSIONS = {
     "jobset": "v0.12.0",
     "trainer": "v2.3.0",
     "mpi-operator": "v0.7.0",  # CRD only (legacy kubeflow.org/v2beta1 MPIJob); nothing is built
+    "cel-spec": "v0.25.1",  # the cel-spec conformance suite (tests/unit/test_cel_conformance.py); nothing is built
 }
 MODULES = {
     "kubernetes": "k8s.io/kubernetes",
@@ -62,6 +63,7 @@ MODULES = {
     "jobset": "sigs.k8s.io/jobset",
     "trainer": "github.com/kubeflow/trainer/v2",
     "mpi-operator": "github.com/kubeflow/mpi-operator",
+    "cel-spec": "cel.dev/expr",
 }
 # Modules read for manifests only. They stay out of tools/go.mod: a `require` would merge their
 # module graph (mpi-operator pulls golangci-lint, kind, volcano) into the build and could move
@@ -69,6 +71,7 @@ MODULES = {
 # checked by module_dir() after the download.
 DATA_MODULES = {
     "mpi-operator": "h1:ID1eyzAFOMofgynEvfy4//S3q7Ra1OSexrggb1VcC1o=",
+    "cel-spec": "h1:1KrZg61W6TWSxuNZ37Xy49ps13NUovb66QLprthtwi4=",
 }
 BUILD_MODULES = {k: m for k, m in MODULES.items() if k not in DATA_MODULES}
 

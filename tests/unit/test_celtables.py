@@ -12,7 +12,7 @@ import yaml
 from celpy import celparser
 
 from policies import celtables
-from tests.unit.test_cel_conformance import cases
+from tests.unit.test_cel_conformance import SUITE, cases
 from tests.unit.test_cli import ROOT, SCRIPT, STATE
 
 BUNDLES = [*sorted((ROOT / "policies" / "bundles").glob("*.yaml")), *sorted((ROOT / "examples" / "bundles").glob("*.yaml"))]
@@ -62,7 +62,7 @@ def test_the_cached_tables_parse_and_refuse_as_cel_pythons_own(tmp_path: Path, r
     celtables.save(reference, path)
     cached = celtables.load(path)
     assert cached is not None and cached is not reference
-    assert len(SOURCES) > 300
+    assert len(SOURCES) > (300 if SUITE is not None else 5)  # the suite's expressions wherever Go can fetch them
     for source in [*SOURCES, *BROKEN]:
         assert outcome(cached, source) == outcome(reference, source), source
 
