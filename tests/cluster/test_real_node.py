@@ -18,8 +18,11 @@ import base64
 import copy
 import json
 import re
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -275,16 +278,66 @@ def test_service_deployed_with_the_manifests_decides_on_the_real_node(node, poli
                               "/var/log/trainjob-admission/decisions.jsonl").stdout for pod in pods)
             for job in ("fits", "too-many-gpus"):  # each decision is in one replica's log
                 assert re.search(rf'"name":\s*"{job}"', logs), logs[-2000:]
-            rolling_restart_loses_no_admission(ns, wait_for)
+            rolling_restart_loses_no_admission(ns, wait_for, tmp_path_factory.mktemp("replica-logs"))
     finally:
         kc("delete", "namespace", ns, "--wait=false")
 
 
-def rolling_restart_loses_no_admission(ns: str, wait_for) -> None:
+class ReplicaLogs:
+    """Every replica's stdout from its first line, `kubectl logs -f` per pod as pods appear: the
+    stand-in for the cluster's log collection, which docs/deploy.md names as the copy of the decision
+    log to keep (a replica's emptyDir file goes with its pod in a rolling restart)."""
+
+    def __init__(self, tmp: Path):
+        import threading
+        self.tmp, self.stop = tmp, threading.Event()
+        self.followers: dict[str, subprocess.Popen] = {}
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> "ReplicaLogs":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+        time.sleep(2)  # the streams catch up; those of pods still running never end by themselves
+        for follower in self.followers.values():
+            follower.terminate()
+            follower.wait()
+
+    def _watch(self) -> None:
+        while not self.stop.is_set():
+            pods = kc("get", "pods", "-n", SERVICE_NS, "-l", "app.kubernetes.io/name=trainjob-admission", "-o", "json")
+            for pod in json.loads(pods.stdout or "{}").get("items", []) if pods.returncode == 0 else []:
+                name = pod["metadata"]["name"]
+                started = any(s.get("state", {}).get("running") or s.get("state", {}).get("terminated")
+                              for s in pod.get("status", {}).get("containerStatuses", []))
+                follower = self.followers.get(name)
+                if started and (follower is None or (follower.poll() not in (None, 0) and self._empty(name))):
+                    # --tail=-1 from the pod's first line; a try before the container could stream is retried
+                    self.followers[name] = subprocess.Popen(
+                        [str(cluster.KUBECTL), f"--kubeconfig={cluster.ADMIN_KUBECONFIG}", "logs", "-f", "--tail=-1",
+                         "-n", SERVICE_NS, name], stdout=open(self.tmp / f"{name}.log", "wb"),
+                        stderr=subprocess.DEVNULL)
+            self.stop.wait(0.5)
+
+    def _empty(self, pod: str) -> bool:
+        path = self.tmp / f"{pod}.log"
+        return not path.exists() or path.stat().st_size == 0
+
+    def records(self) -> dict[str, list[str]]:
+        """pod -> its decision-log lines (stdout lines that are JSON records, in order)."""
+        return {path.stem: [line for line in path.read_text().splitlines() if line.startswith("{")]
+                for path in sorted(self.tmp.glob("*.log"))}
+
+
+def rolling_restart_loses_no_admission(ns: str, wait_for, tmp: Path) -> None:
     """Issue 17 point 5: alice submits jobs one after another while the Deployment restarts (a rolling
-    update, maxUnavailable 0) and then loses a replica; every submission gets the service's decision
-    (admitted here), none a failed webhook call, and the surviving replicas' logs verify. (The logs of
-    the replicas that went are gone with their pods: collecting them is not done yet.)"""
+    update, maxUnavailable 0) and then loses a replica. Every submission gets the service's decision
+    (admitted here) and none a failed webhook call; every admission is in the decision log of one of
+    the replicas, those that went included (their stdout, followed from their start); each replica's
+    chain verifies, and the survivors' files too."""
     import threading
 
     results: list[tuple[str, int, str]] = []
@@ -298,24 +351,40 @@ def rolling_restart_loses_no_admission(ns: str, wait_for) -> None:
             p = kc("create", "-f", "-", input=json.dumps(trainjob(name, ns, nodes=2, gpus=0)),
                    kubeconfig=cluster.USER_A_KUBECONFIG)
             results.append((name, p.returncode, p.stderr))
-    worker = threading.Thread(target=submit_loop)
-    worker.start()
-    try:
-        time.sleep(2)
-        assert kc("rollout", "restart", "deployment/trainjob-admission", "-n", SERVICE_NS).returncode == 0
-        p = kc("rollout", "status", "deployment/trainjob-admission", "-n", SERVICE_NS, "--timeout=240s", timeout=260)
-        assert p.returncode == 0, p.stderr
-        pods = get("pods", "-n", SERVICE_NS, "-l", "app.kubernetes.io/name=trainjob-admission")["items"]
-        assert kc("delete", "pod", "-n", SERVICE_NS, pods[0]["metadata"]["name"], "--wait=true").returncode == 0
-        wait_for("2 replicas available again", lambda: get(
-            "deployment", "trainjob-admission", "-n", SERVICE_NS).get("status", {}).get("availableReplicas") == 2,
-            180, interval=2)
-        time.sleep(3)
-    finally:
-        stop.set()
-        worker.join(timeout=120)
+    with ReplicaLogs(tmp) as followed:
+        wait_for("both replicas' stdout followed", lambda: len(followed.followers) >= 2, 30, interval=0.5)
+        before = set(followed.followers)
+        worker = threading.Thread(target=submit_loop)
+        worker.start()
+        try:
+            time.sleep(2)
+            assert kc("rollout", "restart", "deployment/trainjob-admission", "-n", SERVICE_NS).returncode == 0
+            p = kc("rollout", "status", "deployment/trainjob-admission", "-n", SERVICE_NS, "--timeout=240s",
+                   timeout=260)
+            assert p.returncode == 0, p.stderr
+            pods = get("pods", "-n", SERVICE_NS, "-l", "app.kubernetes.io/name=trainjob-admission")["items"]
+            assert kc("delete", "pod", "-n", SERVICE_NS, pods[0]["metadata"]["name"], "--wait=true").returncode == 0
+            wait_for("2 replicas available again", lambda: get(
+                "deployment", "trainjob-admission", "-n", SERVICE_NS).get("status", {}).get("availableReplicas") == 2,
+                180, interval=2)
+            time.sleep(3)
+        finally:
+            stop.set()
+            worker.join(timeout=120)
     failed = [(n, err) for n, rc, err in results if rc != 0]
     assert len(results) >= 10 and not failed, (len(results), failed[:5])
+    logs = followed.records()
+    assert len(set(logs) - before) >= 3, f"the rollout's and the replacement's replicas were not followed: {list(logs)}"
+    admitted = {(r.get("namespace"), r.get("name")) for lines in logs.values() for r in map(json.loads, lines)
+                if r.get("endpoint") == "validate" and r.get("decision") == "allow"}
+    unlogged = [name for name, _, _ in results if (ns, name) not in admitted]
+    assert not unlogged, f"admitted without a decision record in any replica's log: {unlogged[:10]}"
+    verify = [str(Path(sys.executable).with_name("trainjob-admission")), "decisions", "verify", "--log", "-"]
+    for pod, lines in logs.items():  # each replica's stdout: one chain from its first record
+        if not lines:  # a replacement that the rollout ended before it answered anything
+            continue
+        p = subprocess.run(verify, input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0 and p.stdout.startswith("OK"), f"{pod}: {p.stdout}{p.stderr}"
     for pod in get("pods", "-n", SERVICE_NS, "-l", "app.kubernetes.io/name=trainjob-admission")["items"]:
         p = kc("exec", "-n", SERVICE_NS, pod["metadata"]["name"], "--", "trainjob-admission", "decisions",
                "verify", "--log", "/var/log/trainjob-admission/decisions.jsonl")
