@@ -15,7 +15,15 @@ RSA key costs (about a second of CPU here, beyond the server's pool of ready key
 Kyverno (bench/peers.py: the default bundle's checks each peer can express), sequentially and in
 bursts of 20, and shows each one's verdict on the same good and bad TrainJobs:
 
-    flock /tmp/cluster.lock .venv/bin/python bench/cluster.py --peers [-n 30] [--bursts 3] [--build-kyverno]
+    flock /tmp/cluster.lock .venv/bin/python bench/cluster.py --peers [-n 30] [--bursts 3] [--pause S] [--build-kyverno]
+
+Our webhook is registered under a name that sorts where the installed configuration's does
+(`trainjob-admission...`, after Kueue's and Trainer's): the API server calls mutating webhooks in
+the order of their configurations' names, so the work between our /mutate and /validate is what an
+install sees. Each admitted job sets off work in the controllers (Trainer builds a JobSet, JobSet
+its Jobs, we adopt the injected objects), which on 2 cores overlaps the next create: --pause S
+waits S seconds after each sequential create, so each meets a settled cluster, as one user's
+submission does; without it the creates queue behind the previous jobs' work.
 """
 from __future__ import annotations
 
@@ -69,6 +77,9 @@ def main(argv=None) -> int:
     ap.add_argument("--peers", action="store_true",
                     help="compare no policy, ValidatingAdmissionPolicy, our webhook and Kyverno (if built)")
     ap.add_argument("--bursts", type=int, default=3, help=f"with --peers: bursts of {BURST} per configuration")
+    ap.add_argument("--pause", type=float, default=0.0,
+                    help="with --peers: seconds to wait after each sequential create (and x20 after a burst) "
+                         "so the next meets a settled cluster (default 0: back to back)")
     ap.add_argument("--build-kyverno", action="store_true",
                     help="with --peers: build Kyverno first if it is not (tens of minutes, one CPU)")
     args = ap.parse_args(argv)
@@ -85,7 +96,7 @@ def main(argv=None) -> int:
                            for n in (with_ns, without_ns)])
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", ROOT / "examples/runtimes/mpi-openmpi.yaml")
     api = client.CustomObjectsApi(config.new_client_from_config(config_file=str(cluster.ADMIN_KUBECONFIG)))
-    hook = f"bench-{run}"
+    hook = f"trainjob-admission-bench-{run}"  # sorts where the installed configuration does (module doc)
     svc = None
     try:
         bundle = "builtin:default"
@@ -222,7 +233,7 @@ def peers(args) -> int:
     api = client.CustomObjectsApi(client.ApiClient(cfg))
     cluster.apply_objects([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in ns.values()])
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", ROOT / "examples/runtimes/mpi-openmpi.yaml")
-    name = f"bench-{run}"
+    name, hook = f"bench-{run}", f"trainjob-admission-bench-{run}"  # hook: sorts as installed (module doc)
     vap = peers_mod.vap_objects(name, ns["vap"])
     svc = kyverno = None
     try:
@@ -231,7 +242,7 @@ def peers(args) -> int:
                             cluster.issue_serving_cert(work / "certs", name="bench-webhook"),
                             namespaces=[ns["webhook"]],
                             args=("--bundle", "builtin:default", "--bundle-selector", f"{SELECTOR_LABEL}={run}"))
-        register(svc, name, [ns["webhook"]])
+        register(svc, hook, [ns["webhook"]])
         if "kyverno" in ns:
             kyverno = peers_mod.Kyverno(work, peers_mod.kyverno_policy(name, ns["kyverno"]))
             kyverno.start()
@@ -245,14 +256,18 @@ def peers(args) -> int:
                 dt = _create(api, ns[c], trainjob(f"s{i}", image=None, command=None, suspend=True))
                 if i >= args.warmup:
                     seq[c].append(dt)
+                time.sleep(args.pause)
+        served = _served(svc, ns["webhook"])
         burst: dict[str, list[float]] = {c: [] for c in configs}
         for r in range(args.bursts):
             for c in configs[r % len(configs):] + configs[:r % len(configs)]:
                 burst[c] += _burst(api, ns[c], f"b{r}")
+                time.sleep(args.pause * BURST)
+        served_burst = {e: ms[len(served[e]):] for e, ms in _served(svc, ns["webhook"]).items()}
         load = os.getloadavg()
     finally:
         try:
-            unregister(name)
+            unregister(hook)
             cluster.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", name,
                             "--ignore-not-found", check=False)
             cluster.kubectl("delete", "namespace", *ns.values(), "--wait=false", check=False)
@@ -267,11 +282,20 @@ def peers(args) -> int:
         return {"n": len(ms), "p50": p50, "p90": p90, "ratio_p50": p50 / percentile(base, 50),
                 "ratio_p90": p90 / percentile(base, 90)}
 
-    result = {"loadavg": load, "sequential": {c: figures(seq[c], seq["none"]) for c in configs},
+    result = {"loadavg": load, "pause": args.pause,
+              "sequential": {c: figures(seq[c], seq["none"]) for c in configs},
               f"concurrent{BURST}": {c: figures(burst[c], burst["none"]) for c in configs},
+              "webhook_server_ms": {"sequential": {e: summary(ms) for e, ms in served.items() if ms},
+                                    f"concurrent{BURST}": {e: summary(ms) for e, ms in served_burst.items() if ms}},
               "verdicts": verdicts}
     print(json.dumps(result, indent=1) if args.json else "\n".join(peers_table(result, configs, args)))
     return 0
+
+
+def _served(svc, namespace: str) -> dict[str, list[float]]:
+    """Our service's own latency per endpoint so far (its decision log), for the namespace's jobs."""
+    records = [r for r in svc.records() if r.get("namespace") == namespace]
+    return {e: [r["latencyMs"] for r in records if r["endpoint"] == e] for e in ("mutate", "validate")}
 
 
 def peers_table(result: dict, configs: list[str], args) -> list[str]:
@@ -285,8 +309,11 @@ def peers_table(result: dict, configs: list[str], args) -> list[str]:
                       for f in (result["sequential"][c], result[f"concurrent{BURST}"][c]))
         out.append(f"  {PEER_LABELS[c]:27s}{row}")
     out += [f"  (n = {args.n} sequential and {args.bursts} x {BURST} concurrent per configuration; "
-            "x none = p50/p90 over no policy's)",
-            "Same inputs, dry-run: admitted (A) or denied (D); the default bundle's verdict first",
+            f"x none = p50/p90 over no policy's; {args.pause:g} s pause after each sequential create)"]
+    for mode, endpoints in result["webhook_server_ms"].items():
+        out.append(f"  inside our webhook, {mode}: " + ", ".join(
+            f"/{e} p50 {f['p50']:.1f} p95 {f['p95']:.1f}" for e, f in endpoints.items()))
+    out += ["Same inputs, dry-run: admitted (A) or denied (D); the default bundle's verdict first",
             f"  {'':24s} {'bundle':>7s}" + "".join(f" {c:>8s}" for c in configs)]
     differ = []
     for case, (_, admitted) in peers_mod.CASES.items():

@@ -13,7 +13,9 @@ NAME_SUFFIXES = {"Secret": SSH_SECRET_SUFFIX, "NetworkPolicy": NETWORK_POLICY_SU
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "trainjob-admission"
 JOB_ANNOTATION = "trainjob-admission.io/job"  # "<kind>/<name>", how the reconciler finds the owner
-JOB_UID_ANNOTATION = "trainjob-admission.io/job-uid"  # the uid the API server gave the job at admission
+# The submission an object was made for, and the job's own tag of it: the id /mutate puts on the job
+# when it starts the injections (webhook/early.py), else the uid the API server gave the job.
+ADMISSION_ANNOTATION = "trainjob-admission.io/admission-id"
 
 
 def plan(job: EffectiveJob, settings: Injections, obj: dict) -> list[dict]:

@@ -1,9 +1,11 @@
 """Creates the planned objects (SSH key Secret, NetworkPolicy) beside an admitted job.
 
-Runs on /validate, where the API server has already given the job its uid, which goes into an
-annotation so the reconciler (webhook/reconciler.py) can tell this job from an earlier one of
-the same name. No ownerReference is set here: the job does not exist yet, and the garbage
-collector would delete a dependent whose owner it cannot find.
+Started on /mutate and finished on /validate (webhook/early.py), for one submission named by its
+admission id: the id /mutate tags the job with, which goes into an annotation of each object so
+that another replica's /validate, or a retried call, recognises them as made for this same
+submission, and a later job of the same name is told apart. No ownerReference is set here: the
+job does not exist yet, and the garbage collector would delete a dependent whose owner it cannot
+find; the reconciler (webhook/reconciler.py) adds it once the job is stored.
 
 An object of the planned name that this service did not create for this job (its provenance
 HMAC, webhook/provenance.py, does not verify) is a stranger: possibly planted by someone who
@@ -25,12 +27,11 @@ from policies import injections
 from policies.decision import Decision
 from policies.effective_job import EffectiveJob
 
-from . import admission, keys
+from . import keys
 from .kube.calls import Calls
 from .kube.client import ApiError, KubeApi, summary
 from .kube.resources import INJECTED
 from .provenance import Provenance
-from .reviewer import InjectFn
 
 log = logging.getLogger("trainjob_admission.injector")
 
@@ -38,39 +39,67 @@ FINGERPRINT_ANNOTATION = "trainjob-admission.io/ssh-key-fingerprint"
 KEY_TYPE_ANNOTATION = "trainjob-admission.io/ssh-key-type"
 
 class Injector(Calls):
-    """``await injector(parsed, decision)`` -> one record per plan for the decision log:
+    """``await injector(decision, admission_id)`` -> one record per plan for the decision log:
     ``{"kind", "name", "namespace", "status": "created"|"kept"|"refused"|"failed", "reason"?,
     "fix"?, "keyType"?, "fingerprint"?}``: "kept" is an existing object adopted because the
     bundle allows it, "refused" one it does not (with the submitter's ``fix``). Never raises for
-    API trouble; never returns key material."""
+    API trouble; never returns key material. ``namespaces``: where it may act (``serve
+    --reconcile-namespace``; None: everywhere), since only there does a reconciler give its objects
+    an owner or remove them."""
 
     def __init__(self, api: KubeApi, provenance: Provenance, *, timeout: float = 5.0,
-                 key_pool: keys.KeyPool | None = None):
+                 key_pool: keys.KeyPool | None = None, namespaces: list[str] | tuple[str, ...] | None = None):
         super().__init__(api, timeout)
         self.provenance = provenance
         self.keys = key_pool or keys.KeyPool()
+        self.namespaces = frozenset(namespaces) if namespaces is not None else None
 
-    async def __call__(self, parsed: admission.ParsedReview, decision: Decision) -> list[dict]:
+    async def __call__(self, decision: Decision, admission_id: str) -> list[dict]:
         job = decision.job
         if job is None or not decision.injections:
             return []
-        uid = str((parsed.request.object.get("metadata") or {}).get("uid", ""))
-        return list(await asyncio.gather(*(self._inject(plan, job, uid, decision) for plan in decision.injections)))
+        if self.namespaces is not None and job.namespace not in self.namespaces:
+            reason = (f"namespace {job.namespace} is not one this service manages (--reconcile-namespace "
+                      f"{', '.join(sorted(self.namespaces))}); add it or fix the webhook's namespaceSelector")
+            return [{"kind": p["kind"], "name": p["name"], "namespace": job.namespace, "status": "failed",
+                     "reason": reason} for p in decision.injections]
+        return list(await asyncio.gather(*(self._inject(plan, job, admission_id, decision)
+                                           for plan in decision.injections)))
 
-    async def _inject(self, plan: dict, job: EffectiveJob, uid: str, decision: Decision) -> dict:
+    async def withdraw(self, namespace: str, records: list[dict], admission_id: str) -> None:
+        """Delete what ``records`` say this submission created, now that it was refused: each object
+        only while it is still the one we made for ``admission_id`` and nothing owns it. Never raises:
+        what stays is an orphan the reconciler removes after its grace period."""
+        for record in records:
+            if record.get("status") != "created":
+                continue
+            resource = INJECTED[record["kind"]]
+            try:
+                existing = await self.get(resource, namespace, record["name"])
+                if (existing is not None and self.provenance.verify(record["kind"], existing)
+                        and _annotations(existing).get(injections.ADMISSION_ANNOTATION) == admission_id
+                        and not existing["metadata"].get("ownerReferences")):
+                    await self.delete(resource, existing)
+                    log.info("deleted %s %s/%s: its submission was refused", record["kind"], namespace, record["name"])
+            except Exception as exc:  # noqa: BLE001 - the reconciler removes it after its grace period
+                log.warning("could not delete %s %s/%s of a refused submission: %s", record["kind"], namespace,
+                            record["name"], summary(exc, self.timeout))
+
+    async def _inject(self, plan: dict, job: EffectiveJob, admission_id: str, decision: Decision) -> dict:
         """Create first and look only on a name conflict: one API call per object in the common
         case (the admission latency of a job is the slower of its two objects)."""
         kind, name = plan["kind"], plan["name"]
         record: dict = {"kind": kind, "name": name, "namespace": job.namespace}
         resource = INJECTED[kind]
         try:
-            body = await self._body(plan, job, uid, decision)
+            body = await self._body(plan, job, admission_id, decision)
             if not await self.create(resource, job.namespace, body):
                 existing = await self.get(resource, job.namespace, name)
                 if existing is not None:
                     ours = self.provenance.verify(kind, existing) and _made_for(existing, job)
-                    same_request = uid and _annotations(existing).get(injections.JOB_UID_ANNOTATION) == uid
-                    if same_request and ours:  # a retried call for this same submission
+                    same_submission = bool(admission_id) and \
+                        _annotations(existing).get(injections.ADMISSION_ANNOTATION) == admission_id
+                    if same_submission and ours:  # started by /mutate (here or on another replica), or a retry
                         return {**record, "status": "created", **_key_fields(existing)}
                     reason, fix = await self._keep_reason(kind, existing, job, ours)
                     if reason and _adopts(kind, decision):
@@ -91,12 +120,12 @@ class Injector(Calls):
             log.warning("could not create %s %s/%s: %s", kind, job.namespace, name, reason)
             return {**record, "status": "failed", "reason": reason}
 
-    async def _body(self, plan: dict, job: EffectiveJob, uid: str, decision: Decision) -> dict:
+    async def _body(self, plan: dict, job: EffectiveJob, admission_id: str, decision: Decision) -> dict:
         if plan["kind"] == "Secret":
             pair = await self.keys.take_async(plan["keyType"])
-            return self.provenance.stamp("Secret", secret(job, plan["name"], uid, pair))
+            return self.provenance.stamp("Secret", secret(job, plan["name"], admission_id, pair))
         body = injections.network_policy(job, decision.injection_settings.networkPolicy)
-        body["metadata"]["annotations"][injections.JOB_UID_ANNOTATION] = uid
+        body["metadata"]["annotations"][injections.ADMISSION_ANNOTATION] = admission_id
         return self.provenance.stamp("NetworkPolicy", body)
 
     async def _keep_reason(self, kind: str, existing: dict, job: EffectiveJob, ours: bool) -> tuple[str, str]:
@@ -116,27 +145,10 @@ class Injector(Calls):
         return "", ""
 
 
-def only_in(namespaces: list[str] | tuple[str, ...], injector: InjectFn) -> InjectFn:
-    """``injector`` for jobs in ``namespaces``; elsewhere every planned object fails (the failure
-    mode decides), because no reconciler there would give it an owner or remove it."""
-    allowed = frozenset(namespaces)
-
-    async def inject(parsed: admission.ParsedReview, decision: Decision) -> list[dict]:
-        namespace = decision.job.namespace if decision.job is not None else parsed.request.namespace
-        if namespace in allowed:
-            return await injector(parsed, decision)
-        reason = (f"namespace {namespace} is not one this service manages (--reconcile-namespace "
-                  f"{', '.join(sorted(allowed))}); add it or fix the webhook's namespaceSelector")
-        return [{"kind": p["kind"], "name": p["name"], "namespace": namespace, "status": "failed", "reason": reason}
-                for p in decision.injections]
-
-    return inject
-
-
-def secret(job: EffectiveJob, name: str, uid: str, pair: keys.KeyPair) -> dict:
+def secret(job: EffectiveJob, name: str, admission_id: str, pair: keys.KeyPair) -> dict:
     """The Secret as Trainer's MPI plugin would write it (type, keys, immutable), with our metadata."""
     meta = injections.metadata(job, name)
-    meta["annotations"].update({injections.JOB_UID_ANNOTATION: uid, KEY_TYPE_ANNOTATION: pair.key_type,
+    meta["annotations"].update({injections.ADMISSION_ANNOTATION: admission_id, KEY_TYPE_ANNOTATION: pair.key_type,
                                 FINGERPRINT_ANNOTATION: pair.fingerprint})
     return {
         "apiVersion": "v1", "kind": "Secret", "metadata": meta,

@@ -2,11 +2,12 @@
 
 Labels and annotations can be set by anyone who may create a Secret, so they cannot tell our
 objects from a copy planted before a job was submitted. The HMAC covers the object's kind,
-namespace, name, job, job uid and content (the Secret's keys, the NetworkPolicy's spec), under a
-key only the service holds: a planted or edited copy does not verify, a retried call for the
-same submission does. The key comes from ``serve --provenance-key FILE`` (one key per line: the
-first signs, all verify, so a key can be rotated), else it is derived from the serving private
-key, which every replica mounts and nobody else can read (docs/architecture.md, Decisions).
+namespace, name, job, admission id (the submission it was made for) and content (the Secret's
+keys, the NetworkPolicy's spec), under a key only the service holds: a planted or edited copy
+does not verify, a retried call for the same submission does. The key comes from
+``serve --provenance-key FILE`` (one key per line: the first signs, all verify, so a key can be
+rotated), else it is derived from the serving private key, which every replica mounts and nobody
+else can read (docs/architecture.md, Decisions).
 """
 from __future__ import annotations
 
@@ -81,7 +82,7 @@ class Provenance:
         meta = obj.get("metadata") or {}
         annotations = meta.get("annotations") or {}
         covered = [kind, meta.get("namespace"), meta.get("name"), annotations.get(injections.JOB_ANNOTATION),
-                   annotations.get(injections.JOB_UID_ANNOTATION), obj.get(_CONTENT[kind])]
+                   annotations.get(injections.ADMISSION_ANNOTATION), obj.get(_CONTENT[kind])]
         message = json.dumps(covered, sort_keys=True, separators=(",", ":")).encode()
         return hmac.new(key, message, hashlib.sha256).hexdigest()
 

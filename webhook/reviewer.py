@@ -23,24 +23,33 @@ from policies.engine import AdmissionInput, evaluate
 from policies.stored import evaluate_stored
 from policies.state import ClusterState
 
-from . import admission, deadline
+from . import admission, deadline, early
 from .bundles import BundleRegistry
 from .callers import UNKNOWN, Caller, CreationLimit
 from .decisionlog import DecisionLog, DecisionLogError
+from .early import EarlyInjections
 from .metrics import Metrics
 from .record import DecisionRecord
 
 log = logging.getLogger("trainjob_admission.reviewer")
 
 INLINE_PARSE_BYTES = 64 * 1024
-# What /validate calls for an allowed job: one record per planned object (webhook/injector.py).
-InjectFn = Callable[[admission.ParsedReview, Decision], Awaitable[list[dict]]]
 # The job's runtime snapshot ConfigMap on an UPDATE, or None (webhook/snapshots.py); never raises.
 SnapshotFn = Callable[[AdmissionInput], Awaitable["dict | None"]]
 # The caller of the request being reviewed, for its record (set by review() and refuse()).
 _caller: contextvars.ContextVar[Caller] = contextvars.ContextVar("caller", default=UNKNOWN)
 # The (bundle, rule) of the denial for an existing object the injector refused to use.
 EXISTING_OBJECTS = ("trainjob-admission", "existing-objects")
+
+
+@dataclass
+class Submission:
+    """What /validate learns of a CREATE's submission, for withdrawing its objects when the answer
+    is not an admission: the admission id (webhook/early.py), namespace and injection records."""
+
+    admission_id: str = ""
+    namespace: str = ""
+    injected: list[dict] | None = None
 
 
 @dataclass
@@ -56,7 +65,7 @@ class ReviewerConfig:
 
 class Reviewer:
     def __init__(self, registry: BundleRegistry, state: ClusterState, decision_log: DecisionLog, metrics: Metrics,
-                 config: ReviewerConfig, injector: InjectFn | None = None,
+                 config: ReviewerConfig, injector: early.Injector | None = None,
                  policy_gaps: Callable[[], list[str]] = list, snapshots: SnapshotFn | None = None,
                  access: Access | None = None):
         """``policy_gaps``: what is missing to decide by policy (no bundle, no cluster sync yet);
@@ -64,7 +73,9 @@ class Reviewer:
         an updated job's runtime snapshot, which ``state`` does not watch. ``access``: answers the
         CEL authorizer's checks (webhook/authorizer.py); None: they fail, as offline."""
         self.registry, self.state, self.log, self.metrics = registry, state, decision_log, metrics
-        self.config, self.injector, self.policy_gaps = config, injector, policy_gaps
+        self.config, self.policy_gaps = config, policy_gaps
+        # The injections of allowed CREATEs: started on /mutate, finished on /validate (webhook/early.py).
+        self.injections = EarlyInjections(injector) if injector is not None else None
         self.snapshots, self.access = snapshots, access
         self.creations = CreationLimit(config.creation_rate, config.creation_burst)
         # Evaluation has its own threads: API calls and SSH key generation (an RSA-4096 pair is
@@ -96,12 +107,21 @@ class Reviewer:
 
     async def review(self, body: bytes, endpoint: str, caller: Caller = UNKNOWN) -> tuple[int, dict]:
         """Returns (HTTP status, JSON body). 200 for every AdmissionReview we could answer."""
+        submission = Submission()
+        answer: dict = {}
         try:
-            return await self._review(body, endpoint, caller)
+            status, answer = await self._review(body, endpoint, caller, submission)
         except DecisionLogError as exc:  # the answer could not be recorded: it must not stand
-            return await self._unrecorded(exc, endpoint)
+            status, answer = await self._unrecorded(exc, endpoint)
+        finally:
+            # Whatever /validate answers but an admission (a denial, a failure, no answer at all),
+            # the objects this submission's /mutate or /validate created go (webhook/early.py).
+            if submission.admission_id and self.injections is not None \
+                    and not (answer.get("response") or {}).get("allowed"):
+                self.injections.withdraw(submission.admission_id, submission.namespace, submission.injected)
+        return status, answer
 
-    async def _review(self, body: bytes, endpoint: str, caller: Caller) -> tuple[int, dict]:
+    async def _review(self, body: bytes, endpoint: str, caller: Caller, submission: Submission) -> tuple[int, dict]:
         _caller.set(caller)
         started = time.perf_counter()
         deadline.start(self.config.webhook_timeout_seconds - deadline.MARGIN)
@@ -121,6 +141,9 @@ class Reviewer:
             await self._record(DecisionRecord.passthrough(decision_id, endpoint, parsed), started)
             return 200, admission.response(parsed.uid, allowed=True, decision_id=decision_id)
         mutate = endpoint == "mutate"
+        if not mutate and parsed.request.operation == "CREATE" and not parsed.request.dry_run:
+            submission.admission_id = early.admission_id(parsed.request.object)
+            submission.namespace = str(parsed.request.object["metadata"].get("namespace") or "")
         gaps = self.policy_gaps()
         if gaps:
             return await self._no_policy(parsed, decision_id, endpoint, started, gaps)
@@ -139,11 +162,14 @@ class Reviewer:
             )
         except Exception as exc:  # noqa: BLE001 - a timeout or any failure must still be answered and logged
             return await self._failure(parsed, decision_id, endpoint, started, exc)
+        if mutate:
+            return await self._mutated(parsed, decision_id, started, decision, caller)
         injected: list[dict] = []
-        if not mutate and decision.allowed and decision.injections and not parsed.request.dry_run and self.injector:
-            if not caller.authenticated and not self.creations.take(caller.address):
+        if decision.allowed and decision.injections and not parsed.request.dry_run and self.injections is not None:
+            if not self.injections.started(submission.admission_id) and not caller.authenticated \
+                    and not self.creations.take(caller.address):
                 return await self._rate_limited(parsed, decision_id, endpoint, started, decision, caller)
-            injected = await self._inject(parsed, decision)
+            injected = submission.injected = await self._inject(parsed, decision, submission.admission_id)
             for record in injected:
                 self.metrics.injections.labels(record["kind"], record["status"]).inc()
             failed = [i for i in injected if i["status"] == "failed"]
@@ -156,16 +182,31 @@ class Reviewer:
             ).with_denial(*EXISTING_OBJECTS, [f"{i['kind']} {i['namespace']}/{i['name']} {i['reason']}" for i in refused],
                           [i["fix"] for i in refused])
         await self._record_decision(decision_id, endpoint, started, parsed, decision, injected)
-        if not mutate and decision.allowed and decision.job is not None and not parsed.request.dry_run \
+        if decision.allowed and decision.job is not None and not parsed.request.dry_run \
                 and self.state.reservations is not None:
             # Counts until the TrainJob watch shows it (policies/reservations.py): the next review may come first.
             self.state.reservations.admitted(decision.job, decision.mutated)
-        if mutate:
-            # The mutating call only patches; refusals and warnings come from /validate, once.
-            return 200, admission.response(parsed.uid, allowed=True,
-                                           patch=decision.patch if decision.allowed else None,
-                                           decision_id=decision_id)
         return 200, admission.from_decision(parsed.uid, decision, decision_id)
+
+    async def _mutated(self, parsed: admission.ParsedReview, decision_id: str, started: float, decision: Decision,
+                       caller: Caller) -> tuple[int, dict]:
+        """The /mutate answer: the patch only (refusals and warnings come from /validate, once). An
+        allowed CREATE's injections start here, tagged with this decision's id (webhook/early.py)."""
+        starting = (decision.allowed and decision.injections and parsed.request.operation == "CREATE"
+                    and not parsed.request.dry_run and self.injections is not None
+                    and (caller.authenticated or self.creations.take(caller.address))
+                    and self.injections.start(decision, decision_id))
+        begun: list[dict] = []
+        if parsed.request.operation == "CREATE" and decision.allowed:
+            decision = replace(decision, patch=decision.patch + early.tag(decision.mutated,
+                                                                          decision_id if starting else None))
+        if starting:
+            namespace = decision.job.namespace if decision.job is not None else ""
+            begun = [{"kind": p["kind"], "name": p["name"], "namespace": namespace, "status": "started"}
+                     for p in decision.injections]
+        await self._record_decision(decision_id, "mutate", started, parsed, decision, begun)
+        return 200, admission.response(parsed.uid, allowed=True, patch=decision.patch if decision.allowed else None,
+                                       decision_id=decision_id)
 
     async def _with_snapshot(self, request: AdmissionInput) -> ClusterState:
         """The state with the job's runtime snapshot, when an UPDATE's job has one (policies/snapshot.py
@@ -236,12 +277,12 @@ class Reviewer:
         return 200, admission.response(uid, allowed=allow, message=message, decision_id=decision_id,
                                        warnings=[message] if allow and endpoint != "mutate" else None)
 
-    async def _inject(self, parsed: admission.ParsedReview, decision: Decision) -> list[dict]:
+    async def _inject(self, parsed: admission.ParsedReview, decision: Decision, admission_id: str) -> list[dict]:
         """The injector's records, within the request's deadline (its calls check it too, and send
         nothing once it has passed); an injector that raises or runs out of time fails every plan
         rather than the request."""
         try:
-            return await asyncio.wait_for(self.injector(parsed, decision), timeout=deadline.remaining())
+            return await asyncio.wait_for(self.injections.finish(decision, admission_id), timeout=deadline.remaining())
         except TimeoutError:
             reason = f"not created: the injection {self._deadline_passed()}"
             log.warning("injection for %s %s", parsed.uid, reason)

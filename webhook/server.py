@@ -29,7 +29,8 @@ from .decisionlog import DecisionLog
 from .decisionlog.checkpoint import load_private_key
 from .inflight import InFlight
 from .metrics import CONTENT_TYPE, Metrics
-from .reviewer import InjectFn, Reviewer, ReviewerConfig, SnapshotFn
+from .early import Injector
+from .reviewer import Reviewer, ReviewerConfig, SnapshotFn
 
 log = logging.getLogger("trainjob_admission.server")
 MAX_BODY_BYTES = 3 * 1024 * 1024  # etcd's object limit is 1.5 MiB; an AdmissionReview carries two objects
@@ -70,7 +71,7 @@ class ServerConfig:
 
 
 class WebhookServer:
-    def __init__(self, config: ServerConfig, state: ClusterState, *, injector: InjectFn | None = None,
+    def __init__(self, config: ServerConfig, state: ClusterState, *, injector: Injector | None = None,
                  decision_log: DecisionLog | None = None, state_ready: asyncio.Event | None = None,
                  checkpoint_store: CheckpointStore | None = None, snapshots: SnapshotFn | None = None,
                  access: Access | None = None):

@@ -27,7 +27,8 @@ from .bundles import BundleRegistry
 from .checkpointer import LeaseStore
 from .clusterbundles import ClusterBundles
 from .deadlines import DeadlineWarnings
-from .injector import Injector, only_in
+from .injector import Injector
+from .kube.aio import AsyncApi
 from .kube.client import KubeApi, api_client
 from .kube.resources import POLICY_BUNDLES
 from .kube.state import state_watchers
@@ -109,14 +110,14 @@ async def _start_with_cluster(config: ServerConfig, options: ClusterOptions,
                               cleanup: contextlib.AsyncExitStack) -> None:
     api = api_client(options.kubeconfig, options.context)
     cleanup.callback(api.close)
+    cleanup.push_async_callback(AsyncApi.of(api).close)
     state, ready = ClusterState(), asyncio.Event()
     state.reservations = Reservations(state)
     jobs = JobSink(state.reservations)
-    injector = Injector(api, options.provenance)
+    injector = Injector(api, options.provenance, namespaces=options.namespaces or None)
     checkpoints = (LeaseStore(api, options.checkpoint_namespace or own_namespace(), config.replica)
                    if config.checkpoint_key else None)
-    server = WebhookServer(config, state, injector=only_in(options.namespaces, injector) if options.namespaces
-                           else injector, state_ready=ready, checkpoint_store=checkpoints,
+    server = WebhookServer(config, state, injector=injector, state_ready=ready, checkpoint_store=checkpoints,
                            snapshots=SnapshotReader(api), access=SubjectAccessReviews(api))
     sync = ClusterSync(api, state, server.registry, bundle_selector=options.bundle_selector)
     sync.watchers.append(pod_watcher(api, state.reservations))

@@ -164,7 +164,11 @@ def test_injected_objects_are_used_by_trainer_owned_by_the_job_and_collected(
     assert meta["labels"][MANAGED_BY[0]] == MANAGED_BY[1]
     assert meta["labels"]["jobset.sigs.k8s.io/jobset-name"] == "resnet"
     assert meta["annotations"]["trainjob-admission.io/job"] == "TrainJob/resnet"
-    assert meta["annotations"]["trainjob-admission.io/job-uid"] == uid
+    # made for this submission: the admission id /mutate put on the job, where the creations began
+    admission = job["metadata"]["annotations"]["trainjob-admission.io/admission-id"]
+    assert meta["annotations"]["trainjob-admission.io/admission-id"] == admission
+    mutated = next(r for r in harness.records() if r["id"] == admission)
+    assert mutated["endpoint"] == "mutate" and {i["status"] for i in mutated["injections"]} == {"started"}
     assert meta["annotations"]["trainjob-admission.io/ssh-key-type"] == "rsa-4096"
     assert secret["type"] == "kubernetes.io/ssh-auth" and secret["immutable"] is True
     private = base64.b64decode(secret["data"]["ssh-privatekey"])
@@ -374,9 +378,11 @@ def test_orphans_of_refused_jobs_go_after_grace_and_a_resubmission_replaces_them
     young_fp = secret_fingerprint(get_json("secret", "young-mpi-ssh-auth", "-n", ns))
     kubectl("delete", "quota", "no-trainjobs", "-n", ns)
     create(kubectl, trainjob("young", ns))
-    uid = get_json("trainjob", "young", "-n", ns)["metadata"]["uid"]
+    young = get_json("trainjob", "young", "-n", ns)["metadata"]
+    uid = young["uid"]
     fresh = get_json("secret", "young-mpi-ssh-auth", "-n", ns)
-    assert fresh["metadata"]["annotations"]["trainjob-admission.io/job-uid"] == uid
+    assert fresh["metadata"]["annotations"]["trainjob-admission.io/admission-id"] == \
+        young["annotations"]["trainjob-admission.io/admission-id"]
     assert secret_fingerprint(fresh) not in (young_fp, old_fp)
     record = [r for r in harness.records() if r["endpoint"] == "validate" and r["name"] == "young"][-1]
     assert {i["status"] for i in record["injections"]} == {"created"}

@@ -12,11 +12,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import kubernetes.client
 import pytest
 import trustme
+import yaml
 
+from tests.support.memoryapi import MemoryApi
+from webhook.decisionlog import DecisionLog
 from webhook.demo import admission_review, sample_state
+from webhook.injector import Injector
+from webhook.kube.client import KubeApi
+from webhook.provenance import Provenance
 from webhook.server import ServerConfig, WebhookServer
+
+DEFAULT_BUNDLE = Path(__file__).resolve().parents[2] / "policies" / "bundles" / "default.yaml"
+PROVENANCE = Provenance([b"p" * 32])  # one key for every replica a test starts
 
 
 @dataclass
@@ -129,6 +139,52 @@ def shared_server(tmp_path_factory: pytest.TempPathFactory):
     running, thread = start_server(tmp_path_factory.mktemp("shared"))
     yield running
     stop_server(running, thread)
+
+
+@pytest.fixture
+def memory_api():
+    api = MemoryApi()
+    yield api
+    api.shutdown()
+    api.server_close()
+
+
+@pytest.fixture
+def injecting_server(tmp_path: Path, memory_api: MemoryApi):
+    """injecting_server(adopt=False, failure_mode="deny", creation_burst=50) -> Running: the default
+    bundle (``adoptExisting`` as given), injecting through ``memory_api``; each call another replica
+    (its own log and certificate, the same provenance key)."""
+    stops = []
+
+    def _start(adopt: bool = False, failure_mode: str = "deny", creation_burst: int = 50) -> Running:
+        work = tmp_path / f"server-{len(stops)}"
+        work.mkdir()
+        bundle = yaml.safe_load(DEFAULT_BUNDLE.read_text())
+        bundle["spec"]["injections"]["sshKey"]["adoptExisting"] = adopt
+        bundle["spec"]["injections"]["networkPolicy"]["adoptExisting"] = adopt
+        (work / "bundle.yaml").write_text(yaml.safe_dump(bundle))
+        ca = serving_cert(work / "tls")
+        configuration = kubernetes.client.Configuration()
+        configuration.host = f"http://127.0.0.1:{memory_api.server_address[1]}"
+        config = ServerConfig(host="127.0.0.1", port=0, cert_file=work / "tls" / "tls.crt",
+                              key_file=work / "tls" / "tls.key", decision_log=work / "decisions.jsonl",
+                              bundle_specs=[str(work / "bundle.yaml")])
+        config.reviewer.failure_mode = failure_mode
+        config.reviewer.creation_burst, config.reviewer.creation_rate = creation_burst, 1e-6  # no refill in a test
+        server = WebhookServer(config, sample_state(), injector=Injector(KubeApi(configuration), PROVENANCE, timeout=5),
+                               decision_log=DecisionLog(work / "decisions.jsonl", stdout=None))
+        loop = asyncio.new_event_loop()
+        port = loop.run_until_complete(server.start())
+        thread = threading.Thread(target=loop.run_forever, daemon=True)
+        thread.start()
+        stops.append((server, loop, thread))
+        return Running(server, port, ca, work / "decisions.jsonl", loop, work / "tls")
+
+    yield _start
+    for server, loop, thread in stops:
+        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(15)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(15)
 
 
 def new_uid() -> str:

@@ -5,30 +5,34 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from webhook.injector import only_in
+from policies.bundle import Injections, NetworkPolicyInjection, SshKeyInjection
+from policies.effective_job import EffectiveJob
+from tests.support.net import free_port
+from webhook.injector import Injector
+from webhook.kube.client import KubeApi
+from webhook.provenance import Provenance
 
 PLANS = [{"kind": "Secret", "name": "job-mpi-ssh-auth", "keyType": "ecdsa-p521"},
          {"kind": "NetworkPolicy", "name": "job-mpi-isolation", "template": "default"}]
 
 
-def call(injector, namespace: str) -> list[dict]:
-    decision = SimpleNamespace(job=SimpleNamespace(namespace=namespace), injections=PLANS)
-    parsed = SimpleNamespace(request=SimpleNamespace(namespace=namespace))
-    return asyncio.run(injector(parsed, decision))
+def call(injector: Injector, namespace: str) -> list[dict]:
+    job = EffectiveJob(kind="TrainJob", name="job", namespace=namespace, labels={}, runtime={}, mpi={}, pod_sets=[],
+                       pod_selector={"jobset.sigs.k8s.io/jobset-name": "job"})
+    decision = SimpleNamespace(job=job, injections=PLANS, injection_settings=Injections(
+        sshKey=SshKeyInjection(), networkPolicy=NetworkPolicyInjection()))
+    return asyncio.run(injector(decision, "5b0c1c0e-3b1a-4c55-9a66-0d3f0e6f2a11"))
 
 
 def test_injects_in_a_listed_namespace_and_fails_elsewhere() -> None:
-    seen: list[str] = []
-
-    async def inner(parsed, decision) -> list[dict]:
-        seen.append(decision.job.namespace)
-        return [{"kind": p["kind"], "name": p["name"], "namespace": decision.job.namespace, "status": "created"}
-                for p in decision.injections]
-
-    scoped = only_in(["team-b", "team-a"], inner)
-    assert [r["status"] for r in call(scoped, "team-a")] == ["created", "created"]
+    # An API nobody listens on: a call is tried (and fails to connect) only where the injector may act.
+    api = KubeApi()
+    api.configuration.host = f"http://127.0.0.1:{free_port()}"
+    scoped = Injector(api, Provenance([b"k" * 32]), timeout=1, namespaces=["team-b", "team-a"])
+    inside = call(scoped, "team-a")
+    assert {r["status"] for r in inside} == {"failed"}
+    assert all("cannot connect to the Kubernetes API" in r["reason"] for r in inside), inside
     outside = call(scoped, "team-c")
-    assert seen == ["team-a"], "the injector must not be called outside the listed namespaces"
     assert [(r["kind"], r["name"], r["namespace"], r["status"]) for r in outside] == [
         ("Secret", "job-mpi-ssh-auth", "team-c", "failed"), ("NetworkPolicy", "job-mpi-isolation", "team-c", "failed")]
     assert outside[0]["reason"] == ("namespace team-c is not one this service manages (--reconcile-namespace "

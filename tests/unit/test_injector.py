@@ -25,7 +25,7 @@ def test_secret_has_trainers_shape_and_our_metadata():
     assert meta["labels"] == {"app.kubernetes.io/managed-by": "trainjob-admission",
                               "jobset.sigs.k8s.io/jobset-name": "resnet"}
     assert meta["annotations"] == {"trainjob-admission.io/job": "TrainJob/resnet",
-                                   "trainjob-admission.io/job-uid": "uid-1",
+                                   "trainjob-admission.io/admission-id": "uid-1",
                                    KEY_TYPE_ANNOTATION: "ecdsa-p384", FINGERPRINT_ANNOTATION: pair.fingerprint}
     assert "PRIVATE KEY" not in json.dumps(meta)
     assert _key_fields(body) == {"keyType": "ecdsa-p384", "fingerprint": pair.fingerprint}

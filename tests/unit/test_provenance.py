@@ -46,9 +46,9 @@ def test_a_forged_copy_of_label_and_annotations_is_refused():
     other_job["metadata"]["annotations"]["trainjob-admission.io/job"] = "TrainJob/victim"
     other_ns = copy.deepcopy(real)
     other_ns["metadata"]["namespace"] = "team-b"
-    other_uid = copy.deepcopy(real)
-    other_uid["metadata"]["annotations"]["trainjob-admission.io/job-uid"] = "uid-2"
-    for forged in (own_key, other_job, other_ns, other_uid):
+    other_submission = copy.deepcopy(real)
+    other_submission["metadata"]["annotations"]["trainjob-admission.io/admission-id"] = "uid-2"
+    for forged in (own_key, other_job, other_ns, other_submission):
         assert not KEY.verify("Secret", forged)
     assert not Provenance([b"x" * 32]).verify("Secret", real), "another key (another install) is not ours"
     assert not KEY.verify("NetworkPolicy", real), "the kind is covered"

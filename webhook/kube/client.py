@@ -18,8 +18,8 @@ from .resources import Resource
 CONNECT_TIMEOUT = 5.0
 REQUEST_TIMEOUT = (CONNECT_TIMEOUT, 30.0)  # (connect, read) for every plain request
 LIST_PAGE = 500
-# Connections kept to the API server, and threads making calls on the event loop's behalf
-# (webhook/kube/calls.py): a burst of admissions each creating two objects at once.
+# Connections kept to the API server by each client (webhook/kube/aio.py for the event loop's calls):
+# a burst of admissions each creating two objects at once.
 POOL = 32
 
 
@@ -120,11 +120,16 @@ def request(api: KubeApi, method: str, path: str, *, query: dict[str, str] | Non
         reason = str(getattr(exc, "reason", None) or exc)
         if reason.startswith("<"):  # "<HTTPSConnection object at 0x..>: Failed to establish ..."
             reason = reason.split(">: ", 1)[-1]
-        which = f"context {api.context}" if api.context else "the kubeconfig's current context"
-        raise ClusterUnreachable(f"cannot reach the Kubernetes API server at {api.describe()}: {reason}. "
-                                 f"Check that the cluster is up and that {which} points "
-                                 f"at it (`kubectl{api.kubectl()} cluster-info`)", reason=reason,
-                                 timed_out=timed_out) from None
+        raise unreachable(api, reason, timed_out=timed_out) from None
+
+
+def unreachable(api: KubeApi, reason: str, *, timed_out: bool) -> ClusterUnreachable:
+    """The error for an API server that did not answer (``reason``: refused, DNS, TLS, timed out),
+    naming the server and the fix; the event loop's client (webhook/kube/aio.py) raises it too."""
+    which = f"context {api.context}" if api.context else "the kubeconfig's current context"
+    return ClusterUnreachable(f"cannot reach the Kubernetes API server at {api.describe()}: {reason}. "
+                              f"Check that the cluster is up and that {which} points "
+                              f"at it (`kubectl{api.kubectl()} cluster-info`)", reason=reason, timed_out=timed_out)
 
 
 def call_json(api: KubeApi, method: str, path: str, **kw) -> dict:

@@ -1,0 +1,72 @@
+"""A small in-memory Kubernetes API on loopback for server-tier tests of the injector: namespaced
+objects by (plural, namespace, name), POST (409 when the name is taken), GET, DELETE. A stand-in
+for the API server where only create/get/delete semantics matter; the cluster tier runs the real one.
+"""
+from __future__ import annotations
+
+import json
+import re
+import threading
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from .serve import send_json
+
+PATH = re.compile(r"^/(?:api/v1|apis/[^/]+/[^/]+)/namespaces/([^/]+)/([^/?]+)(?:/([^/?]+))?")
+
+
+class MemoryApi(ThreadingHTTPServer):
+    """Namespaced objects by (plural, namespace, name): POST (409 when taken), GET, DELETE; every
+    request's "METHOD path" in ``requests``."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.objects: dict[tuple[str, str, str], dict] = {}
+        self.requests: list[str] = []
+        self.lock = threading.Lock()  # a name is taken once, however many creations race for it
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    def put(self, plural: str, obj: dict) -> None:
+        meta = obj["metadata"]
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("resourceVersion", "1")
+        self.objects[(plural, meta["namespace"], meta["name"])] = obj
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: MemoryApi
+
+    def _answer(self, status: int, body: dict) -> None:
+        send_json(self, status, body)
+
+    def _key(self) -> tuple[str, str, str]:
+        self.server.requests.append(f"{self.command} {self.path}")
+        namespace, plural, name = PATH.match(self.path).groups()
+        return plural, namespace, name or ""
+
+    def _body(self) -> dict:
+        return json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        obj = self.server.objects.get(self._key())
+        self._answer(200, obj) if obj else self._answer(404, {"kind": "Status", "code": 404, "message": "not found"})
+
+    def do_POST(self) -> None:  # noqa: N802
+        plural, namespace, _ = self._key()
+        body = self._body()
+        with self.server.lock:
+            taken = (plural, namespace, body["metadata"]["name"]) in self.server.objects
+            if not taken:
+                self.server.put(plural, body)
+        if taken:
+            return self._answer(409, {"kind": "Status", "code": 409, "message": "already exists"})
+        self._answer(201, body)
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._body()
+        with self.server.lock:
+            self.server.objects.pop(self._key(), None)
+        self._answer(200, {"kind": "Status", "code": 200})
+
+    def log_message(self, *args) -> None:
+        pass
