@@ -26,10 +26,11 @@ import re
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from policies import injections
 from policies.decision import Decision
+from policies.engine import AdmissionInput
 
 log = logging.getLogger("trainjob_admission.early")
 
@@ -46,13 +47,25 @@ class Injector(Protocol):
     async def withdraw(self, namespace: str, records: list[dict], admission_id: str) -> None: ...
 
 
+# Whose submission a started entry is: (namespace, kind, name, username, user uid). Only a /validate
+# of the same job by the same user finishes or withdraws it; anyone else's id is not theirs to claim.
+Owner = tuple[str, str, str, str, str]
+
+
+def owner(request: AdmissionInput) -> Owner:
+    meta = request.object.get("metadata") or {}
+    return (str(meta.get("namespace") or ""), str(request.object.get("kind") or ""), str(meta.get("name") or ""),
+            request.username, request.user_uid)
+
+
 @dataclass
 class Started:
     """Injections under way for one submission since its /mutate."""
 
     task: asyncio.Task
     plans: list[dict]
-    namespace: str
+    settings: Any  # the bundle's injection settings they were rendered with
+    owner: Owner
     at: float
 
 
@@ -70,46 +83,60 @@ class EarlyInjections:
         self._started: OrderedDict[str, Started] = OrderedDict()  # oldest first
         self._background: set[asyncio.Task] = set()
 
-    def start(self, decision: Decision, admission_id: str) -> bool:
-        """Start creating ``decision``'s objects for ``admission_id``; False when too many are under way."""
+    def room(self) -> bool:
+        """Whether :meth:`start` would take one more submission now."""
         self._forget_old()
-        if len(self._started) >= self.limit or decision.job is None:
-            return False
+        return len(self._started) < self.limit
+
+    def start(self, decision: Decision, admission_id: str, by: Owner) -> None:
+        """Start creating ``decision``'s objects for ``admission_id`` (the caller asked :meth:`room`
+        first; the requests that asked before this one started may pass the limit by a few)."""
         task = asyncio.ensure_future(self.injector(decision, admission_id))
-        self._started[admission_id] = Started(task, list(decision.injections), decision.job.namespace,
+        self._started[admission_id] = Started(task, list(decision.injections), decision.injection_settings, by,
                                               time.monotonic())
-        return True
 
-    def started(self, admission_id: str) -> bool:
-        """Whether this replica's /mutate started the injections of ``admission_id``."""
-        return admission_id in self._started
+    def started(self, admission_id: str, by: Owner) -> bool:
+        """Whether this replica's /mutate started the injections of ``admission_id`` for ``by``."""
+        started = self._started.get(admission_id)
+        return started is not None and started.owner == by
 
-    async def finish(self, decision: Decision, admission_id: str) -> list[dict]:
-        """The records of ``decision``'s objects: those started on /mutate here, awaited, and any
-        planned since (a bundle reloaded in between) or started elsewhere, made now."""
-        started = self._started.pop(admission_id, None)
+    async def finish(self, decision: Decision, admission_id: str, by: Owner) -> list[dict]:
+        """The records of ``decision``'s objects: those its /mutate started here, awaited; made now,
+        those started elsewhere and those planned otherwise since (a bundle reloaded in between:
+        what /mutate made under the old plan is deleted first)."""
+        started = self._claim(admission_id, by)
         if started is None:
             return await self.injector(decision, admission_id)
-        records = list(await started.task)
-        begun = {(p["kind"], p["name"]) for p in started.plans}
-        missing = [p for p in decision.injections if (p["kind"], p["name"]) not in begun]
-        if missing:
-            records += await self.injector(replace(decision, injections=missing), admission_id)
-        return records
+        made = {(r["kind"], r["name"]): r for r in await started.task}
+        unchanged = [p for p in started.plans if p in decision.injections and (p["kind"], p["name"]) in made
+                     and started.settings == decision.injection_settings]
+        kept = [made.pop((p["kind"], p["name"])) for p in unchanged]
+        if made:  # planned otherwise now: what was created for the old plan goes first
+            await self.injector.withdraw(started.owner[0], list(made.values()), admission_id)
+        redo = [p for p in decision.injections if p not in unchanged]
+        if redo:
+            kept += await self.injector(replace(decision, injections=redo), admission_id)
+        return kept
 
-    def withdraw(self, admission_id: str, namespace: str = "", records: list[dict] | None = None) -> None:
+    def withdraw(self, admission_id: str, by: Owner, records: list[dict] | None = None) -> None:
         """In the background, delete what this submission created: ``records`` (from :meth:`finish`),
         or whatever its /mutate started here, once done. Nothing happens when neither is known."""
-        started = self._started.pop(admission_id, None)
+        started = self._claim(admission_id, by)
         if started is None and not records:
             return
 
         async def withdraw() -> None:
             done = records if records is not None else list(await started.task)
-            await self.injector.withdraw(namespace or started.namespace, done, admission_id)
+            await self.injector.withdraw(by[0], done, admission_id)
         task = asyncio.ensure_future(withdraw())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    def _claim(self, admission_id: str, by: Owner) -> Started | None:
+        """The entry of ``admission_id``, taken out, when ``by`` is the one it was started for."""
+        if not self.started(admission_id, by):
+            return None
+        return self._started.pop(admission_id)
 
     def _forget_old(self) -> None:
         horizon = time.monotonic() - self.ttl

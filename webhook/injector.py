@@ -99,7 +99,9 @@ class Injector(Calls):
                     ours = self.provenance.verify(kind, existing) and _made_for(existing, job)
                     same_submission = bool(admission_id) and \
                         _annotations(existing).get(injections.ADMISSION_ANNOTATION) == admission_id
-                    if same_submission and ours:  # started by /mutate (here or on another replica), or a retry
+                    if same_submission and ours and not existing["metadata"].get("ownerReferences") \
+                            and _same_settings(kind, existing, body):
+                        # started by /mutate (here or on another replica), or a retried call
                         return {**record, "status": "created", **_key_fields(existing)}
                     reason, fix = await self._keep_reason(kind, existing, job, ours)
                     if reason and _adopts(kind, decision):
@@ -166,6 +168,14 @@ def _annotations(obj: dict) -> dict:
 def _made_for(obj: dict, job: EffectiveJob) -> bool:
     """Made for this job (same kind and name); whether by us, the provenance HMAC says."""
     return _annotations(obj).get(injections.JOB_ANNOTATION) == f"{job.kind}/{job.name}"
+
+
+def _same_settings(kind: str, existing: dict, body: dict) -> bool:
+    """Whether ``existing`` is what ``body`` would be under the bundle as it is now: the key type of a
+    Secret (its keys are its own), the whole spec of a NetworkPolicy."""
+    if kind == "Secret":
+        return _annotations(existing).get(KEY_TYPE_ANNOTATION) == _annotations(body).get(KEY_TYPE_ANNOTATION)
+    return existing.get("spec") == body.get("spec")
 
 
 def _adopts(kind: str, decision: Decision) -> bool:

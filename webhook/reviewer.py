@@ -45,10 +45,10 @@ EXISTING_OBJECTS = ("trainjob-admission", "existing-objects")
 @dataclass
 class Submission:
     """What /validate learns of a CREATE's submission, for withdrawing its objects when the answer
-    is not an admission: the admission id (webhook/early.py), namespace and injection records."""
+    is not an admission: the admission id and owner (webhook/early.py), the injection records."""
 
     admission_id: str = ""
-    namespace: str = ""
+    owner: early.Owner = ("", "", "", "", "")
     injected: list[dict] | None = None
 
 
@@ -118,7 +118,7 @@ class Reviewer:
             # the objects this submission's /mutate or /validate created go (webhook/early.py).
             if submission.admission_id and self.injections is not None \
                     and not (answer.get("response") or {}).get("allowed"):
-                self.injections.withdraw(submission.admission_id, submission.namespace, submission.injected)
+                self.injections.withdraw(submission.admission_id, submission.owner, submission.injected)
         return status, answer
 
     async def _review(self, body: bytes, endpoint: str, caller: Caller, submission: Submission) -> tuple[int, dict]:
@@ -143,7 +143,7 @@ class Reviewer:
         mutate = endpoint == "mutate"
         if not mutate and parsed.request.operation == "CREATE" and not parsed.request.dry_run:
             submission.admission_id = early.admission_id(parsed.request.object)
-            submission.namespace = str(parsed.request.object["metadata"].get("namespace") or "")
+            submission.owner = early.owner(parsed.request)
         gaps = self.policy_gaps()
         if gaps:
             return await self._no_policy(parsed, decision_id, endpoint, started, gaps)
@@ -166,10 +166,10 @@ class Reviewer:
             return await self._mutated(parsed, decision_id, started, decision, caller)
         injected: list[dict] = []
         if decision.allowed and decision.injections and not parsed.request.dry_run and self.injections is not None:
-            if not self.injections.started(submission.admission_id) and not caller.authenticated \
+            if not self.injections.started(submission.admission_id, submission.owner) and not caller.authenticated \
                     and not self.creations.take(caller.address):
                 return await self._rate_limited(parsed, decision_id, endpoint, started, decision, caller)
-            injected = submission.injected = await self._inject(parsed, decision, submission.admission_id)
+            injected = submission.injected = await self._inject(parsed, decision, submission)
             for record in injected:
                 self.metrics.injections.labels(record["kind"], record["status"]).inc()
             failed = [i for i in injected if i["status"] == "failed"]
@@ -191,22 +191,27 @@ class Reviewer:
     async def _mutated(self, parsed: admission.ParsedReview, decision_id: str, started: float, decision: Decision,
                        caller: Caller) -> tuple[int, dict]:
         """The /mutate answer: the patch only (refusals and warnings come from /validate, once). An
-        allowed CREATE's injections start here, tagged with this decision's id (webhook/early.py)."""
-        starting = (decision.allowed and decision.injections and parsed.request.operation == "CREATE"
-                    and not parsed.request.dry_run and self.injections is not None
-                    and (caller.authenticated or self.creations.take(caller.address))
-                    and self.injections.start(decision, decision_id))
-        begun: list[dict] = []
-        if parsed.request.operation == "CREATE" and decision.allowed:
-            decision = replace(decision, patch=decision.patch + early.tag(decision.mutated,
-                                                                          decision_id if starting else None))
-        if starting:
-            namespace = decision.job.namespace if decision.job is not None else ""
-            begun = [{"kind": p["kind"], "name": p["name"], "namespace": namespace, "status": "started"}
-                     for p in decision.injections]
+        allowed CREATE's injections start here, once its record is written, tagged with this
+        decision's id (webhook/early.py); whatever it answers, an id the submitter wrote goes."""
+        request = parsed.request
+        starting = bool(decision.allowed and decision.injections and request.operation == "CREATE"
+                        and not request.dry_run and self.injections is not None and self.injections.room()
+                        # a generated name is given after the mutating webhooks: /validate injects then
+                        and (request.object.get("metadata") or {}).get("name")
+                        and (caller.authenticated or self.creations.take(caller.address)))
+        patch = None
+        if request.operation == "CREATE":
+            tag = early.tag(decision.mutated if decision.allowed else request.object, decision_id if starting else None)
+            decision = replace(decision, patch=decision.patch + tag) if decision.allowed else decision
+            patch = decision.patch if decision.allowed else tag
+        elif decision.allowed:
+            patch = decision.patch
+        begun = [{"kind": p["kind"], "name": p["name"], "namespace": decision.job.namespace, "status": "started"}
+                 for p in decision.injections] if starting else []
         await self._record_decision(decision_id, "mutate", started, parsed, decision, begun)
-        return 200, admission.response(parsed.uid, allowed=True, patch=decision.patch if decision.allowed else None,
-                                       decision_id=decision_id)
+        if starting:
+            self.injections.start(decision, decision_id, early.owner(request))
+        return 200, admission.response(parsed.uid, allowed=True, patch=patch, decision_id=decision_id)
 
     async def _with_snapshot(self, request: AdmissionInput) -> ClusterState:
         """The state with the job's runtime snapshot, when an UPDATE's job has one (policies/snapshot.py
@@ -277,12 +282,13 @@ class Reviewer:
         return 200, admission.response(uid, allowed=allow, message=message, decision_id=decision_id,
                                        warnings=[message] if allow and endpoint != "mutate" else None)
 
-    async def _inject(self, parsed: admission.ParsedReview, decision: Decision, admission_id: str) -> list[dict]:
+    async def _inject(self, parsed: admission.ParsedReview, decision: Decision, submission: Submission) -> list[dict]:
         """The injector's records, within the request's deadline (its calls check it too, and send
         nothing once it has passed); an injector that raises or runs out of time fails every plan
         rather than the request."""
         try:
-            return await asyncio.wait_for(self.injections.finish(decision, admission_id), timeout=deadline.remaining())
+            return await asyncio.wait_for(self.injections.finish(decision, submission.admission_id, submission.owner),
+                                          timeout=deadline.remaining())
         except TimeoutError:
             reason = f"not created: the injection {self._deadline_passed()}"
             log.warning("injection for %s %s", parsed.uid, reason)

@@ -15,9 +15,11 @@ service its source tree and requirements.lock, and this file), so a second build
   (uid 1000), sshd config at /home/mpiuser/.sshd_config (port 2222): the conventions of Trainer
   v2.3.0's MPI runtimes. mpi4py rather than a C program: a C build needs libopenmpi-dev, which
   pulls gfortran and gcc into a second rootfs (far more to download than python3 + mpi4py).
-- service: python3 + a venv at /opt/venv with `pip install -c requirements.lock .` from PyPI, run
-  as uid 65532 (the Containerfile's steps; done in a chroot because podman cannot start a
-  container here: runc fails to set RLIMIT_NOFILE without CAP_SYS_RESOURCE).
+- service: from the Containerfile (`containerfile()`): its COPY sources, and its final stage's
+  ENV, USER, WORKDIR, EXPOSE, ENTRYPOINT and CMD become the image's; its FROM is this Debian rootfs
+  (python3, python3-venv) and its RUN is done in a chroot (a venv at /opt/venv with
+  `pip install -c requirements.lock .` from PyPI), because podman cannot start a container here:
+  runc fails to set RLIMIT_NOFILE without CAP_SYS_RESOURCE.
 """
 from __future__ import annotations
 
@@ -64,7 +66,63 @@ MMDEBSTRAP_OPTS = [
 ]
 # Paths whose contents are never packed (mount points and caches); the directories themselves are.
 SKIP_CONTENTS = ("dev", "proc", "sys", "tmp", "run", "var/cache/apt", "var/lib/apt/lists", "var/log")
-SERVICE_SOURCES = ("pyproject.toml", "requirements.lock", "README.md", "webhook", "policies", "certs")
+DEBIAN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # the rootfs's PATH: what $PATH is
+
+
+@dataclass(frozen=True)
+class Containerfile:
+    """What the image takes from a Containerfile: the build stage's COPY sources (repo-relative)
+    and the final stage's config, as Docker applies it (ENV in order, with $VAR from what is set)."""
+
+    sources: tuple[str, ...]
+    env: tuple[str, ...]
+    user: str
+    workdir: str
+    ports: tuple[str, ...]
+    entrypoint: tuple[str, ...]
+    cmd: tuple[str, ...]
+
+
+def containerfile(path: Path = ROOT / "Containerfile") -> Containerfile:
+    """The subset of the Dockerfile grammar the project's Containerfile uses: ARG, FROM (stages),
+    WORKDIR, COPY (``--from`` copies between stages), RUN, ENV k=v..., USER, EXPOSE, ENTRYPOINT
+    and CMD in exec (JSON) form; anything else is refused, so the file cannot grow a step this
+    build would silently skip."""
+    logical: list[str] = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if logical and logical[-1].endswith("\\"):
+            logical[-1] = logical[-1][:-1] + " " + line
+        elif line and not line.startswith("#"):
+            logical.append(line)
+    sources: list[str] = []
+    env: dict[str, str] = {"PATH": DEBIAN_PATH}
+    final = dict(user="root", workdir="/", ports=(), entrypoint=(), cmd=())
+    for text in logical:
+        op, _, rest = text.partition(" ")
+        op = op.upper()
+        if op == "FROM":  # a new stage: only the last one's config is the image's
+            env, final = {"PATH": DEBIAN_PATH}, dict(user="root", workdir="/", ports=(), entrypoint=(), cmd=())
+        elif op == "COPY":
+            args = rest.split()
+            if not args[0].startswith("--from"):
+                sources += args[:-1]
+        elif op == "ENV":
+            for pair in re.findall(r'(\w+)=(\S+)', rest):
+                env[pair[0]] = re.sub(r"\$(\w+)|\$\{(\w+)\}", lambda m: env.get(m[1] or m[2], ""), pair[1])
+        elif op in ("USER", "WORKDIR"):
+            final[op.lower()] = rest.strip()
+        elif op == "EXPOSE":
+            final["ports"] = tuple(p if "/" in p else f"{p}/tcp" for p in rest.split())
+        elif op in ("ENTRYPOINT", "CMD"):
+            final[op.lower()] = tuple(json.loads(rest))
+        elif op not in ("ARG", "RUN"):
+            raise ValueError(f"{path}: {op} is not an instruction hack/images/images.py builds")
+    return Containerfile(tuple(sources), tuple(f"{k}={v}" for k, v in env.items()), **final)
+
+
+SERVICE = containerfile()
+SERVICE_SOURCES = SERVICE.sources
 
 
 @dataclass(frozen=True)
@@ -103,17 +161,16 @@ SPECS = {
         workdir="/",
         entrypoint=("/pause",),
     ),
-    "service": ImageSpec(
+    "service": ImageSpec(  # the Containerfile's, on this rootfs (module doc)
         name="service",
         packages=("python3", "python3-venv"),
         files=("Containerfile",) + SERVICE_SOURCES,
-        user="65532:65532",
-        env=("PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-             "PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1"),
-        workdir="/",
-        entrypoint=("trainjob-admission",),
-        cmd=("serve", "--in-cluster", "--cert-dir", "/tls"),
-        ports=("8443/tcp",),
+        user=SERVICE.user,
+        env=SERVICE.env,
+        workdir=SERVICE.workdir,
+        entrypoint=SERVICE.entrypoint,
+        cmd=SERVICE.cmd,
+        ports=SERVICE.ports,
     ),
 }
 

@@ -11,8 +11,10 @@ import uuid
 
 import jsonpatch
 import pytest
+import yaml
 
 from tests.support.objects import example_job
+from webhook.decisionlog import DecisionLogError
 from webhook.early import admission_id
 
 from .conftest import Running, decode_patch
@@ -154,3 +156,96 @@ def test_an_unauthenticated_caller_past_its_budget_starts_nothing_on_mutate(inje
     assert refused["allowed"] is False
     assert "more requests that create objects from 127.0.0.1" in refused["status"]["message"]
     assert memory_api.requests == []
+
+
+def test_a_generated_name_is_injected_for_on_validate(injecting_server, memory_api):
+    """The API server gives a `generateName` job its name only after the mutating webhooks: /mutate
+    starts nothing, and /validate makes the objects for the name the job gets."""
+    running = injecting_server()
+    obj = example_job("allowed.yaml")
+    obj["metadata"]["generateName"] = obj["metadata"].pop("name") + "-"
+    _, job = mutated(running, obj)
+    assert ANNOTATION not in job["metadata"].get("annotations", {})
+    time.sleep(0.3)
+    assert memory_api.requests == []
+    job = stored(job)
+    job["metadata"]["name"] = f"{JOB}-x7k2p"
+    assert running.review(job)["allowed"] is True
+    assert sorted(key[2] for key in memory_api.objects) == [f"{JOB}-x7k2p-mpi-isolation", f"{JOB}-x7k2p-mpi-ssh-auth"]
+
+
+def test_an_admission_id_is_only_its_own_submissions(injecting_server, memory_api):
+    """A job /mutate refuses loses the id its submitter wrote; and a /validate of another job or user
+    that carries an id anyway (a fail-open /mutate, a forged review) neither finishes nor withdraws
+    the submission it names."""
+    running = injecting_server()
+    _, victim = mutated(running, example_job("allowed.yaml"))
+    tag = victim["metadata"]["annotations"][ANNOTATION]  # readable on the victim's NetworkPolicy
+    wait_for_objects(memory_api, 2)
+    evil = example_job("allowed.yaml")
+    evil["metadata"].update(name="evil", annotations={ANNOTATION: tag})
+    evil["spec"]["trainer"]["numNodes"] = 500  # refused by the bundle
+    response, stripped = mutated(running, evil)
+    assert ANNOTATION not in stripped["metadata"]["annotations"], decode_patch(response)
+    # reaching /validate with the victim's id anyway: refused, and nothing of the victim's withdrawn
+    assert running.review(stored(evil))["allowed"] is False
+    # the victim's job as another user: not the submission /mutate started, so not finished for them
+    assert running.review(stored(victim), userInfo={"username": "mallory", "groups": ["team-a"]})["allowed"] is True
+    assert running.server.reviewer.injections._started, "the victim's started creations were claimed by another"
+    time.sleep(0.3)
+    made = dict(memory_api.objects)
+    assert len(made) == 2
+    validated = running.review(stored(victim))
+    assert validated["allowed"] is True and {i["status"] for i in record_of(running, validated)["injections"]} == {
+        "created"}
+    assert memory_api.objects == made and not running.server.reviewer.injections._started
+
+
+def test_an_object_of_the_same_admission_id_that_a_job_owns_is_not_taken(injecting_server, memory_api):
+    """The id stays on the stored job; a later job of its name that arrives with it (its /mutate did
+    not tag it) is not handed the objects the first job owns."""
+    running = injecting_server()
+    _, first = mutated(running, example_job("allowed.yaml"))
+    assert running.review(stored(first))["allowed"] is True
+    for key in (("secrets", NS, SECRET), ("networkpolicies", NS, POLICY)):
+        memory_api.objects[key]["metadata"]["ownerReferences"] = [{"kind": "TrainJob", "name": JOB, "uid": "old"}]
+    response = running.review(stored(first))
+    assert response["allowed"] is False and "belongs to TrainJob resnet-allreduce" in response["status"]["message"]
+
+
+def test_nothing_starts_when_the_mutate_record_cannot_be_written(injecting_server, memory_api):
+    """The decision log refusing /mutate's record makes the answer 'allowed, unpatched': no id on the
+    job, so no creation may have begun for one."""
+    running = injecting_server()
+    log = running.server.decision_log
+    append = log.append
+
+    def failing(record, *, required=True):
+        if record.get("endpoint") == "mutate" and required:
+            raise DecisionLogError("disk full", record)
+        return append(record, required=required)
+    log.append = failing
+    response, job = mutated(running, example_job("allowed.yaml"))
+    assert not response.get("patch")
+    time.sleep(0.3)
+    assert memory_api.requests == [] and not running.server.reviewer.injections._started
+
+
+def test_objects_started_under_a_bundle_changed_before_validate_are_made_again(injecting_server, memory_api):
+    """/mutate made the default NetworkPolicy; the bundle asks for the restricted one by the time
+    /validate judges the job: the job gets the restricted one."""
+    running = injecting_server()
+    _, job = mutated(running, example_job("allowed.yaml"))
+    wait_for_objects(memory_api, 2)
+    assert "ports" not in memory_api.objects[("networkpolicies", NS, POLICY)]["spec"]["ingress"][0]
+    bundle_path = running.log_path.parent / "bundle.yaml"
+    bundle = yaml.safe_load(bundle_path.read_text())
+    bundle["spec"]["injections"]["networkPolicy"]["template"] = "restricted"
+    reloads = running.server.registry.reloads
+    bundle_path.write_text(yaml.safe_dump(bundle))
+    deadline = time.monotonic() + 10
+    while running.server.registry.reloads == reloads:
+        assert time.monotonic() < deadline, "the bundle was not reloaded"
+        time.sleep(0.05)
+    assert running.review(stored(job))["allowed"] is True
+    assert "ports" in memory_api.objects[("networkpolicies", NS, POLICY)]["spec"]["ingress"][0]

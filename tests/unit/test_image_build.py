@@ -140,3 +140,43 @@ def test_apt_mirror_parsing(tmp_path, monkeypatch, text, mirror):
     monkeypatch.setattr(images, "_apt_source_files", lambda: [tmp_path / "s"])
     (tmp_path / "s").write_text(text)
     assert images.apt_mirror() == mirror
+
+
+def test_the_service_image_is_configured_as_the_containerfile_says():
+    """The project's Containerfile, read as Docker applies it: the image built here runs what a
+    `podman build -f Containerfile` image runs, as the same user, with the same environment."""
+    spec = images.SPECS["service"]
+    assert spec.entrypoint == ("trainjob-admission",) and spec.cmd == ("serve", "--in-cluster", "--cert-dir", "/tls")
+    assert spec.user == "65532:65532" and spec.ports == ("8443/tcp",) and spec.workdir == "/"
+    assert spec.env == (f"PATH=/opt/venv/bin:{images.DEBIAN_PATH}", "PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1")
+    assert images.SERVICE_SOURCES == ("pyproject.toml", "requirements.lock", "README.md", "webhook", "policies",
+                                      "certs")
+
+
+def test_a_containerfile_is_read_stage_by_stage_and_unknown_steps_are_refused(tmp_path):
+    path = tmp_path / "Containerfile"
+    path.write_text("""ARG BASE=x
+FROM ${BASE} AS build
+WORKDIR /src
+COPY a.toml b.lock ./
+COPY pkg pkg
+RUN make \\
+    && make install
+ENV FOO=build
+FROM ${BASE}
+COPY --from=build /opt /opt
+ENV A=1 PATH=/opt/bin:$PATH
+ENV B=${A}2
+USER 10:20
+EXPOSE 8443 9000/udp
+ENTRYPOINT ["run"]
+CMD ["serve", "--x"]
+""")
+    read = images.containerfile(path)
+    assert read.sources == ("a.toml", "b.lock", "pkg")
+    assert read.env == (f"PATH=/opt/bin:{images.DEBIAN_PATH}", "A=1", "B=12")  # the build stage's FOO is not in it
+    assert (read.user, read.workdir, read.ports) == ("10:20", "/", ("8443/tcp", "9000/udp"))
+    assert (read.entrypoint, read.cmd) == (("run",), ("serve", "--x"))
+    path.write_text(path.read_text() + "HEALTHCHECK CMD true\n")
+    with pytest.raises(ValueError, match="HEALTHCHECK is not an instruction"):
+        images.containerfile(path)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import ssl
 import weakref
 from typing import Any
@@ -128,7 +129,9 @@ def _unreachable(api: KubeApi, exc: BaseException) -> Exception:
     if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
         return unreachable(api, "timed out", timed_out=True)
     cause = getattr(exc, "os_error", None) or exc
-    if isinstance(cause, OSError) and cause.errno:
+    if isinstance(cause, (ssl.SSLError, socket.gaierror)):  # their errno is not an OS error number
+        reason = f"{type(cause).__name__}: {cause}"
+    elif isinstance(cause, OSError) and cause.errno:  # refused, reset, unreachable: as urllib3 says it
         reason = f"Failed to establish a new connection: [Errno {cause.errno}] {os.strerror(cause.errno)}"
     else:
         reason = f"{type(exc).__name__}: {exc}"
