@@ -42,6 +42,12 @@ STOP_GRACE = 1.0
 # by then evaluations have stopped (STOP_GRACE) and their answers are sent; a connection still busy
 # (one caught opening as the server stopped was seen to hold the stop for a minute) is cut.
 SHUTDOWN_TIMEOUT = STOP_GRACE + 3.0
+# After SIGTERM, how long open connections are still served, each answer closing its connection
+# ("Connection: close"). The API server resolves a webhook Service to a pod when it dials and then
+# reuses the connection, so a replica that left the Service's endpoints still gets requests on it;
+# closing such a connection while a request is on its way fails that admission ("EOF"). Answering
+# with Connection: close makes the API server dial again, reaching a ready replica.
+DRAIN_SECONDS = 5.0
 
 
 @dataclass
@@ -99,6 +105,7 @@ class WebhookServer:
         self.probe_port: int | None = None  # bound by start()
         self._tasks: list[asyncio.Task] = []
         self._reloads_counted = (0, 0)  # the registry's (reloads, failures) already in the metric
+        self.draining = False  # set by stop(): every answer then closes its connection
 
     # --- handlers -------------------------------------------------------------------------------
     async def _admission(self, request: web.Request, endpoint: str) -> web.Response:
@@ -185,7 +192,7 @@ class WebhookServer:
         return app
 
     def probe_app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._close_when_draining])
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics_handler)
@@ -258,6 +265,13 @@ class WebhookServer:
             except Exception:  # noqa: BLE001
                 log.exception("certificate reload failed; the last good certificate stays active")
 
+    @web.middleware
+    async def _close_when_draining(self, request: web.Request, handler) -> web.StreamResponse:
+        response = await handler(request)
+        if self.draining:
+            response.force_close()  # "Connection: close": the client's next request dials a replica that stays
+        return response
+
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
@@ -265,9 +279,15 @@ class WebhookServer:
                 await task
         # Requests in flight get STOP_GRACE seconds, then their evaluations stop and they are answered
         # with the failure mode: whatever a request costs, SIGTERM ends the process within seconds.
-        grace = asyncio.get_running_loop().call_later(STOP_GRACE, self.reviewer.stop_evaluations)
+        loop = asyncio.get_running_loop()
+        grace = loop.call_later(STOP_GRACE, self.reviewer.stop_evaluations)
+        self.draining = True
         for server in self._servers:
-            server.close()
+            server.close()  # no new connections; those open are still served (DRAIN_SECONDS)
+        drained = loop.time() + DRAIN_SECONDS
+        while loop.time() < drained and any(r.server and r.server.connections for r in self._runners[:1]):
+            await asyncio.sleep(0.05)
+        for server in self._servers:
             await server.wait_closed()
         for runner in self._runners:
             await runner.cleanup()

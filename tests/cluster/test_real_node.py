@@ -362,7 +362,8 @@ def rolling_restart_loses_no_admission(ns: str, wait_for, tmp: Path) -> None:
             p = kc("rollout", "status", "deployment/trainjob-admission", "-n", SERVICE_NS, "--timeout=240s",
                    timeout=260)
             assert p.returncode == 0, p.stderr
-            pods = get("pods", "-n", SERVICE_NS, "-l", "app.kubernetes.io/name=trainjob-admission")["items"]
+            pods = [p for p in get("pods", "-n", SERVICE_NS, "-l", "app.kubernetes.io/name=trainjob-admission")["items"]
+                    if not p["metadata"].get("deletionTimestamp")]  # a replica the rollout left, not one going
             assert kc("delete", "pod", "-n", SERVICE_NS, pods[0]["metadata"]["name"], "--wait=true").returncode == 0
             wait_for("2 replicas available again", lambda: get(
                 "deployment", "trainjob-admission", "-n", SERVICE_NS).get("status", {}).get("availableReplicas") == 2,

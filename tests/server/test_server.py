@@ -233,3 +233,37 @@ def test_ill_typed_job_is_denied_with_a_job_model_reason_and_logged(webhook_serv
     assert "is not of the type its schema requires" in response["status"]["message"], response["status"]["message"]
     record = webhook_server.records()[-1]
     assert record["decision"] == "deny" and any(r["rule"] == "job-model" for r in record["rules"])
+
+
+def test_a_stopping_server_answers_its_open_connections_and_closes_each_after_its_answer(tmp_path):
+    """The API server reuses its connection to a replica that has left the endpoints: a request on it
+    after SIGTERM is answered (not cut: that would fail an admission with EOF), with Connection:
+    close, so the API server dials again; the stop then completes as soon as no connection is left."""
+    import asyncio
+    import http.client
+
+    from webhook.demo import admission_review
+
+    running, thread = start_server(tmp_path)
+    conn = http.client.HTTPSConnection("localhost", running.port, context=running.client_context(), timeout=10)
+    body = json.dumps(admission_review(example_job("allowed.yaml"))).encode()
+    try:
+        conn.request("POST", "/validate", body=body, headers={"Content-Type": "application/json"})
+        first = conn.getresponse()
+        first.read()
+        assert first.status == 200 and first.getheader("Connection", "").lower() != "close"
+        started = time.monotonic()
+        stopping = asyncio.run_coroutine_threadsafe(running.server.stop(), running.loop)
+        time.sleep(0.5)  # draining: no new connections, the open one still served
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", running.port), timeout=2)
+        conn.request("POST", "/validate", body=body, headers={"Content-Type": "application/json"})
+        second = conn.getresponse()
+        assert second.status == 200 and json.loads(second.read())["response"]["allowed"] is True
+        assert second.getheader("Connection", "").lower() == "close"
+        stopping.result(15)
+        assert time.monotonic() - started < server_module.DRAIN_SECONDS, "the stop waited for a connection gone"
+    finally:
+        conn.close()
+        running.loop.call_soon_threadsafe(running.loop.stop)
+        thread.join(15)

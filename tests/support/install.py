@@ -61,8 +61,10 @@ def copy_manifests(dest: Path) -> Path:
 
 
 def write_kustomization(directory: Path, body: dict) -> Path:
+    """As JSON (which is YAML): every string quoted, so a label like ``8e123456``, a plain string to
+    PyYAML, is not a number to kustomize's YAML reader."""
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "kustomization.yaml").write_text(yaml.safe_dump(body, sort_keys=False))
+    (directory / "kustomization.yaml").write_text(json.dumps(body, indent=1) + "\n")
     return directory
 
 
@@ -133,7 +135,7 @@ def install(work: Path, run: str, *, bundle_namespaces: list[str], extra: dict |
         cluster.kubectl("apply", "-k", install)
         yield Installed(run=run, tls=copy / "overlays" / "local-ca" / "tls")
     finally:
-        body = "\n---\n".join(yaml.safe_dump(d) for d in ours)
+        body = "\n".join(json.dumps(d) for d in ours)  # JSON: labels read as the strings they are
         cluster.kubectl("delete", "-f", "-", "--ignore-not-found", "--wait=true", "--timeout=120s",
                         input=body, timeout=180, check=False)
 
