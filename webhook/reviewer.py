@@ -18,7 +18,7 @@ from typing import Awaitable, Callable
 
 from policies.cel import Abandoned, Budget
 from policies.celauthz import Access
-from policies.decision import Decision, Result
+from policies.decision import Decision, Effect, Result
 from policies.engine import AdmissionInput, evaluate
 from policies.stored import evaluate_stored
 from policies.state import ClusterState
@@ -40,6 +40,13 @@ SnapshotFn = Callable[[AdmissionInput], Awaitable["dict | None"]]
 _caller: contextvars.ContextVar[Caller] = contextvars.ContextVar("caller", default=UNKNOWN)
 # The (bundle, rule) of the denial for an existing object the injector refused to use.
 EXISTING_OBJECTS = ("trainjob-admission", "existing-objects")
+# Waits before judging again a quota refusal that counted other jobs' reservations (see _review).
+RESERVATION_SETTLE_SECONDS = (0.2, 0.3)
+
+
+def _refused_counting_reservations(decision: Decision) -> bool:
+    return bool(decision.facts.get("reservations")) and any(
+        r.rule == "quota" and r.effect is Effect.DENY for r in decision.results)
 
 
 @dataclass
@@ -151,15 +158,16 @@ class Reviewer:
             parsed.request.access = self.access
         try:
             state = self.state if mutate else await self._with_snapshot(parsed.request)
-            # The evaluation's own deadline is the answer's: past it, it stops instead of holding a thread.
-            limit = deadline.bound(self.config.timeout_seconds)
-            budget = Budget(deadline=time.monotonic() + limit, cancelled=self._stopping)
-            decision = await asyncio.wait_for(
-                asyncio.get_running_loop().run_in_executor(
-                    self._evaluators, evaluate if mutate else evaluate_stored, parsed.request,
-                    list(self.registry.active), state, budget),
-                timeout=limit,
-            )
+            decision = await self._evaluate(parsed, state, mutate)
+            # A ResourceQuota counts a pod when it admits it, before the pod is stored and before our
+            # pod watch shows it: for a moment that pod is in the quota's usage and in its job's
+            # reservation. A refusal that counted reservations is judged again once the watch caught up.
+            for pause in () if mutate else RESERVATION_SETTLE_SECONDS:
+                left = deadline.remaining()
+                if not _refused_counting_reservations(decision) or (left is not None and left < pause + 1):
+                    break
+                await asyncio.sleep(pause)
+                decision = await self._evaluate(parsed, state, mutate)
         except Exception as exc:  # noqa: BLE001 - a timeout or any failure must still be answered and logged
             return await self._failure(parsed, decision_id, endpoint, started, exc)
         if mutate:
@@ -187,6 +195,17 @@ class Reviewer:
             # Counts until the TrainJob watch shows it (policies/reservations.py): the next review may come first.
             self.state.reservations.admitted(decision.job, decision.mutated)
         return 200, admission.from_decision(parsed.uid, decision, decision_id)
+
+    async def _evaluate(self, parsed: admission.ParsedReview, state: ClusterState, mutate: bool) -> Decision:
+        """The engine's decision on a worker thread; its deadline is the answer's: past it, it stops
+        instead of holding a thread."""
+        limit = deadline.bound(self.config.timeout_seconds)
+        budget = Budget(deadline=time.monotonic() + limit, cancelled=self._stopping)
+        return await asyncio.wait_for(
+            asyncio.get_running_loop().run_in_executor(
+                self._evaluators, evaluate if mutate else evaluate_stored, parsed.request,
+                list(self.registry.active), state, budget),
+            timeout=limit)
 
     async def _mutated(self, parsed: admission.ParsedReview, decision_id: str, started: float, decision: Decision,
                        caller: Caller) -> tuple[int, dict]:

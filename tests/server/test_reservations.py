@@ -19,10 +19,10 @@ pytestmark = pytest.mark.server
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def job(name: str) -> dict:
+def job(name: str, nodes: int = 2) -> dict:
     obj = example_job("over-quota.yaml")
     obj["metadata"]["name"] = name
-    obj["spec"]["trainer"]["numNodes"] = 2  # 2 x 4 GPUs: exactly what team-a has free
+    obj["spec"]["trainer"]["numNodes"] = nodes  # 2: 2 x 4 GPUs, exactly what team-a has free
     return obj
 
 
@@ -49,3 +49,40 @@ def test_the_second_of_two_back_to_back_jobs_is_refused_naming_the_first(tmp_pat
     assert counted["pods"]["jobs"] == {"train-a": 2}
     assert "reservations" not in (by_uid[first["uid"]].get("facts") or {})
     assert 'trainjob_admission_reserved{namespace="team-a",resource="requests.nvidia.com/gpu"} 8.0' in metrics
+
+
+def test_a_pod_the_quota_counts_before_the_watch_shows_it_is_not_counted_twice(tmp_path):
+    """ResourceQuota admission counts a pod before the pod is stored, so for a moment the quota's
+    usage and its job's reservation both hold it. A refusal that counted reservations is judged
+    again once the pod watch caught up: here the second job fits exactly and is admitted."""
+    import threading
+
+    from policies.reservations import Reservations
+
+    from .conftest import start_server, stop_server
+
+    running, thread = start_server(tmp_path)
+    state = running.server.state
+    state.reservations = Reservations(state)
+    quota = state.quotas["team-a"]["compute"]
+    gpus = "requests.nvidia.com/gpu"
+    quota["spec"]["hard"][gpus] = quota["status"]["hard"][gpus] = "40"  # room for two 8-GPU jobs: 24 + 8 + 8
+    pods = [{"metadata": {"name": f"train-a-{rjob}-0-0", "namespace": "team-a",
+                          "labels": {"jobset.sigs.k8s.io/jobset-name": "train-a",
+                                     "jobset.sigs.k8s.io/replicatedjob-name": rjob}},
+             "spec": {"containers": [{"name": rjob, "resources": {"requests": {"nvidia.com/gpu": "4"},
+                                                                  "limits": {"nvidia.com/gpu": "4"}}}]},
+             "status": {"phase": "Pending"}} for rjob in ("launcher", "node")]
+    try:
+        assert running.review(job("train-a", nodes=1))["allowed"] is True  # 1 worker x 4 + 1 launcher x 4
+        # the quota admitted train-a's two pods (its usage went up) a moment before the pod watch shows them
+        quota["status"]["used"][gpus] = "32"
+        threading.Timer(0.1, lambda: [running.loop.call_soon_threadsafe(state.reservations.pod_seen, pod)
+                                      for pod in pods]).start()
+        second = running.review(job("train-b", nodes=1))
+        assert second["allowed"] is True, second.get("status")
+        # with the room really taken, the refusal stands after the second look
+        quota["status"]["used"][gpus] = "40"
+        assert running.review(job("train-c", nodes=1))["allowed"] is False
+    finally:
+        stop_server(running, thread)
