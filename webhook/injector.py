@@ -76,9 +76,7 @@ class Injector(Calls):
             resource = INJECTED[record["kind"]]
             try:
                 existing = await self.get(resource, namespace, record["name"])
-                if (existing is not None and self.provenance.verify(record["kind"], existing)
-                        and _annotations(existing).get(injections.ADMISSION_ANNOTATION) == admission_id
-                        and not existing["metadata"].get("ownerReferences")):
+                if existing is not None and self._this_submissions(record["kind"], existing, admission_id):
                     await self.delete(resource, existing)
                     log.info("deleted %s %s/%s: its submission was refused", record["kind"], namespace, record["name"])
             except Exception as exc:  # noqa: BLE001 - the reconciler removes it after its grace period
@@ -97,9 +95,7 @@ class Injector(Calls):
                 existing = await self.get(resource, job.namespace, name)
                 if existing is not None:
                     ours = self.provenance.verify(kind, existing) and _made_for(existing, job)
-                    same_submission = bool(admission_id) and \
-                        _annotations(existing).get(injections.ADMISSION_ANNOTATION) == admission_id
-                    if same_submission and ours and not existing["metadata"].get("ownerReferences") \
+                    if ours and self._this_submissions(kind, existing, admission_id) \
                             and _same_settings(kind, existing, body):
                         # started by /mutate (here or on another replica), or a retried call
                         return {**record, "status": "created", **_key_fields(existing)}
@@ -121,6 +117,12 @@ class Injector(Calls):
             reason = summary(exc, self.timeout)
             log.warning("could not create %s %s/%s: %s", kind, job.namespace, name, reason)
             return {**record, "status": "failed", "reason": reason}
+
+    def _this_submissions(self, kind: str, obj: dict, admission_id: str) -> bool:
+        """Made by us for ``admission_id`` and owned by no job yet: the objects a submission may take
+        as its own (another replica's /mutate began them) or withdraw (it was refused)."""
+        return (bool(admission_id) and _annotations(obj).get(injections.ADMISSION_ANNOTATION) == admission_id
+                and not obj["metadata"].get("ownerReferences") and self.provenance.verify(kind, obj))
 
     async def _body(self, plan: dict, job: EffectiveJob, admission_id: str, decision: Decision) -> dict:
         if plan["kind"] == "Secret":

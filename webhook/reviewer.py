@@ -218,19 +218,17 @@ class Reviewer:
                         # a generated name is given after the mutating webhooks: /validate injects then
                         and (request.object.get("metadata") or {}).get("name")
                         and (caller.authenticated or self.creations.take(caller.address)))
-        patch = None
-        if request.operation == "CREATE":
-            tag = early.tag(decision.mutated if decision.allowed else request.object, decision_id if starting else None)
-            decision = replace(decision, patch=decision.patch + tag) if decision.allowed else decision
-            patch = decision.patch if decision.allowed else tag
-        elif decision.allowed:
-            patch = decision.patch
+        tag = early.tag(decision.mutated if decision.allowed else request.object,
+                        decision_id if starting else None) if request.operation == "CREATE" else []
+        if decision.allowed:
+            decision = replace(decision, patch=decision.patch + tag)
         begun = [{"kind": p["kind"], "name": p["name"], "namespace": decision.job.namespace, "status": "started"}
                  for p in decision.injections] if starting else []
         await self._record_decision(decision_id, "mutate", started, parsed, decision, begun)
         if starting:
             self.injections.start(decision, decision_id, early.owner(request))
-        return 200, admission.response(parsed.uid, allowed=True, patch=patch, decision_id=decision_id)
+        return 200, admission.response(parsed.uid, allowed=True, patch=decision.patch if decision.allowed else tag,
+                                       decision_id=decision_id)
 
     async def _with_snapshot(self, request: AdmissionInput) -> ClusterState:
         """The state with the job's runtime snapshot, when an UPDATE's job has one (policies/snapshot.py

@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from .client import CONNECT_TIMEOUT, LIST_PAGE, POOL, KubeApi, api_failure, clean, selectors, unreachable
+from .client import CONNECT_TIMEOUT, LIST_PAGE, POOL, KubeApi, clean, decoded, selectors, unreachable
 from .resources import Resource
 
 
@@ -86,13 +86,7 @@ class AsyncApi:
                 status, reason = response.status, response.reason or ""
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             raise _unreachable(self.api, exc) from None
-        try:
-            payload = json.loads(raw) if raw else {}
-        except ValueError:
-            payload = {"message": raw[:200].decode(errors="replace")}
-        if not 200 <= status < 300:
-            raise api_failure(status, payload if isinstance(payload, dict) else {}, f"{method} {path}", reason)
-        return payload
+        return decoded(status, raw, f"{method} {path}", reason)
 
     async def list_all(self, resource: Resource, *, namespace: str | None = None, label_selector: str | None = None,
                        timeout: float) -> tuple[list[dict], str]:

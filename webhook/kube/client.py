@@ -135,13 +135,17 @@ def unreachable(api: KubeApi, reason: str, *, timed_out: bool) -> ClusterUnreach
 def call_json(api: KubeApi, method: str, path: str, **kw) -> dict:
     """A request whose JSON answer we want; non-2xx raises :class:`ApiError` (or :class:`Expired`)."""
     response = request(api, method, path, **kw)
-    data = response.read()
+    return decoded(response.status, response.read(), f"{method} {path}", response.reason)
+
+
+def decoded(status: int, data: bytes, what: str, reason: str = "") -> dict:
+    """An answer's JSON body; for a non-2xx status, the error it says (:func:`api_failure`)."""
     try:
         payload = json.loads(data) if data else {}
     except ValueError:
         payload = {"message": data[:200].decode(errors="replace")}
-    if not 200 <= response.status < 300:
-        raise api_failure(response.status, payload, f"{method} {path}", response.reason)
+    if not 200 <= status < 300:
+        raise api_failure(status, payload if isinstance(payload, dict) else {}, what, reason)
     return payload
 
 
