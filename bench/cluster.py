@@ -11,9 +11,10 @@ RSA key costs (about a second of CPU here, beyond the server's pool of ready key
 
     .venv/bin/python bench/cluster.py [-n 30] [--warmup 3] [--key-type TYPE] [--json]
 
---peers compares, in the same way and run, no policy, a ValidatingAdmissionPolicy, our webhook and
-Kyverno (bench/peers.py: the default bundle's checks each peer can express), sequentially and in
-bursts of 20, and shows each one's verdict on the same good and bad TrainJobs:
+--peers compares, in the same way and run, no policy, a ValidatingAdmissionPolicy, our webhook, our
+webhook without injections (a second service: the webhook calls and checks alone) and Kyverno
+(bench/peers.py: the default bundle's checks each peer can express), sequentially and in bursts
+of 20, and shows each one's verdict on the same good and bad TrainJobs:
 
     flock /tmp/cluster.lock .venv/bin/python bench/cluster.py --peers [-n 30] [--bursts 3] [--pause S] [--build-kyverno]
 
@@ -154,6 +155,7 @@ def main(argv=None) -> int:
 # ---------------------------------------------------------------------------------------------
 BURST = 20
 PEER_LABELS = {"none": "no policy", "vap": "ValidatingAdmissionPolicy", "webhook": "our webhook",
+               "checks": "our webhook, no injections",
                "kyverno": f"Kyverno {cluster.OWN_MODULES['kyverno']['version']}"}
 
 
@@ -223,7 +225,7 @@ def peers(args) -> int:
     ensure_cluster()
     if args.build_kyverno:
         cluster.build_own_module("kyverno")
-    configs = ["none", "vap", "webhook"] + (["kyverno"] if cluster.own_module_binary("kyverno").exists() else [])
+    configs = ["none", "vap", "webhook", "checks"] + (["kyverno"] if cluster.own_module_binary("kyverno").exists() else [])
     run = uuid.uuid4().hex[:6]
     ns = {c: f"bench-{run}-{c}" for c in configs}
     work = Path(tempfile.mkdtemp(prefix="bench-peers-"))
@@ -235,14 +237,23 @@ def peers(args) -> int:
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", ROOT / "examples/runtimes/mpi-openmpi.yaml")
     name, hook = f"bench-{run}", f"trainjob-admission-bench-{run}"  # hook: sorts as installed (module doc)
     vap = peers_mod.vap_objects(name, ns["vap"])
-    svc = kyverno = None
+    # The same service and bundle without its Secret and NetworkPolicy: what the two webhook calls
+    # and the checks cost, apart from the creations (a second process and registration of its own).
+    doc = yaml.safe_load((ROOT / "policies/bundles/default.yaml").read_text())
+    doc["spec"]["injections"] = {"sshKey": {"enabled": False}, "networkPolicy": {"template": "none"}}
+    (work / "checks.yaml").write_text(yaml.safe_dump(doc))
+    svc = checks = kyverno = None
     try:
         cluster.apply_objects(vap)
-        svc = start_service(work, cluster.ADMIN_KUBECONFIG,
-                            cluster.issue_serving_cert(work / "certs", name="bench-webhook"),
-                            namespaces=[ns["webhook"]],
+        cert = cluster.issue_serving_cert(work / "certs", name="bench-webhook")
+        svc = start_service(work, cluster.ADMIN_KUBECONFIG, cert, namespaces=[ns["webhook"]],
                             args=("--bundle", "builtin:default", "--bundle-selector", f"{SELECTOR_LABEL}={run}"))
         register(svc, hook, [ns["webhook"]])
+        (work / "checks").mkdir()
+        checks = start_service(work / "checks", cluster.ADMIN_KUBECONFIG, cert, namespaces=[ns["checks"]],
+                               args=("--bundle", str(work / "checks.yaml"),
+                                     "--bundle-selector", f"{SELECTOR_LABEL}={run}"))
+        register(checks, f"{hook}-checks", [ns["checks"]])
         if "kyverno" in ns:
             kyverno = peers_mod.Kyverno(work, peers_mod.kyverno_policy(name, ns["kyverno"]))
             kyverno.start()
@@ -268,12 +279,14 @@ def peers(args) -> int:
     finally:
         try:
             unregister(hook)
+            unregister(f"{hook}-checks")
             cluster.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", name,
                             "--ignore-not-found", check=False)
             cluster.kubectl("delete", "namespace", *ns.values(), "--wait=false", check=False)
         finally:
-            if svc:
-                svc.stop()
+            for service in (svc, checks):
+                if service:
+                    service.stop()
             if kyverno:
                 kyverno.stop()
 

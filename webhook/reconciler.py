@@ -12,7 +12,7 @@ is conditional on the resourceVersion we looked at.
 Work follows events, so an idle cluster costs nothing however many jobs it holds: watches of the
 jobs (kind, namespace, name and uid kept) and of our own objects (label-selected; only those not
 owned yet are kept, as metadata: never a key) meet in memory, and the object or the job that
-arrives second triggers the adoption. A watch that lost events lists again and its cache is
+arrives second triggers the adoption, once admissions pause (``lull``). A watch that lost events lists again and its cache is
 replaced (webhook/kube/watch.py), which adopts whatever met meanwhile. An object still unowned at
 the end of its grace period is looked at through the API, then adopted or deleted; a paged sweep
 of everything every ``interval`` (minutes) is the safety net.
@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import time
 from collections import Counter
 from typing import Awaitable, Callable, Coroutine
 
@@ -43,6 +44,10 @@ log = logging.getLogger("trainjob_admission.reconciler")
 SELECTOR = f"{injections.MANAGED_BY_LABEL}={injections.MANAGED_BY}"
 SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease"})
 JobKey = tuple[str, str, str]  # (kind, namespace, name) of a job
+# An adoption waits for admissions to pause this long (seconds), or at most ADOPTION_MAX_WAIT.
+ADOPTION_LULL, ADOPTION_MAX_WAIT = 0.1, 2.0
+# Returns once admissions pause (InFlight.lull), given the quiet time wanted and the longest wait.
+Lull = Callable[[float, float], Awaitable[None]]
 # What an unowned object is remembered by: the metadata that adoption and deletion need.
 _KEPT = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp", "ownerReferences", "annotations")
 
@@ -50,11 +55,15 @@ _KEPT = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp", "ow
 class Reconciler(Calls):
     def __init__(self, api: KubeApi, provenance: Provenance, *, grace_seconds: float = 300, interval: float = 900,
                  timeout: float = 5.0, namespace: str | None = None, own_namespace: str = "trainjob-admission",
-                 concurrency: int = 16):
+                 concurrency: int = 16, lull: Lull | None = None):
         """``namespace`` limits the loop to one namespace (default: all but the system namespaces
         and ``own_namespace``, the service's, which are never touched). ``interval``: seconds
-        between safety sweeps; ``concurrency``: API calls at once (adoptions after a burst)."""
+        between safety sweeps; ``concurrency``: API calls at once (adoptions after a burst).
+        ``lull``: the server's wait for a pause in admissions, which each adoption awaits first
+        (an adoption is never urgent; in a burst its patch would slow the creations that the
+        burst's admissions wait for)."""
         super().__init__(api, timeout)
+        self.lull = lull
         self.provenance = provenance
         self.grace_seconds, self.interval = grace_seconds, interval
         self.namespace = namespace
@@ -187,10 +196,16 @@ class Reconciler(Calls):
             self._adopt_all(key)
 
     def _adopt_all(self, key: JobKey) -> None:
+        due = time.monotonic() + ADOPTION_MAX_WAIT
         for kind, obj in self._unowned.get(key, {}).items():
-            self._start(key, kind, obj, self._adopt_known(INJECTED[kind], obj, key))
+            self._start(key, kind, obj, self._adopt_known(INJECTED[kind], obj, key, due))
 
-    async def _adopt_known(self, resource: Resource, obj: dict, key: JobKey) -> None:
+    async def _adopt_known(self, resource: Resource, obj: dict, key: JobKey, due: float) -> None:
+        """Adopt ``obj`` once admissions pause, or at ``due`` (monotonic) at the latest: one that
+        waited that long for its turn among many goes at once, so a long burst delays adoptions
+        without slowing them down."""
+        if self.lull is not None:
+            await self.lull(ADOPTION_LULL, max(0.0, due - time.monotonic()))
         uid = self._jobs.get(key)
         if uid is None:  # deleted meanwhile
             return

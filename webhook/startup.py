@@ -128,8 +128,8 @@ async def _start_with_cluster(config: ServerConfig, options: ClusterOptions,
     cleanup.push_async_callback(server.stop)
     await server.start()
     own = own_namespace()
-    reconcilers = [Reconciler(api, options.provenance, namespace=ns, own_namespace=own)
-                   for ns in sorted(set(options.namespaces))] or [Reconciler(api, options.provenance, own_namespace=own)]
+    reconcilers = [Reconciler(api, options.provenance, namespace=ns, own_namespace=own, lull=server.in_flight.lull)
+                   for ns in sorted(set(options.namespaces)) or [None]]
     tasks = [asyncio.create_task(_synced(sync, jobs, ready), name="state sync"),
              asyncio.create_task(DeadlineWarnings(api, also=(jobs,)).run(), name="deadline warnings")] + [
         asyncio.create_task(_when_ready(ready, r.run), name=f"reconciler ({r.namespace or 'all namespaces'})")

@@ -1,0 +1,104 @@
+"""Adoptions wait for a pause in admissions (webhook/inflight.py InFlight.lull): in a burst their
+ownerReference patches would compete with the creations the burst's /validate calls wait for."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from webhook.inflight import InFlight
+from webhook.kube.resources import SECRETS
+from webhook.reconciler import ADOPTION_LULL, ADOPTION_MAX_WAIT, Reconciler
+from webhook.provenance import Provenance
+
+JOB = ("TrainJob", "team-a", "resnet")
+UNOWNED = {"metadata": {"name": "resnet-mpi-ssh-auth", "namespace": "team-a", "resourceVersion": "7"}}
+
+
+def elapsed(coroutine) -> float:
+    async def timed() -> float:
+        start = time.monotonic()
+        await coroutine
+        return time.monotonic() - start
+    return asyncio.run(timed())
+
+
+def test_an_idle_server_has_its_lull_at_once():
+    in_flight = InFlight()
+    in_flight.active_at -= 1.0  # the last request went a second ago
+    assert elapsed(in_flight.lull(0.2, 5.0)) < 0.1
+
+
+def test_the_lull_begins_when_the_last_request_leaves():
+    in_flight = InFlight()
+    charge = in_flight.charge(1000, 10_000)
+    assert in_flight.admit(charge)
+
+    async def scenario() -> float:
+        async def answer_later() -> None:
+            await asyncio.sleep(0.3)
+            in_flight.release(charge)
+        asyncio.get_running_loop().create_task(answer_later())
+        start = time.monotonic()
+        await in_flight.lull(0.2, 5.0)
+        return time.monotonic() - start
+    waited = asyncio.run(scenario())
+    assert 0.45 <= waited < 2.0, "0.3 s until the request left, then 0.2 s of quiet"
+
+
+def test_a_steady_stream_of_requests_delays_the_work_at_most_the_limit():
+    in_flight = InFlight()
+    assert in_flight.admit(in_flight.charge(1000, 10_000))  # never released
+    waited = elapsed(in_flight.lull(0.05, 0.4))
+    assert 0.35 <= waited < 1.5
+
+
+def test_the_reconciler_adopts_only_after_the_lull():
+    lull_wanted: list[tuple[float, float]] = []
+    patched: list[tuple[str, str, str]] = []
+
+    async def scenario() -> None:
+        pause = asyncio.Event()
+
+        async def lull(quiet: float, limit: float) -> None:
+            lull_wanted.append((quiet, limit))
+            await pause.wait()
+
+        reconciler = Reconciler(None, Provenance([b"k" * 32]), lull=lull)
+
+        async def adopt(resource, obj, kind, name, uid) -> None:  # the patch, without an API server
+            patched.append((resource.kind, name, uid))
+        reconciler._adopt = adopt
+        reconciler.job_seen(JOB, "uid-1")
+        reconciler.object_seen(SECRETS.kind, JOB, UNOWNED)
+        await asyncio.sleep(0.1)
+        assert patched == [], "no patch while admissions are under way"
+        pause.set()
+        for _ in range(100):
+            if patched:
+                break
+            await asyncio.sleep(0.01)
+
+    asyncio.run(scenario())
+    [(quiet, limit)] = lull_wanted
+    assert quiet == ADOPTION_LULL and ADOPTION_MAX_WAIT - 0.5 < limit <= ADOPTION_MAX_WAIT
+    assert patched == [("Secret", "resnet", "uid-1")]
+
+
+def test_an_adoption_that_waited_its_turn_past_the_limit_waits_no_more():
+    """After a long burst thousands of adoptions queue for 16 slots: each that gets one after its
+    limit goes at once, so the backlog drains at full speed."""
+    limits: list[float] = []
+
+    async def lull(quiet: float, limit: float) -> None:
+        limits.append(limit)
+
+    async def scenario() -> None:
+        reconciler = Reconciler(None, Provenance([b"k" * 32]), lull=lull)
+
+        async def adopt(resource, obj, kind, name, uid) -> None:
+            pass
+        reconciler._adopt = adopt
+        reconciler.job_seen(JOB, "uid-1")
+        await reconciler._adopt_known(SECRETS, UNOWNED, JOB, due=time.monotonic() - 1)
+    asyncio.run(scenario())
+    assert limits == [0.0]
