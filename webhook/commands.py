@@ -246,8 +246,8 @@ def register_server_commands(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--bundle", action="append", metavar="PATH",
                        help="bundle file/dir or builtin:NAME; watched for changes (default: builtin:default, or with "
                             "a cluster only its PolicyBundle objects)")
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=port_number)
+    serve.add_argument("--host", help="address to listen on (default 0.0.0.0; 127.0.0.1 for a webhook on the host)")
+    serve.add_argument("--port", type=port_number, help="HTTPS port of /validate and /mutate (default 8443)")
     serve.add_argument("--cert-dir", metavar="D", help="directory with tls.crt and tls.key (reloaded when renewed)")
     serve.add_argument("--client-ca", metavar="F",
                        help="PEM CA(s): /validate and /mutate answer only callers with a client certificate it signed "
@@ -309,7 +309,13 @@ def register_server_commands(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--insecure-http", action="store_true", help=argparse.SUPPRESS)
     serve.set_defaults(func=cmd_serve)
 
-    demo = commands.add_parser("demo", help="start the server on loopback and decide the sample jobs over HTTPS")
+    demo = commands.add_parser("demo", help="start the server on loopback and decide the sample jobs over HTTPS",
+                               description="Issue a throwaway CA, start serve on 127.0.0.1 with the default bundle and "
+                                           "the sample cluster state, send six sample jobs through /mutate and /validate as "
+                                           "the API server would, print what the submitter and the admin see, and "
+                                           "verify the decision log it wrote.",
+                               epilog="example: trainjob-admission demo --workdir ./demo   "
+                                      "(then: trainjob-admission decisions query --log ./demo/decisions.jsonl)")
     demo.add_argument("--workdir", help="keep the CA, certificates and decision log here (default: a temp dir)")
     demo.set_defaults(func=cmd_demo)
 
@@ -321,28 +327,30 @@ def register_server_commands(commands: argparse._SubParsersAction) -> None:
                        help="the log file (its rotated predecessors are read too), or - for stdin (lines not starting "
                             "with { are skipped); what is read is verified as `decisions verify` does, exit 1 if not intact")
     query.add_argument("--no-verify", action="store_true", help="do not verify the chain (the output says so)")
-    query.add_argument("--user")
-    query.add_argument("-n", "--namespace")
+    query.add_argument("--user", help="the submitter's username, as the API server gave it")
+    query.add_argument("-n", "--namespace", help="the job's namespace")
     query.add_argument("--name", help="the job's name")
-    query.add_argument("--kind", choices=["TrainJob", "MPIJob"])
-    query.add_argument("--decision", choices=["allow", "deny", "warn", "error"])
+    query.add_argument("--kind", choices=["TrainJob", "MPIJob"], help="the job's kind")
+    query.add_argument("--decision", choices=["allow", "deny", "warn", "error"],
+                       help="warn: admitted with a warning; error: not decided (the failure mode answered)")
     query.add_argument("--endpoint", choices=["mutate", "validate"],
                        help="each submission is logged twice, once per webhook: validate counts submissions")
     query.add_argument("--id", metavar="DECISION_ID", help="the record with this decision id (as in the audit log's "
                                                            "<webhook>/decision-id annotation)")
     query.add_argument("--rule", help="a rule that failed, e.g. default/quota")
     query.add_argument("--since", help="RFC3339 time or a duration like 15m, 2h, 7d")
-    query.add_argument("--until")
-    query.add_argument("-o", "--output", choices=["table", "json", "csv"], default="table")
+    query.add_argument("--until", help="as --since; records before it (default: now)")
+    query.add_argument("-o", "--output", choices=["table", "json", "csv"], default="table",
+                       help="table for people; json (the records) or csv for scripts and spreadsheets")
     query.set_defaults(func=cmd_decisions_query)
     report = sub.add_parser("report", help="summarise a period: submissions per namespace, user and failed rule, "
                                            "and the most frequent refusals",
                             epilog="example: trainjob-admission decisions report --log decisions.jsonl --since 7d")
     report.add_argument("--log", required=True, metavar="F", help="as for query; verified in the same read")
     report.add_argument("--no-verify", action="store_true", help="do not verify the chain (the output says so)")
-    report.add_argument("-n", "--namespace")
+    report.add_argument("-n", "--namespace", help="only this namespace's jobs")
     report.add_argument("--since", help="RFC3339 time or a duration like 15m, 2h, 7d")
-    report.add_argument("--until")
+    report.add_argument("--until", help="as --since; records before it (default: now)")
     report.add_argument("-o", "--output", choices=["text", "json", "csv"], default="text",
                         help="csv: one count a row (group, name, decision, count), for a spreadsheet's pivot table")
     report.set_defaults(func=cmd_decisions_report)
@@ -367,16 +375,33 @@ def register_server_commands(commands: argparse._SubParsersAction) -> None:
 
     certs = commands.add_parser("certs", help="certificates for the webhook")
     certs_sub = certs.add_subparsers(dest="certs_command", required=True, metavar="SUBCOMMAND")
-    issue_parser = certs_sub.add_parser("issue", help="make a CA and a serving certificate, and the caBundle")
-    issue_parser.add_argument("--service", required=True)
-    issue_parser.add_argument("--namespace", required=True)
-    issue_parser.add_argument("--out", required=True, metavar="D")
-    issue_parser.add_argument("--ip", action="append", help="IP SANs, e.g. 127.0.0.1 for a webhook on the host")
-    issue_parser.add_argument("--dns", action="append", help="extra DNS SANs")
-    issue_parser.add_argument("--days", type=int, default=365)
+    issue_parser = certs_sub.add_parser(
+        "issue", help="make a CA and a serving certificate, and the caBundle",
+        description="Writes ca.crt, ca.key, tls.crt, tls.key and ca-bundle.b64 (the webhook configurations'\n"
+                    "caBundle) into D. A CA already in D is kept, so issuing again renews the serving\n"
+                    "certificate and the caBundle stays valid (docs/deploy.md). Keys are ECDSA P-256; the\n"
+                    "certificate names <service>, <service>.<namespace>, <service>.<namespace>.svc and\n"
+                    "<service>.<namespace>.svc.cluster.local, and 127.0.0.1 unless --ip is given.",
+        epilog="examples:\n"
+               "  # for the install (manifests/overlays/local-ca makes the Secret and caBundle from D)\n"
+               "  trainjob-admission certs issue --service trainjob-admission --namespace trainjob-admission \\\n"
+               "      --out manifests/overlays/local-ca/tls\n"
+               "  # for `serve` on this host, called by an API server at https://127.0.0.1:8443\n"
+               "  trainjob-admission certs issue --service trainjob-admission --namespace default --ip 127.0.0.1 "
+               "--out ./tls",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    issue_parser.add_argument("--service", required=True, help="the webhook's Service name (a DNS label)")
+    issue_parser.add_argument("--namespace", required=True, help="the Service's namespace (a DNS label)")
+    issue_parser.add_argument("--out", required=True, metavar="D", help="directory for the files (created if missing)")
+    issue_parser.add_argument("--ip", action="append", metavar="IP",
+                              help="an IP address the certificate is valid for (repeatable; default 127.0.0.1)")
+    issue_parser.add_argument("--dns", action="append", metavar="NAME", help="another DNS name it is valid for (repeatable)")
+    issue_parser.add_argument("--days", type=int, default=365, help="validity of the serving certificate (default 365)")
     issue_parser.set_defaults(func=cmd_certs_issue)
     key_parser = certs_sub.add_parser("checkpoint-key", help="make the ed25519 key that signs decision-log checkpoints",
                                       description="Writes checkpoint.key (serve --checkpoint-key; keep it secret) and "
-                                                  "checkpoint.pub (for auditors: decisions verify --public-key).")
-    key_parser.add_argument("--out", required=True, metavar="D")
+                                                  "checkpoint.pub (for auditors: decisions verify --public-key).",
+                                      epilog="example: trainjob-admission certs checkpoint-key --out ./checkpoint   "
+                                             "(docs/deploy.md: how the key reaches the pods)")
+    key_parser.add_argument("--out", required=True, metavar="D", help="directory for the two files (created if missing)")
     key_parser.set_defaults(func=cmd_certs_checkpoint_key)

@@ -173,3 +173,32 @@ def test_offline_commands_and_help_load_no_server_stack(argv: list[str]) -> None
     """`review` and `policy` decide without the server's libraries, and help names the server-side
     commands without importing them: their import time is not paid (docs/architecture.md "CLI start")."""
     assert loaded(argv, SERVER_STACK) == []
+
+
+def _commands(parser, path=()):
+    """(words, parser) of every command that runs something: the leaves of the subcommand tree."""
+    import argparse
+
+    subcommands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subcommands:
+        yield path, parser
+    for action in subcommands:
+        for name, child in action.choices.items():
+            yield from _commands(child, (*path, name))
+
+
+def test_every_command_teaches_with_an_example_and_explains_every_argument():
+    """`--help` is where a data scientist or an admin learns a command: each one shows at least one
+    example to copy, and no option or argument is listed bare."""
+    import argparse
+
+    from webhook.cli import build_parser
+
+    commands = dict(_commands(build_parser()))
+    assert len(commands) >= 12, sorted(commands)
+    for words, parser in commands.items():
+        shown = parser.format_help()
+        assert "example" in shown, f"`{' '.join(words)} --help` has no example"
+        bare = [a.option_strings or [a.dest] for a in parser._actions
+                if not a.help and a.help != argparse.SUPPRESS and not isinstance(a, argparse._HelpAction)]
+        assert not bare, f"`{' '.join(words)} --help` lists {bare} without saying what they do"
