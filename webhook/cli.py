@@ -434,8 +434,8 @@ def build_parser() -> argparse.ArgumentParser:
     policy = commands.add_parser("policy", help="lint, test and explain policy bundles")
     policy_commands = policy.add_subparsers(dest="policy_command", required=True, metavar="SUBCOMMAND")
     lint = policy_commands.add_parser("lint", help="check bundles: schema, CEL syntax, unknown variables and functions",
-                                      description="Check bundles before they reach a cluster: every problem, each with "
-                                                  "its place in the file. Exit 0 clean, 2 problems found, 3 a path not found.",
+                                      description="Check bundles before they reach a cluster: every problem, each with its\n"
+                                                  "place in the file. Exit 0 clean, 2 problems found, 3 a path not found.",
                                       epilog="examples:\n"
                                              "  trainjob-admission policy lint examples/bundles/production.yaml\n"
                                              "  trainjob-admission policy lint bundles/ -o json\n"
@@ -443,7 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
                                              "package's policies/bundles/",
                                       formatter_class=argparse.RawDescriptionHelpFormatter)
     lint.add_argument("paths", nargs="+", metavar="PATH",
-                      help="bundle files, directories (their *.yaml) or builtin:NAME")
+                      help="bundle files, directories (every *.yaml, *.yml and *.json below) or builtin:NAME")
     add_output_flag(lint)
     lint.set_defaults(func=cmd_policy_lint)
     test = policy_commands.add_parser("test", help="run test cases (a job, who submits it, and what must come back)",
@@ -457,8 +457,8 @@ def build_parser() -> argparse.ArgumentParser:
     test.set_defaults(func=cmd_policy_test)
     explain = policy_commands.add_parser(
         "explain", help="every rule's result on an object",
-        description="Like review, but list every rule of every bundle with its result (pass, fail, error, excepted) "
-                    "and why, not only the failures.",
+        description="Like review, but list every rule that applies to the job with its result (pass, fail,\n"
+                    "error, excepted) and why, not only the failures.",
         epilog="examples:\n"
                "  trainjob-admission policy explain -f examples/jobs/over-quota.yaml \\\n"
                "      --cluster-state examples/cluster-state.yaml --cluster-state examples/runtimes/mpi-openmpi.yaml\n"

@@ -196,16 +196,16 @@ class Reconciler(Calls):
             self._adopt_all(key)
 
     def _adopt_all(self, key: JobKey) -> None:
+        """Adopt the job's unowned objects once admissions pause, ADOPTION_MAX_WAIT from now at the
+        latest: an adoption that waited that long for its turn among many goes at once, so a long
+        burst delays adoptions without slowing them down."""
         due = time.monotonic() + ADOPTION_MAX_WAIT
         for kind, obj in self._unowned.get(key, {}).items():
-            self._start(key, kind, obj, self._adopt_known(INJECTED[kind], obj, key, due))
+            self._start(key, kind, obj, self._adopt_known(INJECTED[kind], obj, key), lull_until=due)
 
-    async def _adopt_known(self, resource: Resource, obj: dict, key: JobKey, due: float) -> None:
-        """Adopt ``obj`` once admissions pause, or at ``due`` (monotonic) at the latest: one that
-        waited that long for its turn among many goes at once, so a long burst delays adoptions
-        without slowing them down."""
-        if self.lull is not None:
-            await self.lull(ADOPTION_LULL, max(0.0, due - time.monotonic()))
+    async def _adopt_known(self, resource: Resource, obj: dict, key: JobKey) -> None:
+        if self._unowned.get(key, {}).get(resource.kind) is not obj:
+            return  # owned (by another replica), gone or newer since it was scheduled: nothing to patch here
         uid = self._jobs.get(key)
         if uid is None:  # deleted meanwhile
             return
@@ -224,9 +224,10 @@ class Reconciler(Calls):
                 if _age(obj["metadata"]) >= self.grace_seconds:
                     self._start(key, kind, obj, self._settle(INJECTED[kind], obj, key[0], key[2], obj["metadata"]))
 
-    def _start(self, key: JobKey, kind: str, obj: dict, work: Coroutine) -> None:
+    def _start(self, key: JobKey, kind: str, obj: dict, work: Coroutine, *, lull_until: float | None = None) -> None:
         """Run ``work`` on ``obj`` unless it is already being worked on; at most ``concurrency`` at
-        once. A newer version seen meanwhile (its patch would fail) gets its own turn after."""
+        once. A newer version seen meanwhile (its patch would fail) gets its own turn after. With
+        ``lull_until`` (monotonic), first wait for a pause in admissions until then, holding no slot."""
         meta = obj["metadata"]
         busy = (kind, meta["namespace"], meta["name"])
         if busy in self._busy:
@@ -236,6 +237,8 @@ class Reconciler(Calls):
 
         async def bounded() -> None:
             try:
+                if lull_until is not None and self.lull is not None:
+                    await self.lull(ADOPTION_LULL, max(0.0, lull_until - time.monotonic()))
                 async with self._calls:
                     await work
             finally:

@@ -95,10 +95,34 @@ def test_an_adoption_that_waited_its_turn_past_the_limit_waits_no_more():
     async def scenario() -> None:
         reconciler = Reconciler(None, Provenance([b"k" * 32]), lull=lull)
 
-        async def adopt(resource, obj, kind, name, uid) -> None:
+        async def work() -> None:
             pass
-        reconciler._adopt = adopt
-        reconciler.job_seen(JOB, "uid-1")
-        await reconciler._adopt_known(SECRETS, UNOWNED, JOB, due=time.monotonic() - 1)
+        reconciler._start(JOB, SECRETS.kind, UNOWNED, work(), lull_until=time.monotonic() - 1)
+        await asyncio.gather(*reconciler._running)
     asyncio.run(scenario())
     assert limits == [0.0]
+
+
+def test_an_object_owned_or_replaced_while_waiting_is_not_patched():
+    """Another replica may adopt it during the wait: its patch would fail and cost a write."""
+    patched: list[str] = []
+
+    async def scenario() -> None:
+        pause = asyncio.Event()
+
+        async def lull(quiet: float, limit: float) -> None:
+            await pause.wait()
+
+        reconciler = Reconciler(None, Provenance([b"k" * 32]), lull=lull)
+
+        async def adopt(resource, obj, kind, name, uid) -> None:
+            patched.append(obj["metadata"]["resourceVersion"])
+        reconciler._adopt = adopt
+        reconciler.job_seen(JOB, "uid-1")
+        reconciler.object_seen(SECRETS.kind, JOB, UNOWNED)
+        await asyncio.sleep(0.05)
+        reconciler.object_seen(SECRETS.kind, JOB, None)  # owned now: the watch shows the other replica's patch
+        pause.set()
+        await asyncio.gather(*reconciler._running)
+    asyncio.run(scenario())
+    assert patched == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -198,7 +199,8 @@ def test_every_command_teaches_with_an_example_and_explains_every_argument():
     assert len(commands) >= 12, sorted(commands)
     for words, parser in commands.items():
         shown = parser.format_help()
-        assert "example" in shown, f"`{' '.join(words)} --help` has no example"
+        assert re.search(r"^examples?:.*?trainjob-admission ", shown, re.M | re.S), \
+            f"`{' '.join(words)} --help` has no example to copy"
         bare = [a.option_strings or [a.dest] for a in parser._actions
                 if not a.help and a.help != argparse.SUPPRESS and not isinstance(a, argparse._HelpAction)]
         assert not bare, f"`{' '.join(words)} --help` lists {bare} without saying what they do"
