@@ -146,9 +146,13 @@ SHOW_KEY_THEN_RING = ["bash", "-c", "ssh-keygen -y -f ~/.ssh/id_rsa && exec mpir
 
 def test_mpi_job_runs_with_the_injected_key(team, node, wait_for):
     submit(ring_job("ring", team, command=SHOW_KEY_THEN_RING))
-    secret = get("secret", "ring-mpi-ssh-auth", "-n", team)
+    secret = get("secret", "ring-mpi-ssh-auth", "-n", team)  # there before the job was admitted
     assert secret["type"] == "kubernetes.io/ssh-auth"
-    assert [o["kind"] for o in secret["metadata"].get("ownerReferences", [])] == ["TrainJob"]
+
+    def owned() -> dict | None:  # the reconciler adopts it once the job is stored and admissions pause
+        latest = get("secret", "ring-mpi-ssh-auth", "-n", team)
+        return latest if [o["kind"] for o in latest["metadata"].get("ownerReferences", [])] == ["TrainJob"] else None
+    secret = wait_for("the injected Secret owned by its TrainJob", owned, 15, interval=0.2)
     outcome, log = finished("ring", team, wait_for)
     assert outcome == "Complete", log
     ring = re.search(r"ring ok size=2 hosts=(\S+)", log)
