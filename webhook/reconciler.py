@@ -12,8 +12,8 @@ is conditional on the resourceVersion we looked at.
 Work follows events, so an idle cluster costs nothing however many jobs it holds: watches of the
 jobs (kind, namespace, name and uid kept) and of our own objects (label-selected; only those not
 owned yet are kept, as metadata: never a key) meet in memory, and the object or the job that
-arrives second triggers the adoption, once admissions pause (``lull``). A watch that lost events lists again and its cache is
-replaced (webhook/kube/watch.py), which adopts whatever met meanwhile. An object still unowned at
+arrives second triggers the adoption, once admissions pause (``lull``). A watch that lost events
+lists again and its cache is replaced (webhook/kube/watch.py), which adopts whatever met meanwhile. An object still unowned at
 the end of its grace period is looked at through the API, then adopted or deleted; a paged sweep
 of everything every ``interval`` (minutes) is the safety net.
 
