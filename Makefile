@@ -41,7 +41,7 @@ test-server: $(STAMP)
 	$(PY) -m pytest tests/server -q
 
 lint: $(STAMP)
-	$(PY) -m pyflakes webhook policies certs bench tests $(shell find hack -name '*.py' -not -path 'hack/cluster/run/*')
+	$(PY) -m pyflakes webhook policies certs bench tests $(shell find hack -name '*.py' -not -path 'hack/cluster/run/*' -not -path 'hack/cluster/bin/*')
 
 bench: $(STAMP)
 	$(PY) bench/engine.py

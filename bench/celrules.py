@@ -1,7 +1,7 @@
 """CEL rule cost for bench/engine.py: 0, 10, 50 and 200 realistic ``job.*``/``object.*`` rules
-evaluated by the compiled closures (policies/celfast.py) and by cel-python's interpreter (the
+evaluated by the compiled closures (policies/cel/compiled.py) and by cel-python's interpreter (the
 baseline), the sides interleaved in the same run, with the time to compile the rules: first in the
-process (no text compiled and no shape parsed before: policies/celparse.py), again as a bundle
+process (no text compiled and no shape parsed before: policies/cel/parse.py), again as a bundle
 reload (every text known), and cel-python's parse alone (what rules of all-different shapes cost)."""
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import time
 import celpy
 
 from bench.latency import percentile
-from policies import cel
-from policies.bundle import API_VERSION, KIND, compile_document
-from policies.engine import AdmissionInput, evaluate
+from trainjob_admission.policies.bundle.schema import API_VERSION, KIND, compile_document
+from trainjob_admission.policies.cel import environment
+from trainjob_admission.policies.decide.engine import AdmissionInput, evaluate
 
 # Realistic rules over the TrainJob and the effective job; {i} makes each one distinct.
 RULE_TEMPLATES = [
@@ -73,7 +73,7 @@ def report(jobs, state, seconds_per_side: float, rounds: int = 3) -> None:
     compile_ms = {}
     bundles = {}
     for count in RULE_COUNTS:
-        cel.clear_caches()
+        environment.clear_caches()
         t0 = time.perf_counter()
         bundles[count] = rule_bundle(count)
         compile_ms[count] = (time.perf_counter() - t0) * 1e3

@@ -9,10 +9,10 @@ does (pip compiles it at install); with PYTHONDONTWRITEBYTECODE, as in some CI s
 module of this tree would be compiled again at every start. The CEL parser cache is a temporary
 XDG_CACHE_HOME, filled by the warm-up round.
 
-    .venv/bin/python bench/cli.py [--rounds 15] [--before]
+    .venv/bin/python bench/cli.py [--rounds 15] [--before [REVISION]]
 
---before also times `--help` and `review` of the committed tree (``git archive HEAD``, imported
-ahead of this one by ``python -c``), in the same rounds.
+--before also times `--help` and `review` of a committed tree (``git archive REVISION``, default
+HEAD, imported ahead of this one by ``python -c``), in the same rounds.
 """
 from __future__ import annotations
 
@@ -69,16 +69,22 @@ def run(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     return elapsed, used
 
 
-def committed(scratch: str) -> dict[str, list[str]]:
-    """`--help` and `review` of the committed tree, unpacked under ``scratch``."""
-    tree = Path(scratch, "head")
-    tree.mkdir()
-    archive = subprocess.run(["git", "archive", "HEAD", "webhook", "policies", "certs"], cwd=ROOT, check=True,
+def committed(scratch: str, revision: str) -> dict[str, list[str]]:
+    """`--help` and `review` of a committed tree, unpacked under ``scratch``. Trees from before the
+    packages moved under the ``trainjob_admission`` namespace (webhook/cli.py at the top) are
+    imported as they were then, so the bench compares across the move."""
+    tree = Path(scratch, "before")
+    flat = subprocess.run(["git", "cat-file", "-e", f"{revision}:webhook/cli.py"], cwd=ROOT,
+                          capture_output=True).returncode == 0
+    into = tree if flat else tree / "trainjob_admission"
+    into.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", revision, "webhook", "policies", "certs"], cwd=ROOT, check=True,
                              capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
-    launch = [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(tree)!r}); from webhook.cli import main; "
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    module = "webhook.cli" if flat else "trainjob_admission.webhook.cli.main"
+    launch = [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(tree)!r}); from {module} import main; "
                                     "sys.exit(main())"]
-    return {"--help (HEAD)": [*launch, "--help"], "review (HEAD)": [*launch, *REVIEW]}
+    return {f"--help ({revision})": [*launch, "--help"], f"review ({revision})": [*launch, *REVIEW]}
 
 
 def measure(runs: dict[str, list[str]], env: dict[str, str], rounds: int) -> tuple[dict, dict]:
@@ -99,11 +105,12 @@ def measure(runs: dict[str, list[str]], env: dict[str, str], rounds: int) -> tup
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--before", action="store_true", help="also time the committed tree")
+    parser.add_argument("--before", nargs="?", const="HEAD", metavar="REVISION",
+                        help="also time a committed tree (default HEAD), e.g. the commit before a change")
     args = parser.parse_args()
     bases, ours = baselines(), commands()
     with tempfile.TemporaryDirectory(prefix="bench-cli-") as scratch:
-        runs = bases | ours | (committed(scratch) if args.before else {})
+        runs = bases | ours | (committed(scratch, args.before) if args.before else {})
         env = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
         env |= {"PYTHONPYCACHEPREFIX": f"{scratch}/pyc", "XDG_CACHE_HOME": f"{scratch}/cache"}
         times, cpus = measure(runs, env, args.rounds)

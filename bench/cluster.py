@@ -40,7 +40,7 @@ from pathlib import Path
 import yaml
 
 from latency import percentile  # bench/, the script's own directory
-from webhook.keys import KEY_TYPES
+from trainjob_admission.webhook.inject.keys import KEY_TYPES
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     svc = None
     try:
         bundle = "builtin:default"
-        doc = yaml.safe_load((ROOT / "policies/bundles/default.yaml").read_text())
+        doc = yaml.safe_load((ROOT / "policies/bundle/builtin/default.yaml").read_text())
         if args.key_type:
             doc["spec"]["injections"]["sshKey"]["type"] = args.key_type
             (work / "bundle.yaml").write_text(yaml.safe_dump(doc))
@@ -239,7 +239,7 @@ def peers(args) -> int:
     vap = peers_mod.vap_objects(name, ns["vap"])
     # The same service and bundle without its Secret and NetworkPolicy: what the two webhook calls
     # and the checks cost, apart from the creations (a second process and registration of its own).
-    doc = yaml.safe_load((ROOT / "policies/bundles/default.yaml").read_text())
+    doc = yaml.safe_load((ROOT / "policies/bundle/builtin/default.yaml").read_text())
     doc["spec"]["injections"] = {"sshKey": {"enabled": False}, "networkPolicy": {"template": "none"}}
     (work / "checks.yaml").write_text(yaml.safe_dump(doc))
     svc = checks = kyverno = None

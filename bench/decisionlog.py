@@ -24,8 +24,8 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from webhook import decisionlog  # noqa: E402
-from webhook.decisionlog import DecisionLog  # noqa: E402
+from trainjob_admission.webhook import decisionlog  # noqa: E402
+from trainjob_admission.webhook.decisionlog import DecisionLog  # noqa: E402
 
 MODULES = ("__init__", "lines", "query", "verify", "writer", "anchor", "checkpoint")
 USERS = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"]

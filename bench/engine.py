@@ -23,9 +23,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import celrules  # noqa: E402
-from policies.bundle import API_VERSION, KIND, compile_document, default_bundles  # noqa: E402
-from policies.engine import AdmissionInput, evaluate  # noqa: E402
-from policies.state import ClusterState, load_objects  # noqa: E402
+from trainjob_admission.policies.bundle.schema import (  # noqa: E402
+    API_VERSION, KIND, compile_document, default_bundles,
+)
+from trainjob_admission.policies.decide.engine import AdmissionInput, evaluate  # noqa: E402
+from trainjob_admission.policies.k8s.clusterstate import ClusterState, load_objects  # noqa: E402
 
 EXAMPLES = ROOT / "examples"
 STATE_FILES = ["cluster-state.yaml", "runtimes/mpi-openmpi.yaml", "runtimes/mpi-privileged.yaml"]
@@ -145,7 +147,7 @@ def cluster_objects(nodes: int = 1000, pods_per_node: int = 3) -> list[dict]:
 
 def without(check: str):
     """The default bundle with one built-in check turned off, all else the same."""
-    document = yaml.safe_load((ROOT / "policies/bundles/default.yaml").read_text())
+    document = yaml.safe_load((ROOT / "policies/bundle/builtin/default.yaml").read_text())
     document["spec"]["checks"][check] = {"enabled": False}
     return [compile_document(document, f"<default without {check}>")]
 

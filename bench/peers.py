@@ -26,7 +26,7 @@ from tests.support.objects import trainjob
 from tests.support.service import cluster
 
 ROOT = Path(__file__).resolve().parents[1]
-_DEFAULT = yaml.safe_load((ROOT / "policies/bundles/default.yaml").read_text())["spec"]
+_DEFAULT = yaml.safe_load((ROOT / "policies/bundle/builtin/default.yaml").read_text())["spec"]
 MAX_WORKERS = _DEFAULT["checks"]["shape"]["maxWorkers"]
 MAX_GPUS_PER_WORKER = _DEFAULT["checks"]["gpu"]["maxPerWorker"]
 MAX_JOB_GPUS = _DEFAULT["params"]["maxJobGpus"]

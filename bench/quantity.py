@@ -1,9 +1,9 @@
 """Quantity parsing: the time to turn one cpu quantity into millicores, ordinary ("2", "500m",
-"8Gi") next to absurd ("1e300000", "1e600000", "9"*1000), for our parser (policies/resources.py)
+"8Gi") next to absurd ("1e300000", "1e600000", "9"*1000), for our parser (policies/k8s/quantity.py)
 and for the kubernetes client's parse_quantity it replaced, as ratios.
 
 Both sides do what to_number("cpu", ...) does, without the cache: the new side is to_number with
-its lru_cache bypassed; the old side is what policies/resources.py did before (parse_quantity,
+its lru_cache bypassed; the old side is what policies/k8s/quantity.py did before (parse_quantity,
 * 1000, math.ceil). A refusal counts as a parse. The old side runs in a child process stopped
 after --limit seconds per input, since "1e600000" holds it for minutes. Not a test: it asserts
 nothing.
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from kubernetes.utils.quantity import parse_quantity  # noqa: E402
 
-from policies import resources  # noqa: E402
+from trainjob_admission.policies.k8s import quantity  # noqa: E402
 
 ORDINARY = ["2", "500m", "8Gi", "1.5"]
 ABSURD = ["1e3000", "1e300000", "1e600000", "9" * 1000, "1_000"]
@@ -34,8 +34,8 @@ ABSURD = ["1e3000", "1e300000", "1e600000", "9" * 1000, "1_000"]
 
 def new_side(text: str) -> str:
     try:
-        return str(resources.to_number("cpu", text))
-    except resources.QuantityError:
+        return str(quantity.to_number("cpu", text))
+    except quantity.QuantityError:
         return "refused"
 
 
@@ -86,7 +86,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=0.5, help="measuring time per input and side (default 0.5)")
     parser.add_argument("--limit", type=float, default=5.0, help="seconds before the old side is stopped (default 5)")
     args = parser.parse_args()
-    resources._parse_cached = resources._parse  # time the parse, not the cache
+    quantity._parse_cached = quantity._parse  # time the parse, not the cache
 
     print(f"cpu quantity -> millicores, per call, no cache (python {sys.version.split()[0]}); "
           f"old: kubernetes client parse_quantity, stopped after {args.limit:g} s")

@@ -35,7 +35,7 @@ from latency import percentile
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from policies import injections  # noqa: E402
+from trainjob_admission.policies.decide import injections  # noqa: E402
 from tests.support.objects import trainjob  # noqa: E402
 from tests.support.serve import Serve  # noqa: E402
 from tests.support.service import cert_dir, cluster, unregister  # noqa: E402

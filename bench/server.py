@@ -45,10 +45,10 @@ import aiohttp  # noqa: E402
 import jsonpatch  # noqa: E402
 import yaml  # noqa: E402
 
-from certs.issue import IssuedCerts, issue  # noqa: E402
-from policies.bundle import API_VERSION, KIND  # noqa: E402
+from trainjob_admission.certs.issue import IssuedCerts, issue  # noqa: E402
+from trainjob_admission.policies.bundle.schema import API_VERSION, KIND  # noqa: E402
 from tests.support.serve import Serve  # noqa: E402
-from webhook.demo import admission_review  # noqa: E402
+from trainjob_admission.webhook.cli.demo import admission_review  # noqa: E402
 
 from latency import percentile  # noqa: E402 - bench/, the script's own directory
 

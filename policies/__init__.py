@@ -1,4 +1,4 @@
 """Policy engine: bundle schema, CEL evaluation, built-in checks and the effective-job model.
 
-The server, the CLI and the tests all decide through :func:`policies.engine.evaluate`.
+The server, the CLI and the tests all decide through :func:`policies.decide.engine.evaluate`.
 """

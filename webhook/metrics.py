@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 if TYPE_CHECKING:
-    from policies.reservations import Reservations
+    from trainjob_admission.policies.capacity.reservations import Reservations
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -3,8 +3,8 @@
 Without a cluster the state is a fixed set of objects and the bundles are files. With one
 (a kubeconfig or the pod's service account) the state and the PolicyBundles are watched, the
 injector creates Secrets and NetworkPolicies, and reconcilers adopt or remove them, and each
-running TrainJob gets a Warning Event at 80% of its deadline (webhook/deadlines.py); the same
-TrainJob watch and a watch of JobSet pods feed the quota reservations (webhook/reservations.py);
+running TrainJob gets a Warning Event at 80% of its deadline (webhook/loops/deadlinewarnings.py); the same
+TrainJob watch and a watch of JobSet pods feed the quota reservations (webhook/loops/reservationfeed.py);
 /readyz waits for the first complete list of everything watched.
 """
 from __future__ import annotations
@@ -18,26 +18,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Awaitable, Callable
 
-from policies.reservations import Reservations, state_of
-from policies.state import ClusterState
+from trainjob_admission.policies.capacity.reservations import Reservations, state_of
+from trainjob_admission.policies.k8s.clusterstate import ClusterState
 
-from .auditscan import BackgroundAudit
-from .authorizer import SubjectAccessReviews
-from .bundles import BundleRegistry
-from .checkpointer import LeaseStore
-from .clusterbundles import ClusterBundles
-from .deadlines import DeadlineWarnings
-from .injector import Injector
+from .admission.access import SubjectAccessReviews
+from .admission.runtimesnapshots import SnapshotReader
+from .admission.server import ServerConfig, WebhookServer
+from .inject.injector import Injector
+from .inject.provenance import Provenance
+from .inject.reconciler import Reconciler
 from .kube.aio import AsyncApi
 from .kube.client import KubeApi, api_client
 from .kube.resources import POLICY_BUNDLES
-from .kube.state import state_watchers
+from .kube.statewatch import state_watchers
 from .kube.watch import Watcher
-from .provenance import Provenance
-from .reconciler import Reconciler
-from .reservations import JobSink, pod_watcher
-from .server import ServerConfig, WebhookServer
-from .snapshots import SnapshotReader
+from .loops.auditscan import BackgroundAudit
+from .loops.bundleset import BundleRegistry
+from .loops.checkpointer import LeaseStore
+from .loops.clusterbundles import ClusterBundles
+from .loops.deadlinewarnings import DeadlineWarnings
+from .loops.reservationfeed import JobSink, pod_watcher
 
 log = logging.getLogger("trainjob_admission.startup")
 
@@ -52,7 +52,7 @@ class ClusterOptions:
     namespaces: tuple[str, ...] = ()  # injection and reconciliation only there (default: all)
     provenance: Provenance = field(default_factory=Provenance.ephemeral)  # signs and checks what we inject
     checkpoint_namespace: str | None = None  # the decision log's checkpoint Leases (default: our own namespace)
-    audit_interval: float | None = None  # seconds between background audits (webhook/auditscan.py); None: off
+    audit_interval: float | None = None  # seconds between background audits (webhook/loops/auditscan.py); None: off
     context: str | None = None  # the kubeconfig's context (serve --context); None: its current-context
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..cel import Budget
-from ..effective_job import EffectiveJob
-from ..state import ClusterState
+from ..cel.environment import Budget
+from ..job.effective_job import EffectiveJob
+from ..k8s.clusterstate import ClusterState
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..bundle import Bundle, DurationCheck
+from ..bundle.schema import Bundle, DurationCheck
 from .base import CheckContext, Finding
 
 ANNOTATION = "trainjob-admission.io/max-duration-seconds"  # the longest this one job may run, granted

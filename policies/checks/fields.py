@@ -2,7 +2,7 @@
 the field to change, not the pod Trainer will build from it."""
 from __future__ import annotations
 
-from ..effective_job import EffectiveJob, PodSet, runtime_only
+from ..job.effective_job import EffectiveJob, PodSet, runtime_only
 
 
 def plural(count: int, word: str) -> str:

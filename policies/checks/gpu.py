@@ -2,7 +2,7 @@
 no GPUs on a launcher that only coordinates (unless the launcher also runs as a node)."""
 from __future__ import annotations
 
-from ..bundle import GpuCheck
+from ..bundle.schema import GpuCheck
 from .base import CheckContext, Finding
 from .fields import per_worker_field, plural, workers_field
 

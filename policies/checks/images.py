@@ -3,10 +3,10 @@ asks; one image for the processes of one MPI program (launcher and workers), unl
 allows the pair. The registry allow-list stays with the job shape (checks/shape.py)."""
 from __future__ import annotations
 
-from ..bundle import ImageCheck
-from ..effective_job import NODE, EffectiveJob, PodSet, container_field, containers_of
-from ..imageref import PINNED, ImageRef, InvalidImage, parse
-from ..redaction import shown
+from ..bundle.schema import ImageCheck
+from ..job.effective_job import NODE, EffectiveJob, PodSet, container_field, containers_of
+from ..k8s.imageref import PINNED, ImageRef, InvalidImage, parse
+from ..k8s.redaction import shown
 from .base import CheckContext, Finding
 
 MAX_SHOWN = 512  # longer than any real reference; a longer one is named by its length only

@@ -5,17 +5,17 @@ bundle requires it.
 Refused only when Kueue could never admit the job as it is (it would stay suspended for ever,
 with nothing telling its owner why); admitted with a warning when it waits for room now. What
 cannot be certain (Kueue's first-fit flavor choice with other workloads around) is a warning.
-See policies/kueue.py for Kueue's rules this follows.
+See policies/capacity/clusterqueues.py for Kueue's rules this follows.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from .. import kueue
-from ..bundle import KueueCheck, LabelSelector
-from ..kueue import QUEUE_LABEL, PRIORITY_LABEL, Forest, Group, QueuedSet
-from ..queueing import runs_elsewhere
-from ..resources import format_amount
+from ..bundle.schema import KueueCheck, LabelSelector
+from ..capacity import clusterqueues
+from ..capacity.clusterqueues import QUEUE_LABEL, PRIORITY_LABEL, Forest, Group, QueuedSet
+from ..job.queueing import runs_elsewhere
+from ..k8s.quantity import format_amount
 from .base import CheckContext, Finding
 from .fields import fewer_workers, plural
 
@@ -140,7 +140,7 @@ def _selector(context: CheckContext, cq_name: str, cq: dict, facts: dict) -> lis
 def _held(queue: str, local: dict, cq_name: str, cq: dict) -> list[Finding]:
     for kind, name, obj in (("LocalQueue", queue, local), ("ClusterQueue", cq_name, cq)):
         policy = (obj.get("spec") or {}).get("stopPolicy")
-        if policy in kueue.HELD:
+        if policy in clusterqueues.HELD:
             return [Finding(f"{kind} {name} is on hold (stopPolicy {policy}): Kueue admits no new job from it until "
                             "an admin resumes it", "none needed: the job waits suspended until then",
                             severity="warn")]
@@ -150,7 +150,7 @@ def _held(queue: str, local: dict, cq_name: str, cq: dict) -> list[Finding]:
 def _capacity(context: CheckContext, settings: KueueCheck, queue: str, local: dict, cq_name: str,
               facts: dict) -> list[Finding]:
     state = context.state
-    tree = kueue.forest(state.cluster_queues or kueue.NONE, state.cohorts or kueue.NONE)
+    tree = clusterqueues.forest(state.cluster_queues or clusterqueues.NONE, state.cohorts or clusterqueues.NONE)
     groups = tree.groups.get(cq_name, [])
     if tree.in_cycle(cq_name):
         facts["verdict"] = "cohort cycle"
@@ -167,13 +167,13 @@ def _capacity(context: CheckContext, settings: KueueCheck, queue: str, local: di
         return [Finding(f"ClusterQueue {cq_name} names the ResourceFlavor {', '.join(missing)}, which does not exist, "
                         "so Kueue admits no job from it until it does", f"{ASK_ADMIN} to create it",
                         severity="warn")]
-    sets = kueue.queued_sets(context.job, kueue.covering(groups, "pods") is not None)
+    sets = clusterqueues.queued_sets(context.job, clusterqueues.covering(groups, "pods") is not None)
     where = f"ClusterQueue {cq_name} (LocalQueue {queue})"
     # pod set -> group -> the flavors its pods may use, in the group's order
     allowed: dict[str, dict[Group, list[str]]] = {}
     for ps in sets:
         for resource, total in ps.totals.items():
-            group = kueue.covering(groups, resource)
+            group = clusterqueues.covering(groups, resource)
             if group is None and total == 0:
                 continue  # a zero request of a resource the queue does not list is skipped (#8079)
             if group is None:
@@ -184,7 +184,7 @@ def _capacity(context: CheckContext, settings: KueueCheck, queue: str, local: di
                                 f"remove the {resource} request, or {ASK_ADMIN} for a queue that covers it")]
             if group in allowed.setdefault(ps.name, {}):
                 continue
-            reasons = {f: kueue.flavor_refusal(ps, f, flavors.get(f)) for f in group.flavors}
+            reasons = {f: clusterqueues.flavor_refusal(ps, f, flavors.get(f)) for f in group.flavors}
             fit = [f for f, why in reasons.items() if why is None]
             if not fit:
                 facts["verdict"] = "never"

@@ -3,18 +3,18 @@ admission plugin judges each pod when the Job controller creates it: a pod it re
 exists, so the job would sit half-started with the error only in the Job's events. Refused now
 with the container, the field to fix and the numbers instead.
 
-The effective job's pods already carry the LimitRange defaults (policies/limitranger.py). Mirrors
+The effective job's pods already carry the LimitRange defaults (policies/k8s/limitranger.py). Mirrors
 k8s.io/kubernetes v1.36 plugin/pkg/admission/limitranger/admission.go: PodValidateLimitFunc,
 minConstraint, maxConstraint, limitRequestRatioConstraint. A request above a defaulted limit is
-refused earlier, with every other pod the API server refuses (policies/podvalidation.py).
+refused earlier, with every other pod the API server refuses (policies/k8s/podvalidation.py).
 """
 from __future__ import annotations
 
-from ..bundle import LimitRangeCheck
-from ..effective_job import EffectiveJob, PodSet, container_field
-from ..podresources import pod_resources
-from ..limitranger import items
-from ..resources import QuantityError, format_amount, numbers
+from ..bundle.schema import LimitRangeCheck
+from ..job.effective_job import EffectiveJob, PodSet, container_field
+from ..k8s.limitranger import items
+from ..k8s.podresources import pod_resources
+from ..k8s.quantity import QuantityError, format_amount, numbers
 from .base import CheckContext, Finding
 from .fields import resource_path
 

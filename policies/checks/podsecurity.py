@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
-from ..bundle import PodSecurityCheck
-from ..effective_job import PodSet, all_containers
+from ..bundle.schema import PodSecurityCheck
+from ..job.effective_job import PodSet, all_containers
 from .base import CheckContext, Finding
 
 LEVELS = ("privileged", "baseline", "restricted")
@@ -241,7 +241,7 @@ def _pod_findings(ps: PodSet, rules: list[tuple[str, Callable]]) -> list[Finding
         return []
     problems = "; ".join(f"{path} ({problem})" for path, (problem, _) in seen.items())
     fixes = list(dict.fromkeys(fix for _, fix in seen.values()))
-    # A runtimePatch keeps only securityContext of these (policies/runtimepatch.py): other fields
+    # A runtimePatch keeps only securityContext of these (policies/job/runtimepatch.py): other fields
     # (host namespaces, volumes, ...) come from the runtime alone.
     unpatchable = [path for path in seen if "securityContext" not in path]
     where = (f"in a TrainJob through {PATCH_HINT}, or use a runtime that conforms" if not unpatchable else

@@ -2,27 +2,27 @@
 exists, so a job that could only ever start half its workers is refused with the numbers instead
 of hanging in Pending.
 
-Counted as Kubernetes counts (policies/quotademand.py): pods and compute at the job's peak, scoped
-quotas on the pods they select (policies/quotascope.py), object counts and storage in full
-(policies/objectcounts.py). Queued jobs (policies/queueing.py): a suspended job creates no pods
+Counted as Kubernetes counts (policies/capacity/quotademand.py): pods and compute at the job's peak, scoped
+quotas on the pods they select (policies/capacity/quotascope.py), object counts and storage in full
+(policies/capacity/objectcounts.py). Queued jobs (policies/job/queueing.py): a suspended job creates no pods
 until it is resumed, so its pods are judged against the whole quota (can it ever start?) with a
 warning when they would not fit now; a MultiKueue job runs on another cluster and is not judged
 here. On resume the job's pods do not exist yet, so nothing of them is subtracted from ``used``.
-What other running TrainJobs will add before their pods exist (policies/reservations.py) is
+What other running TrainJobs will add before their pods exist (policies/capacity/reservations.py) is
 subtracted from the room too, and named in the message.
 """
 from __future__ import annotations
 
 from typing import Iterable
 
-from ..bundle import QuotaCheck
-from ..effective_job import EffectiveJob, PodSet, container_field
-from ..objectcounts import counts_key, objects
-from ..quotademand import POD_COMPUTE, Need, needs, pod_key, unenforced
-from ..queueing import runs_elsewhere, suspended
-from ..quotascope import describe, is_scoped, matching
-from ..reservations import Reservation
-from ..resources import QuantityError, format_amount, numbers
+from ..bundle.schema import QuotaCheck
+from ..capacity.objectcounts import counts_key, objects
+from ..capacity.quotademand import POD_COMPUTE, Need, needs, pod_key, unenforced
+from ..capacity.quotascope import describe, is_scoped, matching
+from ..capacity.reservations import Reservation
+from ..job.effective_job import EffectiveJob, PodSet, container_field
+from ..job.queueing import runs_elsewhere, suspended
+from ..k8s.quantity import QuantityError, format_amount, numbers
 from .base import CheckContext, Finding
 from .fields import fewer_workers, plural, resource_path
 
@@ -33,7 +33,7 @@ RAISE = "ask your admin to raise the quota"
 def demand(job: EffectiveJob, quota: dict, injected: Iterable[str] = ()) -> dict[str, int]:
     """For each key of the quota's hard, what this job adds to that quota's ``used`` at its peak
     (cpu in millicores; keys it adds nothing to are left out). ``injected``: the kinds
-    trainjob-admission creates beside the job (policies/injections.py)."""
+    trainjob-admission creates beside the job (policies/decide/injections.py)."""
     return {key: need.amount for key, need in needs(job, quota, injected).items() if need.amount}
 
 
@@ -98,7 +98,7 @@ def check(context: CheckContext, settings: QuotaCheck) -> list[Finding]:
 
 
 def _reserved(context: CheckContext) -> dict[tuple[str, str], Reservation]:
-    """What the namespace's other jobs hold before their pods exist (policies/reservations.py),
+    """What the namespace's other jobs hold before their pods exist (policies/capacity/reservations.py),
     per (quota, key); recorded in the decision's facts when any is counted."""
     reservations = context.state.reservations
     if reservations is None or not context.quotas:

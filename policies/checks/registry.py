@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..bundle import Checks
+from ..bundle.schema import Checks
 from . import duration, gpu, images, kueue, limitrange, podsecurity, quota, schedulability, shape
 from .base import Check
 

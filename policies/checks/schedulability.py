@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import fnmatch
 
-from ..bundle import SchedulabilityCheck
-from ..effective_job import EffectiveJob, PodSet
-from ..jobfit import Problem, SetFit, assess
-from ..nodefit import MAX_WORK, Effort, NodeClass, PodNeeds, TooComplex, node_classes, pod_needs
-from ..phases import groups
-from ..queueing import runs_elsewhere, suspended
-from ..resources import format_amount
-from ..state import ClusterState
+from ..bundle.schema import SchedulabilityCheck
+from ..capacity.jobfit import Problem, SetFit, assess
+from ..capacity.nodefit import MAX_WORK, Effort, NodeClass, PodNeeds, TooComplex, node_classes, pod_needs
+from ..job.effective_job import EffectiveJob, PodSet
+from ..job.phases import groups
+from ..job.queueing import runs_elsewhere, suspended
+from ..k8s.clusterstate import ClusterState
+from ..k8s.quantity import format_amount
 from .base import CheckContext, Finding
 from .fields import per_worker_field, plural, workers_field
 
@@ -190,7 +190,7 @@ def _reasons(fit: SetFit) -> str:
                      for why, n in sorted(fit.refusals.items(), key=lambda item: -item[1]))
 
 
-# The refusals (policies/nodefit.py, jobfit.py) are worded for several nodes; one node takes the singular.
+# The refusals (policies/capacity/nodefit.py, jobfit.py) are worded for several nodes; one node takes the singular.
 _SINGULAR = (("have ", "has "), ("do not ", "does not "), ("lack ", "lacks "), ("are ", "is "), ("hold ", "holds "))
 
 

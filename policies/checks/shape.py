@@ -2,10 +2,10 @@
 required labels."""
 from __future__ import annotations
 
-from ..bundle import ShapeCheck
-from ..effective_job import EffectiveJob, container_field, containers_of
-from ..imageref import registry
-from ..resources import format_amount, to_number
+from ..bundle.schema import ShapeCheck
+from ..job.effective_job import EffectiveJob, container_field, containers_of
+from ..k8s.imageref import registry
+from ..k8s.quantity import format_amount, to_number
 from .base import CheckContext, Finding
 from .fields import per_worker_field, workers_field
 

@@ -18,7 +18,7 @@ import yaml
 
 from tests.support.objects import runtime, trainjob
 from tests.support.service import REPO, cluster, delete_bindings, service_kubeconfig, start_service
-from webhook.cli import build_parser
+from trainjob_admission.webhook.cli.main import build_parser
 
 pytestmark = pytest.mark.cluster
 

@@ -14,9 +14,9 @@ import pytest
 
 from tests.support.serve import CLI, Serve
 from tests.support.service import cert_dir, cluster
-from webhook.checkpointer import lease_name
-from webhook.decisionlog.checkpoint import ANNOTATION
-from webhook.demo import admission_review
+from trainjob_admission.webhook.cli.demo import admission_review
+from trainjob_admission.webhook.decisionlog.checkpoint import ANNOTATION
+from trainjob_admission.webhook.loops.checkpointer import lease_name
 
 pytestmark = pytest.mark.cluster
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.objects import trainjob
-from webhook.deadlines import REASON, DeadlineWarnings
-from webhook.kube.client import api_client
+from trainjob_admission.webhook.kube.client import api_client
+from trainjob_admission.webhook.loops.deadlinewarnings import REASON, DeadlineWarnings
 
 pytestmark = pytest.mark.cluster
 

@@ -30,20 +30,20 @@ from tests.support.objects import GPU, edit_binding, example_job, trainjob
 from tests.support.serve import CLI, Serve
 from tests.support.service import (REPO, cluster, delete_bindings, register, service_kubeconfig, start_service,
                                    unregister)
-from webhook import keys
+from trainjob_admission.webhook.inject import keys
 
 pytestmark = [pytest.mark.cluster,  # the Kubeflow SDK 0.4.0 still uses pydantic's class-based config
               pytest.mark.filterwarnings("ignore:Support for class-based `config` is deprecated")]
 
 E2E_LABEL = "trainjob-admission.io/e2e"
-MANAGER = "trainjob-admission.io/webhook"  # policies.mutations.MANAGER
+MANAGER = "trainjob-admission.io/webhook"  # policies.decide.mutations.MANAGER
 ISTIO = "sidecar.istio.io/inject"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "trainjob-admission")
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 QUOTA_GPUS = 32
 RUNTIMES = ("examples/runtimes/mpi-openmpi.yaml", "examples/runtimes/mpi-privileged.yaml")
-BULK_KEY_TYPE = yaml.safe_load((REPO / "policies/bundles/default.yaml").read_text())["spec"]["injections"]["sshKey"]["type"]
+BULK_KEY_TYPE = yaml.safe_load((REPO / "policies/bundle/builtin/default.yaml").read_text())["spec"]["injections"]["sshKey"]["type"]
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ def nothing_created(ns: str, name: str, kind: str = "trainjob") -> None:
 # ---------------------------------------------------------------------------------------------
 def _bundle(name: str, run: str, namespace: str, key_type: str | None = None) -> dict:
     """The built-in default bundle as a PolicyBundle resource for one of our namespaces."""
-    doc = yaml.safe_load((REPO / "policies/bundles/default.yaml").read_text())
+    doc = yaml.safe_load((REPO / "policies/bundle/builtin/default.yaml").read_text())
     doc["metadata"] = {"name": name, "labels": {E2E_LABEL: run}}
     doc["spec"]["match"] = {"namespaces": [namespace]}
     if key_type:
@@ -414,7 +414,7 @@ def test_alice_cannot_edit_bundles_or_read_decisions(e2e):
         assert p.stdout.strip() == "no", (verb, p.stdout, p.stderr)
     assert kc("auth", "can-i", "create", "trainjobs", "-n", e2e.ns, kubeconfig=e2e.alice).stdout.strip() == "yes"
 
-    mine = yaml.safe_load((REPO / "policies/bundles/default.yaml").read_text())
+    mine = yaml.safe_load((REPO / "policies/bundle/builtin/default.yaml").read_text())
     mine["metadata"] = {"name": f"{bundle}-alice"}
     mine["spec"]["mode"] = "audit"
     p = submit(mine, kubeconfig=e2e.alice)

@@ -8,7 +8,7 @@ same runtime, Namespace, LimitRanges and ResourceQuotas read back from the clust
 ``review --cluster-state`` reads from ``kubectl get -o yaml`` and the server from its watches),
 and the TrainJob exactly as submitted (what ``review`` reads from a file): pods per replicated
 job (JobSet replicas x Job parallelism, and the pods that exist), each container's requests and
-limits compared as numbers (policies/resources.py), the pods running at one moment against
+limits compared as numbers (policies/k8s/quantity.py), the pods running at one moment against
 ``EffectiveJob.peak``, and quota usage against ``checks.quota.demand``.
 """
 from __future__ import annotations
@@ -22,10 +22,10 @@ from kubernetes import client as k8s
 from kubernetes import config as kube_config
 from kubernetes import watch as kube_watch
 
-from policies import effective_job
-from policies.effective_job import JOBSET_NAME_LABEL, EffectiveJob, containers_of
-from policies.resources import numbers
-from policies.state import ClusterState
+from trainjob_admission.policies.job import effective_job
+from trainjob_admission.policies.job.effective_job import JOBSET_NAME_LABEL, EffectiveJob, containers_of
+from trainjob_admission.policies.k8s.clusterstate import ClusterState
+from trainjob_admission.policies.k8s.quantity import numbers
 
 pytestmark = pytest.mark.cluster
 
@@ -305,7 +305,9 @@ def test_initializers_run_once_then_the_nodes_and_the_peak_is_the_largest_phase(
 # -- 3. Scoped quotas ----------------------------------------------------------------------------
 
 def test_scoped_quota_usage_is_the_engines_demand(kubectl, get_json, wait_for, namespace):
-    from policies.checks import quota as quota_check  # demand(job, quota) -> {hard key: amount}
+    from trainjob_admission.policies.checks import (  # demand(job, quota) -> {hard key: amount}
+        quota as quota_check,
+    )
 
     priority = f"fidelity-{uid()}"
     create(kubectl, {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": priority},

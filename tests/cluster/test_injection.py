@@ -17,16 +17,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from policies.state import ClusterState
+from trainjob_admission.policies.k8s.clusterstate import ClusterState
 from tests.support import objects
-from webhook.decisionlog import DecisionLog
-from webhook.injector import Injector
-from webhook.keys import fingerprint, generate
-from webhook.kube import watch as kube_watch
-from webhook.kube.client import api_client
-from webhook.provenance import ANNOTATION, Provenance
-from webhook.reconciler import Reconciler
-from webhook.server import ServerConfig, WebhookServer
+from trainjob_admission.webhook.admission.server import ServerConfig, WebhookServer
+from trainjob_admission.webhook.decisionlog import DecisionLog
+from trainjob_admission.webhook.inject.injector import Injector
+from trainjob_admission.webhook.inject.keys import fingerprint, generate
+from trainjob_admission.webhook.inject.provenance import ANNOTATION, Provenance
+from trainjob_admission.webhook.inject.reconciler import Reconciler
+from trainjob_admission.webhook.kube import watch as kube_watch
+from trainjob_admission.webhook.kube.client import api_client
 
 pytestmark = pytest.mark.cluster
 

@@ -22,19 +22,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from policies.engine import AdmissionInput, evaluate
-from policies.state import ClusterState
+from trainjob_admission.policies.decide.engine import AdmissionInput, evaluate
+from trainjob_admission.policies.k8s.clusterstate import ClusterState
 from tests.support.metrics import reloads
 from tests.support.net import free_port
 from tests.support.objects import example_job, runtime
 from tests.support.serve import CLI, Serve
 from tests.support.service import cert_dir, start_service
-from webhook.bundles import BundleRegistry
-from webhook.demo import admission_review
-from webhook.kube.client import api_client
-from webhook.kube.watch import Watcher
-from webhook.provenance import Provenance
-from webhook.startup import ClusterSync
+from trainjob_admission.webhook.cli.demo import admission_review
+from trainjob_admission.webhook.inject.provenance import Provenance
+from trainjob_admission.webhook.kube.client import api_client
+from trainjob_admission.webhook.kube.watch import Watcher
+from trainjob_admission.webhook.loops.bundleset import BundleRegistry
+from trainjob_admission.webhook.startup import ClusterSync
 
 pytestmark = pytest.mark.cluster
 
@@ -538,7 +538,7 @@ def test_serve_reconcile_namespace_leaves_other_namespaces_alone(kubectl, namesp
 
 def test_example_bundle_file_applies_as_is_and_reports_the_lint_digest(start_sync, kubectl, get_json, run_id, tmp_path):
     """The bundle file format is the resource format; status.digest is what `policy lint` prints."""
-    from policies.bundle import compile_document
+    from trainjob_admission.policies.bundle.schema import compile_document
 
     doc = yaml.safe_load((REPO / "examples" / "bundles" / "production.yaml").read_text())
     doc["metadata"] = {"name": f"production-{run_id}", "labels": {LABEL: run_id}}  # unique on a shared cluster

@@ -70,7 +70,7 @@ def reconcile_namespaces(docs: list[dict]) -> list[str]:
 
 def metric_names() -> set[str]:
     """Every series name webhook/metrics.py exposes (counter _total, histogram _bucket/_sum/_count)."""
-    from webhook.metrics import Metrics
+    from trainjob_admission.webhook.metrics import Metrics
 
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
     return {family.name + s for family in Metrics().registry.collect() for s in suffixes[family.type]}
@@ -87,8 +87,8 @@ def base() -> list[dict]:
 def test_default_bundle_is_the_one_in_policies():
     copy = yaml.safe_load((MANIFESTS / "base" / "policybundle-default.yaml").read_text())
     source = yaml.safe_load((REPO / "policies" / "bundles" / "default.yaml").read_text())
-    assert copy == source, ("manifests/base/policybundle-default.yaml differs from policies/bundles/default.yaml; "
-                            "run: cp policies/bundles/default.yaml manifests/base/policybundle-default.yaml")
+    assert copy == source, ("manifests/base/policybundle-default.yaml differs from policies/bundle/builtin/default.yaml; "
+                            "run: cp policies/bundle/builtin/default.yaml manifests/base/policybundle-default.yaml")
 
 
 def test_base_holds_exactly_the_service(base):
@@ -234,7 +234,7 @@ def test_service_rbac_covers_every_call_the_code_makes(tmp_path):
     """A watch or call added to the code without its permission fails here, not in production:
     cluster-wide for the caches and jobs, per injection namespace for what the injector and the
     reconciler (one per --reconcile-namespace) touch."""
-    from webhook.kube import resources
+    from trainjob_admission.webhook.kube import resources
 
     docs = with_injection_namespaces(tmp_path)
     rules = service_rules(docs)
@@ -266,9 +266,9 @@ def test_service_rbac_covers_every_call_the_code_makes(tmp_path):
 
 
 def test_checkpoint_role_is_exactly_the_lease_calls(base):
-    """webhook/checkpointer.py's Lease calls, granted in the service's namespace and nowhere else."""
-    from webhook.checkpointer import LEASE_VERBS
-    from webhook.kube.resources import LEASES
+    """webhook/loops/checkpointer.py's Lease calls, granted in the service's namespace and nowhere else."""
+    from trainjob_admission.webhook.loops.checkpointer import LEASE_VERBS
+    from trainjob_admission.webhook.kube.resources import LEASES
 
     role = find(base, "Role", "trainjob-admission-checkpoint")
     assert role["metadata"]["namespace"] == NS
@@ -352,7 +352,7 @@ def test_component_client_auth_requires_the_api_servers_certificate(tmp_path):
     volume = next(v for v in pod["volumes"] if v["name"] == "client-ca")
     assert volume["secret"]["secretName"] == "trainjob-admission-client-ca"
     # the flags parse as serve reads them
-    from webhook.cli import build_parser
+    from trainjob_admission.webhook.cli.main import build_parser
 
     args = build_parser().parse_args(c["args"])
     assert (args.client_ca, args.probe_port) == ("/client-ca/ca.crt", 8444)

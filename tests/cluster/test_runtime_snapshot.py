@@ -40,7 +40,7 @@ def service(control_plane, policybundle_crd, namespace, tmp_path):
     """(runtime name) with the service registered for ``namespace``, deciding by the default bundle."""
     run = uuid.uuid4().hex[:8]
     runtime, hook = f"snapshot-{run}", f"snapshot-{run}"
-    bundle = yaml.safe_load((REPO / "policies/bundles/default.yaml").read_text())
+    bundle = yaml.safe_load((REPO / "policies/bundle/builtin/default.yaml").read_text())
     bundle["metadata"] = {"name": hook, "labels": {LABEL: run}}
     bundle["spec"]["match"] = {"namespaces": [namespace]}
     cluster.apply_objects([objects.runtime(runtime), bundle])

@@ -18,14 +18,14 @@ import trustme
 import yaml
 
 from tests.support.memoryapi import MemoryApi
-from webhook.decisionlog import DecisionLog
-from webhook.demo import admission_review, sample_state
-from webhook.injector import Injector
-from webhook.kube.client import KubeApi
-from webhook.provenance import Provenance
-from webhook.server import ServerConfig, WebhookServer
+from trainjob_admission.webhook.admission.server import ServerConfig, WebhookServer
+from trainjob_admission.webhook.cli.demo import admission_review, sample_state
+from trainjob_admission.webhook.decisionlog import DecisionLog
+from trainjob_admission.webhook.inject.injector import Injector
+from trainjob_admission.webhook.inject.provenance import Provenance
+from trainjob_admission.webhook.kube.client import KubeApi
 
-DEFAULT_BUNDLE = Path(__file__).resolve().parents[2] / "policies" / "bundles" / "default.yaml"
+DEFAULT_BUNDLE = Path(__file__).resolve().parents[2] / "policies" / "bundle" / "builtin" / "default.yaml"
 PROVENANCE = Provenance([b"p" * 32])  # one key for every replica a test starts
 
 

@@ -35,10 +35,10 @@ import pytest
 import trustme
 from cryptography import x509
 
-from certs.issue import issue, renew
-from webhook import server as server_module
-from webhook.decisionlog import verify
-from webhook.demo import admission_review
+from trainjob_admission.certs.issue import issue, renew
+from trainjob_admission.webhook.admission import server as server_module
+from trainjob_admission.webhook.cli.demo import admission_review
+from trainjob_admission.webhook.decisionlog import verify
 
 from tests.support.net import served_serial
 from tests.support.objects import example_job
@@ -428,7 +428,7 @@ def test_ten_thousand_hostile_payloads(hostile_server: Running):
             assert a.status in (404, 405), where
         else:
             # Every review endpoint answer carries a decision id that is in the log; 429: refused
-            # unread while maximum-size bodies filled the in-flight bound (webhook/inflight.py).
+            # unread while maximum-size bodies filled the in-flight bound (webhook/admission/inflight.py).
             assert a.status in (200, 400) or (a.status == 429 and a.case.kind.startswith("huge")), where
             decision_id = _decision_id(a)
             assert decision_id in records, f"not in the decision log: {where}"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from webhook.sampledata import sample_job
+from trainjob_admission.webhook.cli.sampledata import sample_job
 
 from .conftest import start_server, stop_server
 

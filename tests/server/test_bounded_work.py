@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from policies.bundle import API_VERSION, KIND
+from trainjob_admission.policies.bundle.schema import API_VERSION, KIND
 from tests.support.objects import EXAMPLES, example_job
 from tests.support.serve import Serve
-from webhook.demo import admission_review
-from webhook.server import MAX_BODY_BYTES
+from trainjob_admission.webhook.admission.server import MAX_BODY_BYTES
+from trainjob_admission.webhook.cli.demo import admission_review
 
 from .conftest import serving_cert
 

@@ -1,5 +1,5 @@
 """trainjob_admission_bundle_reloads_total counts every compile: bundle files the server polls and
-PolicyBundles a watch thread hands to the registry (as webhook/clusterbundles.py does)."""
+PolicyBundles a watch thread hands to the registry (as webhook/loops/clusterbundles.py does)."""
 from __future__ import annotations
 
 import threading

@@ -13,7 +13,7 @@ import pytest
 
 from tests.support.objects import EXAMPLES, example_job
 from tests.support.serve import CLI, Serve
-from webhook.demo import admission_review
+from trainjob_admission.webhook.cli.demo import admission_review
 
 from .conftest import serving_cert
 

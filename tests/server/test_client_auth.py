@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import trustme
 
-from webhook.demo import admission_review
+from trainjob_admission.webhook.cli.demo import admission_review
 
 from tests.support.net import refused_at_tls
 from tests.support.objects import example_job

@@ -1,6 +1,6 @@
 """Admin-written mutations through the real TLS server: /mutate returns them in its JSONPatch,
 /validate on the mutated object admits it without planning them again, and /validate on the
-object /mutate never saw denies it when a rule needs what the mutation adds (policies/stored.py)."""
+object /mutate never saw denies it when a rule needs what the mutation adds (policies/decide/stored.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,7 +9,7 @@ import jsonpatch
 import pytest
 import yaml
 
-from webhook.sampledata import sample_job
+from trainjob_admission.webhook.cli.sampledata import sample_job
 
 from .conftest import decode_patch, start_server, stop_server
 

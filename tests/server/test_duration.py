@@ -8,7 +8,7 @@ import jsonpatch
 import pytest
 import yaml
 
-from policies.checks.duration import ANNOTATION
+from trainjob_admission.policies.checks.duration import ANNOTATION
 from tests.support.objects import example_job
 
 from .conftest import decode_patch, start_server, stop_server

@@ -1,4 +1,4 @@
-"""Injections that start on /mutate and finish on /validate (webhook/early.py), as the API server
+"""Injections that start on /mutate and finish on /validate (webhook/inject/early.py), as the API server
 calls the two: /mutate's patch tags the job with its admission id and the creations begin; /validate
 gets the object with that patch applied and answers once they are done. The servers, injectors and
 HTTP calls are real; the Kubernetes API is the in-memory stand-in of tests/support/memoryapi.py.
@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from tests.support.objects import example_job
-from webhook.decisionlog import DecisionLogError
-from webhook.early import admission_id
+from trainjob_admission.webhook.decisionlog import DecisionLogError
+from trainjob_admission.webhook.inject.early import admission_id
 
 from .conftest import Running, decode_patch
 

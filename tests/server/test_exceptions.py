@@ -11,7 +11,7 @@ import yaml
 
 from tests.support.objects import example_job
 from tests.support.serve import Serve
-from webhook.demo import admission_review
+from trainjob_admission.webhook.cli.demo import admission_review
 
 from .conftest import serving_cert
 

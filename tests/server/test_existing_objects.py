@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from tests.support.objects import example_job
-from webhook.keys import generate
+from trainjob_admission.webhook.inject.keys import generate
 
 from .conftest import Running
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from webhook.demo import admission_review
+from trainjob_admission.webhook.cli.demo import admission_review
 
 from tests.support.objects import example_job
 

@@ -9,11 +9,11 @@ import pytest
 import yaml
 from cryptography import x509
 
-from certs.issue import issue, renew
-from policies.bundle import API_VERSION, KIND
+from trainjob_admission.certs.issue import issue, renew
+from trainjob_admission.policies.bundle.schema import API_VERSION, KIND
 from tests.support.net import served_serial
 from tests.support.objects import example_job
-from webhook.demo import admission_review
+from trainjob_admission.webhook.cli.demo import admission_review
 
 from .conftest import start_server, stop_server
 
@@ -62,7 +62,7 @@ def test_a_3000_rule_bundle_compiles_off_the_request_path(tmp_path: Path):
     bundle.write_text(with_rules([{"name": "fine", "expression": "true", "message": "m"}], name="big"))
     running, thread = start_server(tmp_path, [str(bundle), "builtin:default"], reload_interval=0.2)
     try:
-        # a field of its own per rule, so no two rules share a parse (policies/celparse.py caches
+        # a field of its own per rule, so no two rules share a parse (policies/cel/parse.py caches
         # the tree per shape): seconds of compiling, during which the service must keep answering
         rules = [{"name": f"r{i}", "expression": f"object.spec.trainer.numNodes <= {i + 100} || "
                                                  f"has(object.metadata.labels.l{i})", "message": "m"} for i in range(3000)]

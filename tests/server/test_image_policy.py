@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from policies.bundle import API_VERSION, KIND
+from trainjob_admission.policies.bundle.schema import API_VERSION, KIND
 from tests.support.objects import example_job
 
 from .conftest import start_server, stop_server

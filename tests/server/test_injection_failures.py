@@ -17,14 +17,14 @@ from pathlib import Path
 import kubernetes.client
 import pytest
 
-from webhook import deadline
-from webhook.decisionlog import DecisionLog
-from webhook.demo import sample_state
-from webhook.injector import Injector
-from webhook.kube.client import KubeApi
-from webhook.provenance import Provenance
-from webhook.reconciler import Reconciler
-from webhook.server import ServerConfig, WebhookServer
+from trainjob_admission.webhook.admission.server import ServerConfig, WebhookServer
+from trainjob_admission.webhook.cli.demo import sample_state
+from trainjob_admission.webhook.decisionlog import DecisionLog
+from trainjob_admission.webhook.inject.injector import Injector
+from trainjob_admission.webhook.inject.provenance import Provenance
+from trainjob_admission.webhook.inject.reconciler import Reconciler
+from trainjob_admission.webhook.kube import deadline
+from trainjob_admission.webhook.kube.client import KubeApi
 
 from tests.support.net import free_port
 from tests.support.objects import example_job

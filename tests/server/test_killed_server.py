@@ -14,8 +14,8 @@ import pytest
 
 from tests.support.objects import EXAMPLES, example_job
 from tests.support.serve import Serve
-from webhook.decisionlog import verify
-from webhook.demo import admission_review
+from trainjob_admission.webhook.cli.demo import admission_review
+from trainjob_admission.webhook.decisionlog import verify
 
 from .conftest import serving_cert
 

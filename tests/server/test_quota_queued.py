@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from policies.queueing import MULTIKUEUE
+from trainjob_admission.policies.job.queueing import MULTIKUEUE
 from tests.support.objects import example_job
 from tests.support.serve import Serve
-from webhook.demo import admission_review
+from trainjob_admission.webhook.cli.demo import admission_review
 
 from .conftest import serving_cert
 

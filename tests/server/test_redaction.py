@@ -1,6 +1,6 @@
 """Env and annotation values that a rule's message echoes never reach the decision log, its
 stdout copy, or the AdmissionResponse (whose denial message the API server keeps in its audit
-log): policies/redaction.py, as docs/auditor-guide.md "Redaction" states."""
+log): policies/k8s/redaction.py, as docs/auditor-guide.md "Redaction" states."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ import yaml
 
 from tests.support.objects import example_job
 from tests.support.serve import Serve
-from webhook.demo import admission_review
+from trainjob_admission.webhook.cli.demo import admission_review
 
 from .conftest import serving_cert
 

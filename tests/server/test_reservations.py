@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.objects import example_job
 from tests.support.serve import Serve
-from webhook.demo import admission_review
+from trainjob_admission.webhook.cli.demo import admission_review
 
 from .conftest import serving_cert
 
@@ -57,7 +57,7 @@ def test_a_pod_the_quota_counts_before_the_watch_shows_it_is_not_counted_twice(t
     again once the pod watch caught up: here the second job fits exactly and is admitted."""
     import threading
 
-    from policies.reservations import Reservations
+    from trainjob_admission.policies.capacity.reservations import Reservations
 
     from .conftest import start_server, stop_server
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from webhook.snapshots import SnapshotReader
+from trainjob_admission.webhook.admission.runtimesnapshots import SnapshotReader
 
 from tests.support.objects import example_job, runtime
 from tests.support.serve import send_json

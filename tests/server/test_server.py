@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from webhook import server as server_module
-from webhook.decisionlog import verify
+from trainjob_admission.webhook.admission import server as server_module
+from trainjob_admission.webhook.decisionlog import verify
 
 from tests.support.objects import example_job
 
@@ -242,7 +242,7 @@ def test_a_stopping_server_answers_its_open_connections_and_closes_each_after_it
     import asyncio
     import http.client
 
-    from webhook.demo import admission_review
+    from trainjob_admission.webhook.cli.demo import admission_review
 
     running, thread = start_server(tmp_path)
     conn = http.client.HTTPSConnection("localhost", running.port, context=running.client_context(), timeout=10)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support.objects import example_job
-from webhook.demo import admission_review
+from trainjob_admission.webhook.cli.demo import admission_review
 
 pytestmark = pytest.mark.server
 

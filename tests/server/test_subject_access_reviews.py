@@ -1,4 +1,4 @@
-"""webhook/authorizer.py against a real HTTPS listener on loopback standing in for the API server:
+"""webhook/admission/access.py against a real HTTPS listener on loopback standing in for the API server:
 one SubjectAccessReview per new question, answers reused, a refusal (403) or silence an AccessError."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from policies.celauthz import AccessCheck, AccessError
+from trainjob_admission.policies.cel.authz import AccessCheck, AccessError
 from tests.support.serve import send_json
-from webhook.authorizer import SubjectAccessReviews
+from trainjob_admission.webhook.admission.access import SubjectAccessReviews
 
 from . import test_injection_failures
 from .conftest import serving_cert

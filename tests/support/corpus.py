@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from policies.state import ClusterState, load_objects
+from trainjob_admission.policies.k8s.clusterstate import ClusterState, load_objects
 
 from . import upstream
 

@@ -153,7 +153,7 @@ def default_bundle_for(namespace: str, label: str, run: str) -> dict:
     labelled ``label: run`` for the service's --bundle-selector; the caller adjusts its spec."""
     import yaml
 
-    doc = yaml.safe_load((REPO / "policies/bundles/default.yaml").read_text())
+    doc = yaml.safe_load((REPO / "policies/bundle/builtin/default.yaml").read_text())
     doc["metadata"] = {"name": namespace, "labels": {label: run}}
     doc["spec"]["match"] = {"namespaces": [namespace]}
     return doc

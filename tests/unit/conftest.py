@@ -9,10 +9,12 @@ from typing import Any, Callable
 import pytest
 import yaml
 
-from policies.bundle import API_VERSION, KIND, Bundle, compile_document, default_bundles, load_bundles
-from policies.decision import Decision
-from policies.engine import AdmissionInput, evaluate
-from policies.state import ClusterState, load_objects
+from trainjob_admission.policies.bundle.schema import (
+    API_VERSION, KIND, Bundle, compile_document, default_bundles, load_bundles,
+)
+from trainjob_admission.policies.decide.decision import Decision
+from trainjob_admission.policies.decide.engine import AdmissionInput, evaluate
+from trainjob_admission.policies.k8s.clusterstate import ClusterState, load_objects
 from tests.support.objects import bare_trainjob, mpi_runtime, pod_spec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,14 +1,14 @@
-"""Adoptions wait for a pause in admissions (webhook/inflight.py InFlight.lull): in a burst their
+"""Adoptions wait for a pause in admissions (webhook/admission/inflight.py InFlight.lull): in a burst their
 ownerReference patches would compete with the creations the burst's /validate calls wait for."""
 from __future__ import annotations
 
 import asyncio
 import time
 
-from webhook.inflight import InFlight
-from webhook.kube.resources import SECRETS
-from webhook.reconciler import ADOPTION_LULL, ADOPTION_MAX_WAIT, Reconciler
-from webhook.provenance import Provenance
+from trainjob_admission.webhook.admission.inflight import InFlight
+from trainjob_admission.webhook.inject.provenance import Provenance
+from trainjob_admission.webhook.inject.reconciler import ADOPTION_LULL, ADOPTION_MAX_WAIT, Reconciler
+from trainjob_admission.webhook.kube.resources import SECRETS
 
 JOB = ("TrainJob", "team-a", "resnet")
 UNOWNED = {"metadata": {"name": "resnet-mpi-ssh-auth", "namespace": "team-a", "resourceVersion": "7"}}

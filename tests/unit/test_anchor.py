@@ -9,17 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from webhook.checkpointer import FileStore, LeaseStore, lease_name, resume_point
-from webhook.decisionlog import Anchors, DecisionLog, canonical, digest_of, log_files, verify, verify_stream
-from webhook.decisionlog.checkpoint import (
-    ANNOTATION,
-    CheckpointError,
-    create_key_pair,
-    load_private_key,
-    load_public_key,
-    parse_checkpoints,
-    sign,
+from trainjob_admission.webhook.decisionlog import (
+    Anchors, DecisionLog, canonical, digest_of, log_files, verify, verify_stream,
 )
+from trainjob_admission.webhook.decisionlog.checkpoint import (
+    ANNOTATION, CheckpointError, create_key_pair, load_private_key, load_public_key, parse_checkpoints, sign,
+)
+from trainjob_admission.webhook.loops.checkpointer import FileStore, LeaseStore, lease_name, resume_point
 
 CLI = Path(sys.executable).parent / "trainjob-admission"
 

@@ -1,4 +1,4 @@
-"""The background audit (policies/audit.py, `trainjob-admission audit`): existing jobs judged against
+"""The background audit (policies/offline/audit.py, `trainjob-admission audit`): existing jobs judged against
 the current bundles as if submitted now, reported per job and rule and as PolicyReports."""
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import json
 import pytest
 import yaml
 
-from policies import audit
-from policies.reservations import state_of
-from policies.state import load_objects
-from webhook.cli import main
-from webhook.cli_io import csv_text
+from trainjob_admission.policies.capacity.reservations import state_of
+from trainjob_admission.policies.k8s.clusterstate import load_objects
+from trainjob_admission.policies.offline import audit
+from trainjob_admission.webhook.cli.io_habits import csv_text
+from trainjob_admission.webhook.cli.main import main
 
 STATE_FILES = ("examples/cluster-state.yaml", "examples/runtimes/mpi-openmpi.yaml")
 
@@ -166,9 +166,9 @@ def test_cli_refuses_what_it_cannot_do(capsys) -> None:
 
 
 def test_serve_audit_interval_needs_a_cluster_and_a_sane_interval(tmp_path) -> None:
-    from webhook.cli import build_parser
-    from webhook.cli_errors import CliError
-    from webhook.settings import from_args
+    from trainjob_admission.webhook.cli.main import build_parser
+    from trainjob_admission.webhook.cli.errors import CliError
+    from trainjob_admission.webhook.cli.settings import from_args
 
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text("apiVersion: v1\nkind: Config\n")

@@ -6,10 +6,11 @@ import threading
 
 import pytest
 
-from policies import limits
-from policies.cel import (MAX_RESULT_CHARS, Abandoned, Budget, BudgetExceeded, CelEvalError, compile_expression,
-                          to_cel, to_python)
-from policies.decision import Effect, Result
+from trainjob_admission.policies.cel.environment import (
+    MAX_RESULT_CHARS, Abandoned, Budget, BudgetExceeded, CelEvalError, compile_expression, to_cel, to_python,
+)
+from trainjob_admission.policies.decide import limits
+from trainjob_admission.policies.decide.decision import Effect, Result
 
 ENV_PAIRS = "object.spec.trainer.env.all(e, object.spec.trainer.env.exists(f, f.name == e.name))"
 

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from policies.bundle import BundleError, builtin_names, compile_document, default_bundles, load_bundles, order
+from trainjob_admission.policies.bundle.schema import (
+    BundleError, builtin_names, compile_document, default_bundles, load_bundles, order,
+)
 
 
 def _problems(build, fixture: str):
@@ -180,7 +182,7 @@ def test_default_bundles_is_the_builtin(default):
 
 
 def test_unreadable_bundle_file_is_rejected_once_per_change(tmp_path):
-    from webhook.bundles import BundleRegistry
+    from trainjob_admission.webhook.loops.bundleset import BundleRegistry
 
     broken = tmp_path / "broken.yaml"
     broken.write_bytes(b"\xff\xfe not utf-8")
@@ -191,7 +193,7 @@ def test_unreadable_bundle_file_is_rejected_once_per_change(tmp_path):
 
 
 def test_merged_settings_take_each_field_from_the_first_section_that_sets_it():
-    from policies.bundle import IstioMutation, Mutations, SchedulingMutation, merged
+    from trainjob_admission.policies.bundle.schema import IstioMutation, Mutations, SchedulingMutation, merged
 
     first = Mutations(istio=IstioMutation(disableSidecar=False))
     second = Mutations(istio=IstioMutation(), scheduling=SchedulingMutation(defaultQueue="q"))

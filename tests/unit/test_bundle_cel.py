@@ -1,6 +1,6 @@
 """CEL as in ValidatingAdmissionPolicy: variables, matchConditions, validationActions,
-auditAnnotations (policies/bundlecel.py, the engine's _run_cel), and what lint finds by running
-every expression on sample jobs (policies/lint.py)."""
+auditAnnotations (policies/bundle/expressions.py, the engine's _run_cel), and what lint finds by running
+every expression on sample jobs (policies/offline/lint.py)."""
 from __future__ import annotations
 
 import textwrap
@@ -8,15 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from policies import rulenames
-from policies.bundle import BundleError, load_bundles
-from policies.cel import Budget, CelEvalError, Variables, compile_expression, to_cel
-from policies.checks.registry import CHECKS
-from policies.decision import Effect, Result
-from policies.lint import samples, type_errors
-from policies.nodetargeting import ProductRefused
-from webhook import admission
-from webhook.sampledata import sample_job, sample_state
+from trainjob_admission.policies.bundle import rulenames
+from trainjob_admission.policies.bundle.schema import BundleError, load_bundles
+from trainjob_admission.policies.cel.environment import (
+    Budget, CelEvalError, Variables, compile_expression, to_cel,
+)
+from trainjob_admission.policies.checks.registry import CHECKS
+from trainjob_admission.policies.decide.decision import Effect, Result
+from trainjob_admission.policies.decide.nodetargeting import ProductRefused
+from trainjob_admission.policies.offline.lint import samples, type_errors
+from trainjob_admission.webhook.admission import protocol
+from trainjob_admission.webhook.cli.sampledata import sample_job, sample_state
 
 
 def problems(make_bundle, spec: dict) -> list[str]:
@@ -219,7 +221,7 @@ def test_audit_annotations_go_into_the_admission_response_beside_the_decision_id
                                                                                 make_bundle, review):
     bundle = make_bundle({"auditAnnotations": [{"key": "gpus", "valueExpression": "string(job.totals.gpus)"}]})
     decision = review(example_job("allowed"), [bundle], example_state)
-    body = admission.from_decision("uid-1", decision, "d-1")["response"]
+    body = protocol.from_decision("uid-1", decision, "d-1")["response"]
     assert body["auditAnnotations"] == {"test.gpus": "4", "decision-id": "d-1"}
 
 

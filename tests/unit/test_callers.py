@@ -1,7 +1,7 @@
-"""webhook.callers.CreationLimit: a token bucket per address, with its memory bounded."""
+"""webhook.admission.callers.CreationLimit: a token bucket per address, with its memory bounded."""
 from __future__ import annotations
 
-from webhook.callers import CreationLimit
+from trainjob_admission.webhook.admission.callers import CreationLimit
 
 
 class Clock:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from policies import casereport
-from policies.cases import CaseError, CaseResult, load_cases, run_case
+from trainjob_admission.policies.offline import casereport
+from trainjob_admission.policies.offline.cases import CaseError, CaseResult, load_cases, run_case
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(sys.executable).parent / "trainjob-admission"

@@ -6,7 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.cel import CelCompileError, CelEvalError, compile_expression, prune, to_cel, to_python
+from trainjob_admission.policies.cel.environment import (
+    CelCompileError, CelEvalError, compile_expression, prune, to_cel, to_python,
+)
 
 
 def run(expression: str, **variables):

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from policies.cel import Budget, CelCompileError, CelEvalError, compile_expression, to_python
+from trainjob_admission.policies.cel.environment import (
+    Budget, CelCompileError, CelEvalError, compile_expression, to_python,
+)
 from tests.support import upstream
 
 

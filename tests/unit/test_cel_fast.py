@@ -1,4 +1,4 @@
-"""The compiled CEL closures (policies/celfast.py) against cel-python, the reference: for generated
+"""The compiled CEL closures (policies/cel/compiled.py) against cel-python, the reference: for generated
 expressions and data, the same value or the same error, and the same steps charged to the budget."""
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies.cel import Abandoned, Budget, BudgetExceeded, CelCompileError, CelEvalError, compile_expression, to_cel
+from trainjob_admission.policies.cel.environment import (
+    Abandoned, Budget, BudgetExceeded, CelCompileError, CelEvalError, compile_expression, to_cel,
+)
 
 VARIABLES = ("object", "oldObject", "request", "params", "namespaceObject", "job")
 

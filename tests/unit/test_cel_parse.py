@@ -1,4 +1,4 @@
-"""policies/celparse.py against lark: an expression parsed from the template of its shape gives the
+"""policies/cel/parse.py against lark: an expression parsed from the template of its shape gives the
 tree lark gives for it, or lark's error, for literals of every kind (signs lark takes into a number,
 escapes, raw and triple-quoted strings, bytes, hex, unsigned, exponents)."""
 from __future__ import annotations
@@ -7,8 +7,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from policies import celparse
-from policies.cel import _ENVIRONMENT, CelCompileError, clear_caches, compile_expression
+from trainjob_admission.policies.cel import parse
+from trainjob_admission.policies.cel.environment import (
+    _ENVIRONMENT, CelCompileError, clear_caches, compile_expression,
+)
 
 SHAPES = [
     "object.a <= {0} + {1}",
@@ -39,7 +41,7 @@ def lark_outcome(text: str):
 
 def template_outcome(text: str):
     try:
-        return celparse.parse(text, _ENVIRONMENT.compile)[0]
+        return parse.parse(text, _ENVIRONMENT.compile)[0]
     except Exception as exc:  # noqa: BLE001
         return type(exc)
 
@@ -70,8 +72,8 @@ def test_a_template_parses_as_lark_does(shape, first, second):
 def test_literals_are_replaced_in_place(first, second):
     clear_caches()
     compile_expression(first)  # remembered as the template of its shape
-    assert celparse.shape_of(first).key == celparse.shape_of(second).key
-    assert celparse.parse(second, _ENVIRONMENT.compile)[0] == _ENVIRONMENT.compile(second)
+    assert parse.shape_of(first).key == parse.shape_of(second).key
+    assert parse.parse(second, _ENVIRONMENT.compile)[0] == _ENVIRONMENT.compile(second)
     assert compile_expression(second).reads == compile_expression(first).reads
 
 

@@ -1,4 +1,4 @@
-"""The CEL parser from the per-user cache (policies/celtables.py): it parses as cel-python's own,
+"""The CEL parser from the per-user cache (policies/cel/tables.py): it parses as cel-python's own,
 and a cache that is corrupt, for other versions, or not private to the user is never used."""
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import pytest
 import yaml
 from celpy import celparser
 
-from policies import celtables
+from trainjob_admission.policies.cel import tables
 from tests.unit.test_cel_conformance import SUITE, cases
 from tests.unit.test_cli import ROOT, SCRIPT, STATE
 
-BUNDLES = [*sorted((ROOT / "policies" / "bundles").glob("*.yaml")), *sorted((ROOT / "examples" / "bundles").glob("*.yaml"))]
+BUNDLES = [*sorted((ROOT / "policies" / "bundle" / "builtin").glob("*.yaml")), *sorted((ROOT / "examples" / "bundles").glob("*.yaml"))]
 BROKEN = ["a ==", "1 +* 2", "a.b(", "'x", "[1, 2", "{1: }", "a ? b", "x.all(y, )", "\\", ""]
 
 
@@ -59,8 +59,8 @@ def reference() -> lark.Lark:
 def test_the_cached_tables_parse_and_refuse_as_cel_pythons_own(tmp_path: Path, reference: lark.Lark) -> None:
     """Every expression of the shipped bundles and of the cel-spec suite: the same tree, or the same error."""
     path = tmp_path / "cache" / "tables.json"
-    celtables.save(reference, path)
-    cached = celtables.load(path)
+    tables.save(reference, path)
+    cached = tables.load(path)
     assert cached is not None and cached is not reference
     assert len(SOURCES) > (300 if SUITE is not None else 5)  # the suite's expressions wherever Go can fetch them
     for source in [*SOURCES, *BROKEN]:
@@ -68,13 +68,13 @@ def test_the_cached_tables_parse_and_refuse_as_cel_pythons_own(tmp_path: Path, r
 
 
 def test_install_writes_a_private_cache_and_the_next_process_reads_it(tmp_path: Path, fresh_parser) -> None:
-    celtables.install(tmp_path / "c")
+    tables.install(tmp_path / "c")
     written, = (tmp_path / "c").iterdir()
     assert (os.stat(tmp_path / "c").st_mode & 0o777, os.stat(written).st_mode & 0o777) == (0o700, 0o600)
     built = celparser.CELParser.CEL_PARSER
     assert built.source_path != "<deserialized>"
     celparser.CELParser.CEL_PARSER = None
-    celtables.install(tmp_path / "c")
+    tables.install(tmp_path / "c")
     assert celparser.CELParser.CEL_PARSER.source_path == "<deserialized>"
 
 
@@ -83,7 +83,7 @@ def spoil_corrupt(path: Path) -> None:
 
 
 def spoil_other_version(path: Path) -> None:
-    path.write_text(path.read_text().replace(celtables.key(), "0" * 64))
+    path.write_text(path.read_text().replace(tables.key(), "0" * 64))
 
 
 def spoil_writable_by_others(path: Path) -> None:
@@ -97,27 +97,27 @@ def spoil_symlink(path: Path) -> None:
 
 
 def spoil_not_json_tables(path: Path) -> None:
-    path.write_text('{"key": "%s", "tables": {"data": [], "memo": {}}}' % celtables.key())
+    path.write_text('{"key": "%s", "tables": {"data": [], "memo": {}}}' % tables.key())
 
 
 @pytest.mark.parametrize("spoil", [spoil_corrupt, spoil_other_version, spoil_writable_by_others, spoil_symlink,
                                    spoil_not_json_tables])
 def test_a_spoiled_cache_is_ignored_and_written_again(tmp_path: Path, fresh_parser, spoil) -> None:
-    celtables.install(tmp_path)
+    tables.install(tmp_path)
     path, = tmp_path.iterdir()
     spoil(path)
-    assert celtables.load(path) is None
+    assert tables.load(path) is None
     celparser.CELParser.CEL_PARSER = None
-    celtables.install(tmp_path)  # rebuilt, and the file replaced by a good one
+    tables.install(tmp_path)  # rebuilt, and the file replaced by a good one
     assert celparser.CELParser.CEL_PARSER.source_path != "<deserialized>"
-    assert celtables.load(path) is not None and not path.is_symlink()
+    assert tables.load(path) is not None and not path.is_symlink()
 
 
 def test_a_cache_directory_others_may_write_is_not_used(tmp_path: Path, fresh_parser) -> None:
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o777)
     shared.chmod(0o777)
-    celtables.install(shared)
+    tables.install(shared)
     assert list(shared.iterdir()) == []  # nothing written where others could swap it
     assert celparser.CELParser.CEL_PARSER is not None  # built in memory: the command goes on
 
@@ -136,13 +136,13 @@ def test_review_decides_the_same_with_an_empty_a_filled_and_a_corrupt_cache(tmp_
     third = review()
     assert first.returncode == second.returncode == third.returncode == 1  # some are denied
     assert first.stdout == second.stdout == third.stdout and first.stderr == second.stderr == third.stderr
-    assert celtables.load(path) is not None  # the corrupt file was replaced
+    assert tables.load(path) is not None  # the corrupt file was replaced
 
 
 def test_a_relative_xdg_cache_home_is_ignored_for_the_home_directorys(tmp_path: Path, monkeypatch) -> None:
     """As the XDG spec says: a relative path would put the cache wherever the command runs."""
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
-    assert celtables.cache_dir() == tmp_path / ".cache" / "trainjob-admission"
+    assert tables.cache_dir() == tmp_path / ".cache" / "trainjob-admission"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert celtables.cache_dir() == tmp_path / "xdg" / "trainjob-admission"
+    assert tables.cache_dir() == tmp_path / "xdg" / "trainjob-admission"

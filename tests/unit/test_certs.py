@@ -21,8 +21,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from certs.issue import IssuedCerts, issue, renew
-from certs.reload import CertReloader, RejectedPair
+from trainjob_admission.certs.issue import IssuedCerts, issue, renew
+from trainjob_admission.certs.reload import CertReloader, RejectedPair
 
 HOST = "webhook.trainjob-system.svc"
 
@@ -356,7 +356,7 @@ def test_client_ca_must_be_a_current_ca_and_a_bad_one_keeps_the_last_good(issued
     assert reloader._verifying is verifying  # the last good CA stays in use
     ca_file.write_text("garbage")
     os.utime(ca_file, ns=(1, 1))
-    with caplog.at_level("WARNING", logger="certs.reload"):
+    with caplog.at_level("WARNING", logger="trainjob_admission.certs.reload"):
         reloader.poll()
         reloader.poll()  # the same problem is logged once
     assert [r.getMessage() for r in caplog.records] == [

@@ -5,11 +5,13 @@ import copy
 
 import pytest
 
-from policies.bundle import Checks, GpuCheck, PodSecurityCheck, QuotaCheck, ShapeCheck
-from policies.checks import gpu, podsecurity, quota, shape
-from policies.checks.base import CheckContext
-from policies.checks.registry import CHECKS
-from policies.effective_job import build as effective
+from trainjob_admission.policies.bundle.schema import (
+    Checks, GpuCheck, PodSecurityCheck, QuotaCheck, ShapeCheck,
+)
+from trainjob_admission.policies.checks import gpu, podsecurity, quota, shape
+from trainjob_admission.policies.checks.base import CheckContext
+from trainjob_admission.policies.checks.registry import CHECKS
+from trainjob_admission.policies.job.effective_job import build as effective
 
 
 def job_of(build, runtime=None, name="job", namespace="team-a", labels=None, **trainer):
@@ -40,7 +42,7 @@ def test_every_check_setting_has_one_registered_check():
 
 @pytest.mark.parametrize("checks, builds", [({"quota": {}}, 2), ({"gpu": {}, "shape": {}}, 1), ({"quota": {"enabled": False}}, 1)])
 def test_the_old_job_is_built_only_for_a_check_that_needs_it(build, make_bundle, review, monkeypatch, checks, builds):
-    from policies import engine
+    from trainjob_admission.policies.decide import engine
 
     state = build.state(build.runtime())
     calls = []

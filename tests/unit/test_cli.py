@@ -319,7 +319,7 @@ def test_flags_that_need_a_cluster_say_so(cli):
 @pytest.fixture
 def submissions(tmp_path: Path) -> Path:
     """A log as the server writes it: each submission once per endpoint."""
-    from webhook.decisionlog import DecisionLog
+    from trainjob_admission.webhook.decisionlog import DecisionLog
 
     path = tmp_path / "decisions.jsonl"
     with DecisionLog(path, stdout=None) as log:

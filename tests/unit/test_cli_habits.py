@@ -15,10 +15,10 @@ import jsonpatch
 import pytest
 import yaml
 
-from policies.bundle import BUILTIN_PREFIX, builtin_names
-from policies.patch_diff import make_patch
+from trainjob_admission.policies.bundle.schema import BUILTIN_PREFIX, builtin_names
+from trainjob_admission.policies.decide.patch_diff import make_patch
 from tests.unit.test_cli import ROOT, SCRIPT, STATE
-from webhook.cli import DEFAULT_BUNDLE
+from trainjob_admission.webhook.cli.main import DEFAULT_BUNDLE
 
 JOBS = ROOT / "examples" / "jobs"
 PRIVILEGED = [*STATE, "--cluster-state", "examples/runtimes/mpi-privileged.yaml"]
@@ -135,32 +135,37 @@ def test_demo_runs_from_a_wheel_without_the_source_tree(tmp_path: Path) -> None:
     wheel, = (tmp_path / "wheel").glob("trainjob_admission-*.whl")
     subprocess.run([*pip, "--python", python, "install", "--no-deps", "-q", str(wheel)], check=True,
                    capture_output=True, timeout=300)
-    result = subprocess.run([python, "-I", "-c", "import sys, webhook; print(webhook.__file__); "
-                             "from webhook.cli import main; sys.exit(main(['demo', '--workdir', 'demo']))"],
+    result = subprocess.run([python, "-I", "-c", "import sys, importlib.util; print(importlib.util.find_spec('webhook')); "
+                             "from trainjob_admission import webhook; print(webhook.__file__); "
+                             "from trainjob_admission.webhook.cli.main import main; "
+                             "sys.exit(main(['demo', '--workdir', 'demo']))"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.startswith(site)
+    # the wheel claims no generic top-level name: only trainjob_admission
+    none, installed = result.stdout.splitlines()[:2]
+    assert none == "None" and installed.startswith(site)
     assert "--- too-many-gpus.yaml: TrainJob" in result.stdout and "-> DENIED" in result.stdout
     assert "chain intact" in result.stdout
 
 
 def test_help_loads_neither_the_engine_nor_cel() -> None:
     """`--help` and every command's parser start without the CEL compiler and the policy engine
-    (the decision log's readers once pulled them in through policies.decision), so help is quick."""
-    probe = ("import sys\nfrom webhook.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-             "print(sorted(m for m in ('celpy', 'lark', 'policies.engine', 'policies.cel') if m in sys.modules))")
+    (the decision log's readers once pulled them in through policies.decide.decision), so help is quick."""
+    probe = ("import sys\nfrom trainjob_admission.webhook.cli.main import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+             "print(sorted(m for m in ('celpy', 'lark', 'trainjob_admission.policies.decide.engine', 'trainjob_admission.policies.cel.environment') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True)
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout
 
 
 # The server's libraries and the decision log: serve, demo, decisions and certs import them when they run.
 SERVER_STACK = ("aiohttp", "prometheus_client", "kubernetes", "urllib3", "cryptography", "asyncio", "ssl",
-                "webhook.server", "webhook.startup", "webhook.decisionlog", "webhook.kube.client")
+                "trainjob_admission.webhook.admission.server", "trainjob_admission.webhook.startup",
+                "trainjob_admission.webhook.decisionlog", "trainjob_admission.webhook.kube.client")
 
 
 def loaded(argv: list[str], modules: tuple[str, ...]) -> list[str]:
     """Which of ``modules`` a CLI process has imported once ``argv`` has run."""
-    probe = ("import sys\nfrom webhook.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+    probe = ("import sys\nfrom trainjob_admission.webhook.cli.main import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
              f"import json\nprint(json.dumps(sorted(m for m in {modules!r} if m in sys.modules)), file=sys.stderr)")
     result = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, cwd=ROOT, timeout=60)
     return json.loads(result.stderr.strip().splitlines()[-1])
@@ -193,7 +198,7 @@ def test_every_command_teaches_with_an_example_and_explains_every_argument():
     example to copy, and no option or argument is listed bare."""
     import argparse
 
-    from webhook.cli import build_parser
+    from trainjob_admission.webhook.cli.main import build_parser
 
     commands = dict(_commands(build_parser()))
     assert len(commands) >= 12, sorted(commands)

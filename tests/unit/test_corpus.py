@@ -8,11 +8,12 @@ import json
 
 import pytest
 
-from policies import effective_job, mutations
-from policies.bundle import Mutations, default_bundles
-from policies.decision import Effect
-from policies.engine import AdmissionInput, evaluate
-from policies.resources import DEFAULT_ACCELERATORS
+from trainjob_admission.policies.bundle.schema import Mutations, default_bundles
+from trainjob_admission.policies.decide import mutations
+from trainjob_admission.policies.decide.decision import Effect
+from trainjob_admission.policies.decide.engine import AdmissionInput, evaluate
+from trainjob_admission.policies.job import effective_job
+from trainjob_admission.policies.k8s.quantity import DEFAULT_ACCELERATORS
 from tests.support import corpus, upstream
 
 CASES = corpus.cases()

@@ -5,10 +5,10 @@ from __future__ import annotations
 import jsonpatch
 import pytest
 
-from policies.bundle import BundleError
-from policies.engine import AdmissionInput
-from policies.mutations import MANAGER
-from policies.stored import evaluate_stored
+from trainjob_admission.policies.bundle.schema import BundleError
+from trainjob_admission.policies.decide.engine import AdmissionInput
+from trainjob_admission.policies.decide.mutations import MANAGER
+from trainjob_admission.policies.decide.stored import evaluate_stored
 
 from tests.unit.test_mutations import pod_patches
 
@@ -165,7 +165,7 @@ def test_re_planning_a_mutated_object_adds_nothing(example_job, example_state, r
 
 
 def test_lint_checks_the_result_shape_on_sample_jobs(make_bundle, example_state, example_job):
-    from policies.lint import samples, type_errors
+    from trainjob_admission.policies.offline.lint import samples, type_errors
 
     bundle = make_bundle({"mutations": {"custom": [
         patch_mutation("computed", '[{"op": "add", "path": "/" + "status", "value": 1}]'),
@@ -200,8 +200,8 @@ def test_pod_fields_a_runtime_patch_cannot_carry_are_refused_not_dropped(example
 
 
 def test_a_mutation_over_the_cel_budget_denies(example_job, example_state, with_custom):
-    from policies.cel import Budget
-    from policies.engine import evaluate
+    from trainjob_admission.policies.cel.environment import Budget
+    from trainjob_admission.policies.decide.engine import evaluate
 
     expensive = patch_mutation("costly", '[{"op": "add", "path": "/metadata/labels", "value": {"n": '
                                          'string([1, 2, 3, 4, 5, 6, 7, 8].map(a, [1, 2, 3, 4, 5, 6, 7, 8].map(b, '

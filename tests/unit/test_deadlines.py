@@ -1,4 +1,4 @@
-"""The deadline warning's clock and timers (webhook/deadlines.py) without an API server: the clock
+"""The deadline warning's clock and timers (webhook/loops/deadlinewarnings.py) without an API server: the clock
 follows Trainer's reconcileDeadline, one timer per running job, none for a suspended or finished
 one, a new one after a resume. Posting the Event is shown against the real API server in
 tests/cluster/test_deadlines.py."""
@@ -11,7 +11,9 @@ import weakref
 
 import pytest
 
-from webhook.deadlines import WARN_AT, Clock, DeadlineWarnings, Run, clock, event, event_name, run_of
+from trainjob_admission.webhook.loops.deadlinewarnings import (
+    WARN_AT, Clock, DeadlineWarnings, Run, clock, event, event_name, run_of,
+)
 
 
 def stamp(seconds_ago: float) -> str:

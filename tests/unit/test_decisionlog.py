@@ -16,16 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from webhook.decisionlog import (
-    GENESIS,
-    DecisionLog,
-    DecisionLogError,
-    Filters,
-    log_files,
-    parse_time,
-    query,
-    render,
-    verify,
+from trainjob_admission.webhook.decisionlog import (
+    GENESIS, DecisionLog, DecisionLogError, Filters, log_files, parse_time, query, render, verify,
     verify_stream,
 )
 

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from webhook.decisionlog import DecisionLog, Filters, digest_of, query, scan, verify, verify_stream
+from trainjob_admission.webhook.decisionlog import (
+    DecisionLog, Filters, digest_of, query, scan, verify, verify_stream,
+)
 
 SCRIPT = Path(sys.executable).parent / "trainjob-admission"
 HOSTILE = "evil\n2025-01-01T00:00:00.000Z  forged-id  validate  allow  root\x1b[2K\u202egnp.exe"

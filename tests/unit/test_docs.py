@@ -312,7 +312,7 @@ def test_install_commands_are_applied_by_a_manifest_test() -> None:
 
 def test_policy_bundles_shown_in_docs_compile_or_are_run() -> None:
     """A bundle shown as illustration compiles; one written with file= is used by a command."""
-    from policies.bundle import compile_document
+    from trainjob_admission.policies.bundle.schema import compile_document
 
     count = 0
     for doc in DOCS:
@@ -388,8 +388,8 @@ def literal_values(annotation: Any) -> list[str]:
 
 
 def test_bundle_reference_lists_every_schema_field_with_its_default() -> None:
-    """docs/admin-guide.md "Bundle reference" against policies.bundle.BundleDocument."""
-    from policies.bundle import BundleDocument
+    """docs/admin-guide.md "Bundle reference" against policies.bundle.schema.BundleDocument."""
+    from trainjob_admission.policies.bundle.schema import BundleDocument
 
     fields = {path: value for path, value in model_fields(BundleDocument).items()}
     rows = {row[0].strip("`"): row for row in doc_table("docs/admin-guide.md", "Bundle reference")}
@@ -406,7 +406,7 @@ def test_bundle_reference_lists_every_schema_field_with_its_default() -> None:
 
 def test_bundle_reference_names_each_built_in_check_by_its_rule() -> None:
     """Admins read a rule name in a denial or a log and look it up in the bundle reference."""
-    from policies.checks.registry import CHECKS
+    from trainjob_admission.policies.checks.registry import CHECKS
 
     rows = {row[0].strip("`"): row for row in doc_table("docs/admin-guide.md", "Bundle reference")}
     for check in CHECKS:
@@ -414,16 +414,16 @@ def test_bundle_reference_names_each_built_in_check_by_its_rule() -> None:
 
 
 def test_built_in_rules_table_lists_every_rule_a_cel_rule_may_not_take() -> None:
-    """docs/admin-guide.md "Built-in rules" against policies/rulenames.py (which bundles refuse)."""
-    from policies.rulenames import BUILTIN_RULES
+    """docs/admin-guide.md "Built-in rules" against policies/bundle/rulenames.py (which bundles refuse)."""
+    from trainjob_admission.policies.bundle.rulenames import BUILTIN_RULES
 
     assert [row[0].strip("`") for row in doc_table("docs/admin-guide.md", "Built-in rules")] == list(BUILTIN_RULES)
 
 
 def test_serve_settings_table_matches_the_config_schema() -> None:
-    """docs/deploy.md "Server settings" against webhook.settings.ServeFile and serve's flags."""
-    from webhook.cli import build_parser
-    from webhook.settings import ServeFile
+    """docs/deploy.md "Server settings" against webhook.cli.settings.ServeFile and serve's flags."""
+    from trainjob_admission.webhook.cli.main import build_parser
+    from trainjob_admission.webhook.cli.settings import ServeFile
 
     rows = {row[0].strip("`"): row[1].strip("`") for row in doc_table("docs/deploy.md", "Server settings")}
     assert sorted(rows) == sorted(ServeFile.model_fields)
@@ -444,16 +444,16 @@ def test_security_model_cites_tests_that_exist() -> None:
 
 
 def test_cel_reference_matches_the_environment() -> None:
-    from policies import cel
+    from trainjob_admission.policies.cel import environment
 
     variables = [row[0].strip("`") for row in doc_table("docs/admin-guide.md", "CEL variables")]
-    assert variables == list(cel.VARIABLES)
+    assert variables == list(environment.VARIABLES)
     helpers = {row[0].strip("`").split("(")[0] for row in doc_table("docs/admin-guide.md", "Kubernetes CEL helpers")}
-    assert helpers == set(cel.FUNCTIONS), f"undocumented: {set(cel.FUNCTIONS) - helpers}; unknown: {helpers - set(cel.FUNCTIONS)}"
+    assert helpers == set(environment.FUNCTIONS), f"undocumented: {set(environment.FUNCTIONS) - helpers}; unknown: {helpers - set(environment.FUNCTIONS)}"
 
 
 def test_job_variable_reference_matches_the_effective_job(example_state, example_job) -> None:
-    from policies import effective_job
+    from trainjob_admission.policies.job import effective_job
 
     job = effective_job.build(example_job("allowed"), example_state).as_cel()
     actual = {f"job.{k}" for k in job} | {f"job.totals.{k}" for k in job["totals"]} | \
@@ -476,11 +476,11 @@ def test_cel_examples_evaluate_to_the_documented_values(example_state, example_j
 
 
 def test_exit_code_table_matches_the_cli() -> None:
-    from webhook import cli
+    from trainjob_admission.webhook.cli import main
 
     codes = {int(row[0].strip("`")) for row in doc_table("docs/troubleshooting.md", "Exit codes")}
-    assert codes == {cli.EXIT_OK, cli.EXIT_DENIED, cli.EXIT_INVALID, cli.EXIT_NOT_FOUND, cli.EXIT_UNREACHABLE,
-                     cli.EXIT_BROKEN_PIPE}
+    assert codes == {main.EXIT_OK, main.EXIT_DENIED, main.EXIT_INVALID, main.EXIT_NOT_FOUND, main.EXIT_UNREACHABLE,
+                     main.EXIT_BROKEN_PIPE}
 
 
 def documented_record_keys() -> set[str]:
@@ -491,8 +491,8 @@ def test_decision_record_reference_matches_the_record_type() -> None:
     """docs/auditor-guide.md "Record format" lists exactly the DecisionRecord fields and the keys the log chains in."""
     from dataclasses import fields
 
-    from webhook.decisionlog import LOG_KEYS
-    from webhook.record import DecisionRecord
+    from trainjob_admission.webhook.decisionlog import LOG_KEYS
+    from trainjob_admission.webhook.admission.record import DecisionRecord
 
     actual = {f.name for f in fields(DecisionRecord)} | set(LOG_KEYS)
     documented = documented_record_keys()
@@ -500,8 +500,8 @@ def test_decision_record_reference_matches_the_record_type() -> None:
 
 
 def test_patch_op_keys_are_documented() -> None:
-    """The guide's `patch` row names every key a recorded op can have (webhook/record.py _bounded_value)."""
-    from webhook.record import MAX_PATCH_VALUE, _bounded_value
+    """The guide's `patch` row names every key a recorded op can have (webhook/admission/record.py _bounded_value)."""
+    from trainjob_admission.webhook.admission.record import MAX_PATCH_VALUE, _bounded_value
 
     row = next(row[1] for row in doc_table("docs/auditor-guide.md", "Record format") if row[0].strip("` ") == "patch")
     keys = set(_bounded_value({"op": "add", "path": "/a", "value": 1})) | set(_bounded_value(

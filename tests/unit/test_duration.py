@@ -6,9 +6,9 @@ import copy
 
 import pytest
 
-from policies.bundle import BundleError
-from policies.checks.duration import ANNOTATION, human
-from policies.decision import Effect, Result
+from trainjob_admission.policies.bundle.schema import BundleError
+from trainjob_admission.policies.checks.duration import ANNOTATION, human
+from trainjob_admission.policies.decide.decision import Effect, Result
 
 WEEK, DAY = 604800, 86400
 LIMITS = {"defaultSeconds": DAY, "maxSeconds": WEEK,
@@ -56,7 +56,7 @@ def test_a_deadline_the_user_set_is_kept(build, bundle, review):
 def test_the_mutated_job_is_the_job_built_again(build, make_bundle, review):
     """The deadline is not in any pod (Trainer reads it in its controller only), so the effective
     job planned before the mutation stands: the same pods as building the mutated object again."""
-    from policies.effective_job import build as effective
+    from trainjob_admission.policies.job.effective_job import build as effective
 
     state = build.state(build.runtime())
     both = make_bundle({"checks": {"duration": LIMITS}, "mutations": {"istio": {}, "securityDefaults": {"enabled": True}}})

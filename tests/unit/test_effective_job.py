@@ -9,13 +9,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies import smp
-from policies.effective_job import (
-    JOBSET_NAME_LABEL, MPIJOB_NAME_LABEL, JobModelError,
+from trainjob_admission.policies.job import smp
+from trainjob_admission.policies.job.effective_job import JOBSET_NAME_LABEL, MPIJOB_NAME_LABEL, JobModelError
+from trainjob_admission.policies.job.effective_job import (  # the fixture `build` holds the test builders
+    build as effective,
 )
-from policies.podresources import pod_resources
-from policies.effective_job import build as effective  # the fixture `build` holds the test builders
-from policies.resources import QuantityError, numbers, to_number
+from trainjob_admission.policies.k8s.podresources import pod_resources
+from trainjob_admission.policies.k8s.quantity import QuantityError, numbers, to_number
 
 GI = 1 << 30
 

@@ -1,13 +1,13 @@
-"""policies.engine.evaluate end to end: the example jobs, CEL rules, audit mode, matching, cases."""
+"""policies.decide.engine.evaluate end to end: the example jobs, CEL rules, audit mode, matching, cases."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from policies import report
-from policies.cases import Case, load_cases, run_case
-from policies.engine import DEPRECATION_WARNING
+from trainjob_admission.policies.decide.engine import DEPRECATION_WARNING
+from trainjob_admission.policies.offline import render
+from trainjob_admission.policies.offline.cases import Case, load_cases, run_case
 
 
 def rule_named(decision, qualified):
@@ -54,7 +54,7 @@ def test_over_quota(example_job, example_state, default, review):
 
 
 def test_privileged_needs_its_runtime(example_job, build, default, review):
-    from policies.state import ClusterState, load_objects
+    from trainjob_admission.policies.k8s.clusterstate import ClusterState, load_objects
     without = ClusterState.from_objects(o for p in build.state_files[:2] for o in load_objects(p))
     decision = review(example_job("privileged"), default, without)
     (message,) = decision.messages
@@ -131,7 +131,7 @@ def test_audit_mode_turns_denial_into_warning(example_job, example_state, make_b
 
 
 def test_audit_rollout_example_warns_next_to_enforcing_default(example_job, example_state, default, build, review):
-    from policies.bundle import load_bundles
+    from trainjob_admission.policies.bundle.schema import load_bundles
     bundles = load_bundles([str(build.examples / "bundles" / "audit-rollout.yaml"), "builtin:default"])
     job = example_job("allowed")
     job["spec"]["trainer"]["numNodes"] = 5
@@ -245,7 +245,7 @@ def test_production_bundle_applies_only_to_production_namespaces(example_job, ex
 
 
 def test_production_bundle_denials(build, production, example_job, review):
-    from policies.state import load_objects
+    from trainjob_admission.policies.k8s.clusterstate import load_objects
     runtimes = [o for p in build.state_files[1:] for o in load_objects(p)]
     state = build.state(*runtimes, build.namespace("ml-prod", labels={"environment": "production"}))
     job = example_job("over-quota")  # 8 nodes x 4 GPUs, docker-free image, no labels, no deadline
@@ -266,7 +266,7 @@ def test_production_bundle_denials(build, production, example_job, review):
 
 def test_explain_lists_every_rule(example_job, example_state, default, review):
     decision = review(example_job("over-quota"), default, example_state)
-    text = report.explain_text(decision)
+    text = render.explain_text(decision)
     lines = text.splitlines()
     assert lines[0].split() == ["BUNDLE", "RULE", "RESULT", "EFFECT", "MESSAGE"]
     for rule in ("quota", "gpu-limits", "job-shape", "pod-security", "max-job-gpus"):
@@ -277,12 +277,12 @@ def test_explain_lists_every_rule(example_job, example_state, default, review):
 
 def test_explain_json_has_every_result_and_the_job_variable(example_job, example_state, default, review):
     decision = review(example_job("over-quota"), default, example_state)
-    body = json.loads(json.dumps(report.explain_json(decision)))
+    body = json.loads(json.dumps(render.explain_json(decision)))
     assert body["results"][0] == {"bundle": "default", "rule": "quota", "result": "fail", "effect": "deny",
                                   "messages": decision.results[0].messages}
     assert body["job"] == json.loads(json.dumps(decision.job.as_cel()))
-    from policies.state import ClusterState
-    assert report.explain_json(review(example_job("privileged"), default, ClusterState()))["job"] is None  # no runtime
+    from trainjob_admission.policies.k8s.clusterstate import ClusterState
+    assert render.explain_json(review(example_job("privileged"), default, ClusterState()))["job"] is None  # no runtime
 
 
 def test_case_with_wrong_expectation_fails(build, default):
@@ -333,7 +333,7 @@ def test_accelerator_families_come_from_the_bundle(build, make_bundle, review):
 
 
 def test_default_accelerator_families():
-    from policies.resources import is_accelerator
+    from trainjob_admission.policies.k8s.quantity import is_accelerator
     for name in ("nvidia.com/gpu", "nvidia.com/mig-1g.5gb", "nvidia.com/gpu.shared", "amd.com/gpu",
                  "gpu.intel.com/xe", "habana.ai/gaudi", "aws.amazon.com/neuroncore", "google.com/tpu",
                  "requests.nvidia.com/gpu"):
@@ -345,7 +345,7 @@ def test_default_accelerator_families():
 # --- what offline state lacks (issue 11 point 14) ----------------------------------------------
 
 def test_unchecked_names_missing_state_only_when_asked(build, default):
-    from policies.engine import AdmissionInput, evaluate
+    from trainjob_admission.policies.decide.engine import AdmissionInput, evaluate
     job = build.trainjob(numNodes=2)
     empty = build.state()
     decision = evaluate(AdmissionInput(job), default, empty, report_unchecked=True)

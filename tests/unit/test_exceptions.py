@@ -1,4 +1,4 @@
-"""PolicyExceptions (policies/exceptions.py) through policies.engine.evaluate: which jobs, which rules,
+"""PolicyExceptions (policies/decide/exceptions.py) through policies.decide.engine.evaluate: which jobs, which rules,
 until when, and what the decision says about them."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import yaml
 
-from policies import exceptions
-from policies.state import ClusterState
+from trainjob_admission.policies.decide import exceptions
+from trainjob_admission.policies.k8s.clusterstate import ClusterState
 
 LATER = (datetime.now(timezone.utc) + timedelta(days=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
 EARLIER = (datetime.now(timezone.utc) - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -103,7 +103,7 @@ def test_expiry_is_compared_with_now():
     obj = exception(expiry="2030-01-01T00:00:00+01:00")
     state = with_exceptions(ClusterState(), obj)
     job = {"metadata": {"name": "bert-large", "namespace": "team-a"}}
-    from policies.decision import Effect, Result, RuleResult
+    from trainjob_admission.policies.decide.decision import Effect, Result, RuleResult
     failing = [RuleResult("default", "quota", Result.FAIL, Effect.DENY, ["over"], [""])]
     before = exceptions.apply(failing, job, state, now=datetime(2029, 12, 31, 22, 59, tzinfo=timezone.utc))
     after = exceptions.apply(failing, job, state, now=datetime(2029, 12, 31, 23, 0, tzinfo=timezone.utc))
@@ -121,7 +121,7 @@ def test_safety_rules_are_never_waived(build, default, review, example_state):
     decision = review(job, default, state)
     assert not decision.allowed and rule(decision, "default/job-model").result == "fail"
     assert decision.facts["exceptions"][0]["status"] == "invalid"
-    from policies.decision import Effect, Result, RuleResult
+    from trainjob_admission.policies.decide.decision import Effect, Result, RuleResult
     unchecked = exceptions.PolicyException("team-a", "x", exceptions.ExceptionSpec.model_construct(
         rules=["job-model", "default/input-limits", "mutating-webhook"]))
     for name in exceptions.SAFETY_RULES:
@@ -163,7 +163,7 @@ def test_crd_schema_refuses_what_parse_refuses():
 
 def test_review_cluster_state_reads_exceptions(build, tmp_path):
     """The state file's PolicyException is one more object `review --cluster-state` reads."""
-    from policies.state import load_objects
+    from trainjob_admission.policies.k8s.clusterstate import load_objects
     path = tmp_path / "exception.yaml"
     path.write_text(yaml.safe_dump(exception()))
     state = ClusterState.from_objects(load_objects(path))

@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from policies import bundle as bundle_module
-from policies.bundle import MAX_ALIAS_NODES, MAX_DOCUMENT_CHARS, BundleError, parse_documents
-from policies.cel import MAX_DEPTH, CelCompileError, compile_expression
-from webhook.bundles import BundleRegistry
-from webhook.clusterbundles import ClusterBundles
+from trainjob_admission.policies.bundle import schema as bundle_module
+from trainjob_admission.policies.bundle.schema import (
+    MAX_ALIAS_NODES, MAX_DOCUMENT_CHARS, BundleError, parse_documents,
+)
+from trainjob_admission.policies.cel.environment import MAX_DEPTH, CelCompileError, compile_expression
+from trainjob_admission.webhook.loops.bundleset import BundleRegistry
+from trainjob_admission.webhook.loops.clusterbundles import ClusterBundles
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 CLI = Path(sys.executable).parent / "trainjob-admission"
@@ -106,7 +108,7 @@ def test_an_unexpected_compiler_failure_is_a_rejection_too(tmp_path, monkeypatch
     def broken(document, source):
         raise RuntimeError("compiler bug")
 
-    monkeypatch.setattr("webhook.bundles.compile_document", broken)
+    monkeypatch.setattr("trainjob_admission.webhook.loops.bundleset.compile_document", broken)
     state = registry.update_documents("cluster:x", [GOOD])
     assert not state.compiled and "RuntimeError: compiler bug" in state.error
     assert [b.name for b in registry.active] == ["good"]  # the last good version stays

@@ -6,11 +6,12 @@ import copy
 
 import pytest
 
-from policies import effective_job, imageref
-from policies.bundle import BundleError, ImageCheck
-from policies.checks import images
-from policies.checks.base import CheckContext
-from policies.decision import Effect
+from trainjob_admission.policies.bundle.schema import BundleError, ImageCheck
+from trainjob_admission.policies.checks import images
+from trainjob_admission.policies.checks.base import CheckContext
+from trainjob_admission.policies.decide.decision import Effect
+from trainjob_admission.policies.job import effective_job
+from trainjob_admission.policies.k8s import imageref
 from tests.support import corpus, upstream
 
 SHA = "sha256:" + "0123456789abcdef" * 4

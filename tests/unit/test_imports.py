@@ -90,7 +90,7 @@ def test_the_graph_sees_relative_and_local_imports() -> None:
     edges = graph()
     assert "webhook.decisionlog.lines" in edges["webhook.decisionlog.verify"]
     assert "policies.checks.quota" in edges["policies.checks.registry"]
-    assert "webhook.startup" in edges["webhook.commands"]  # inside a function
+    assert "webhook.startup" in edges["webhook.cli.commands"]  # inside a function
 
 
 def test_policies_never_import_the_webhook() -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from policies.bundle import Injections, NetworkPolicyInjection, SshKeyInjection
-from policies.effective_job import EffectiveJob
+from trainjob_admission.policies.bundle.schema import Injections, NetworkPolicyInjection, SshKeyInjection
+from trainjob_admission.policies.job.effective_job import EffectiveJob
 from tests.support.net import free_port
-from webhook.injector import Injector
-from webhook.kube.client import KubeApi
-from webhook.provenance import Provenance
+from trainjob_admission.webhook.inject.injector import Injector
+from trainjob_admission.webhook.inject.provenance import Provenance
+from trainjob_admission.webhook.kube.client import KubeApi
 
 PLANS = [{"kind": "Secret", "name": "job-mpi-ssh-auth", "keyType": "ecdsa-p521"},
          {"kind": "NetworkPolicy", "name": "job-mpi-isolation", "template": "default"}]

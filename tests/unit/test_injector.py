@@ -5,9 +5,11 @@ from __future__ import annotations
 import base64
 import json
 
-from policies.effective_job import EffectiveJob
-from webhook.injector import FINGERPRINT_ANNOTATION, KEY_TYPE_ANNOTATION, _key_fields, secret
-from webhook.keys import generate
+from trainjob_admission.policies.job.effective_job import EffectiveJob
+from trainjob_admission.webhook.inject.injector import (
+    FINGERPRINT_ANNOTATION, KEY_TYPE_ANNOTATION, _key_fields, secret,
+)
+from trainjob_admission.webhook.inject.keys import generate
 
 
 def job() -> EffectiveJob:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from webhook.keys import KeyPool
+from trainjob_admission.webhook.inject.keys import KeyPool
 
 
 def _wait_ready(pool: KeyPool, key_type: str, count: int, timeout: float = 60.0) -> None:

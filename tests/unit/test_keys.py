@@ -12,7 +12,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
-from webhook.keys import KEY_TYPES, KeyPair, KeyPool, fingerprint, generate
+from trainjob_admission.webhook.inject.keys import KEY_TYPES, KeyPair, KeyPool, fingerprint, generate
 
 EXPECTED = {
     "rsa-4096": (b"-----BEGIN RSA PRIVATE KEY-----", b"ssh-rsa "),

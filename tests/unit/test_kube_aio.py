@@ -12,8 +12,8 @@ import pytest
 
 from tests.support.net import free_port
 from tests.support.serve import send_json
-from webhook.kube.aio import AsyncApi
-from webhook.kube.client import ApiError, ClusterUnreachable, KubeApi
+from trainjob_admission.webhook.kube.aio import AsyncApi
+from trainjob_admission.webhook.kube.client import ApiError, ClusterUnreachable, KubeApi
 
 
 def api(host: str) -> KubeApi:

@@ -9,12 +9,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from policies.state import ClusterState
-from webhook.bundles import BundleRegistry
-from webhook.cli import main
-from webhook.clusterbundles import ClusterBundles, _with_transition_times
-from webhook.kube.resources import LIMIT_RANGES, NAMESPACES, RESOURCE_QUOTAS, STATE_RESOURCES, TRAINING_RUNTIMES
-from webhook.kube.state import StateSink
+from trainjob_admission.policies.k8s.clusterstate import ClusterState
+from trainjob_admission.webhook.cli.main import main
+from trainjob_admission.webhook.kube.resources import (
+    LIMIT_RANGES, NAMESPACES, RESOURCE_QUOTAS, STATE_RESOURCES, TRAINING_RUNTIMES,
+)
+from trainjob_admission.webhook.kube.statewatch import StateSink
+from trainjob_admission.webhook.loops.bundleset import BundleRegistry
+from trainjob_admission.webhook.loops.clusterbundles import ClusterBundles, _with_transition_times
 
 GOOD = yaml.safe_load((Path(__file__).parent / "fixtures" / "bundles" / "good.yaml").read_text())
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from policies import kueue
+from trainjob_admission.policies.capacity import clusterqueues
 
 KUEUE = "kueue.x-k8s.io/v1beta2"
 GPU = "nvidia.com/gpu"
@@ -77,7 +77,7 @@ def priority_class(name, value=100):
 def forest(*objects):
     cqs = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ClusterQueue"}
     cohorts = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Cohort"}
-    return kueue.Forest(cqs, cohorts)
+    return clusterqueues.Forest(cqs, cohorts)
 
 
 # -- Kueue's arithmetic (pkg/cache/scheduler/resource_node.go), worked by hand -----------------
@@ -117,13 +117,13 @@ def test_a_cohort_cycle_is_found_and_nothing_is_lent_through_it():
 
 def test_the_forest_is_built_once_per_version_of_the_watched_dicts():
     cqs, cohorts = {"a": cluster_queue("a", [flavor_quota("gpu", nvidia_gpu=8)])}, {}
-    assert kueue.forest(cqs, cohorts) is kueue.forest(cqs, cohorts)
-    assert kueue.forest(dict(cqs), cohorts) is not kueue.forest(cqs, cohorts)
+    assert clusterqueues.forest(cqs, cohorts) is clusterqueues.forest(cqs, cohorts)
+    assert clusterqueues.forest(dict(cqs), cohorts) is not clusterqueues.forest(cqs, cohorts)
 
 
 # -- the check through the engine ----------------------------------------------------------
 
-QUEUED = {kueue.QUEUE_LABEL: "team-queue"}
+QUEUED = {clusterqueues.QUEUE_LABEL: "team-queue"}
 DEFAULT_OBJECTS = (
     resource_flavor("default-flavor"),
     resource_flavor("a100", labels={"nvidia.com/gpu.product": "A100"},
@@ -172,7 +172,7 @@ def test_a_job_that_fits_now_is_admitted_and_the_record_names_queue_and_flavors(
 
 def test_a_missing_local_queue_is_refused_with_the_queues_that_exist(setup):
     decision = setup(gpu_queue(), *DEFAULT_OBJECTS, local_queue("other", "team-cq"),
-                     labels={kueue.QUEUE_LABEL: "typo"})
+                     labels={clusterqueues.QUEUE_LABEL: "typo"})
     message, fix = finding(decision)
     assert message == ("label kueue.x-k8s.io/queue-name names the LocalQueue typo, which does not exist in team-a "
                        "(the LocalQueues there are other, team-queue); Kueue would keep the job suspended for ever")
@@ -246,7 +246,7 @@ def test_a_tainted_flavor_the_pods_do_not_tolerate_is_no_flavor_for_them(setup):
 
 def test_a_missing_workload_priority_class_is_refused_with_those_that_exist(setup):
     decision = setup(gpu_queue(), *DEFAULT_OBJECTS, priority_class("high"),
-                     labels={**QUEUED, kueue.PRIORITY_LABEL: "urgent"})
+                     labels={**QUEUED, clusterqueues.PRIORITY_LABEL: "urgent"})
     assert finding(decision)[0] == ("label kueue.x-k8s.io/priority-class names the WorkloadPriorityClass urgent, which "
                                     "does not exist (WorkloadPriorityClasses: high); Kueue would not queue the job")
 
@@ -265,21 +265,21 @@ def test_gang_admission_required_is_met_by_the_default_queue_the_service_adds(se
     decision = setup(gpu_queue(), *DEFAULT_OBJECTS, labels=None, settings={"requireGang": True},
                      mutations={"scheduling": {"defaultQueue": "team-queue"}})
     assert decision.allowed
-    assert decision.mutated["metadata"]["labels"][kueue.QUEUE_LABEL] == "team-queue"
+    assert decision.mutated["metadata"]["labels"][clusterqueues.QUEUE_LABEL] == "team-queue"
     assert decision.mutated["spec"]["suspend"] is True  # Kueue's webhook ran before ours added the label
 
 
 def test_the_default_queue_is_added_only_where_that_local_queue_exists(setup):
     decision = setup(gpu_queue(), *DEFAULT_OBJECTS, labels=None, mutations={"scheduling": {"defaultQueue": "absent"}})
     assert decision.allowed
-    assert kueue.QUEUE_LABEL not in (decision.mutated["metadata"].get("labels") or {})
+    assert clusterqueues.QUEUE_LABEL not in (decision.mutated["metadata"].get("labels") or {})
     assert "suspend" not in decision.mutated["spec"]
 
 
 def test_a_namespace_label_names_its_default_queue(setup):
     decision = setup(gpu_queue(), *DEFAULT_OBJECTS, labels=None, namespace_labels={"queues.example.com/default": "team-queue"},
                      mutations={"scheduling": {"namespaceQueueLabel": "queues.example.com/default", "defaultQueue": "x"}})
-    assert decision.mutated["metadata"]["labels"][kueue.QUEUE_LABEL] == "team-queue"
+    assert decision.mutated["metadata"]["labels"][clusterqueues.QUEUE_LABEL] == "team-queue"
 
 
 def test_without_kueue_objects_in_the_state_the_queue_is_added_as_configured_and_not_judged(build, make_bundle, review):
@@ -288,7 +288,7 @@ def test_without_kueue_objects_in_the_state_the_queue_is_added_as_configured_and
     bundle = make_bundle({"checks": {"kueue": {}}, "mutations": {"scheduling": {"defaultQueue": "default"}}})
     decision = review(build.trainjob(numNodes=2), [bundle], state)
     assert decision.allowed
-    assert decision.mutated["metadata"]["labels"][kueue.QUEUE_LABEL] == "default"
+    assert decision.mutated["metadata"]["labels"][clusterqueues.QUEUE_LABEL] == "default"
     assert "suspend" not in decision.mutated["spec"]  # not known to be Kueue's: nothing suspends it
     assert decision.facts["kueue"]["verdict"] == "unknown: LocalQueues not known"
 
@@ -297,11 +297,11 @@ def test_per_namespace_priority_class_default(setup):
     decision = setup(gpu_queue(), *DEFAULT_OBJECTS, priority_class("batch"), priority_class("high"),
                      mutations={"scheduling": {"priorityClass": "batch", "priorityClasses": {"team-a": "high"}}})
     assert decision.allowed
-    assert decision.mutated["metadata"]["labels"][kueue.PRIORITY_LABEL] == "high"
+    assert decision.mutated["metadata"]["labels"][clusterqueues.PRIORITY_LABEL] == "high"
 
 
 def test_review_strict_names_the_kueue_objects_the_state_file_left_out(build, make_bundle):
-    from policies.engine import AdmissionInput, evaluate
+    from trainjob_admission.policies.decide.engine import AdmissionInput, evaluate
 
     state = build.state(build.runtime(), build.namespace())
     bundle = make_bundle({"checks": {"kueue": {}}})
@@ -320,7 +320,7 @@ def test_a_queue_label_in_a_cluster_without_any_queue_only_warns(build, make_bun
                                                    "but the cluster has no Kueue queues")
 
 
-# -- what an attack review found (policies/kueue.py and the check) ---------------------------
+# -- what an attack review found (policies/capacity/clusterqueues.py and the check) ---------------------------
 
 def test_a_zero_request_of_a_covered_resource_still_needs_a_flavor(setup, build):
     """Kueue keeps a covered resource asked at 0 (flavorassigner.go skips zeros only for resources
@@ -342,7 +342,7 @@ def test_a_cluster_queue_naming_a_missing_flavor_is_inactive_and_only_warns(setu
 
 
 def test_a_cohort_tree_deeper_than_the_cap_is_not_judged_and_never_raises(setup):
-    chain = [cohort(f"c{i}", parent=f"c{i + 1}") for i in range(kueue.MAX_DEPTH + 5)]
+    chain = [cohort(f"c{i}", parent=f"c{i + 1}") for i in range(clusterqueues.MAX_DEPTH + 5)]
     decision = setup(gpu_queue(cohort="c0"), *chain, *DEFAULT_OBJECTS, num_nodes=30)
     assert decision.allowed
     assert decision.facts["kueue"]["verdict"].startswith("unknown: its cohort tree is more than")
@@ -385,4 +385,4 @@ def test_the_suggested_worker_count_fits_every_resource_of_the_group(setup, buil
 
 
 def test_breakdowns_show_quantities_as_kubectl_does():
-    assert kueue.QueuedSet("node", 4, {"memory": 32 * 2**30, "cpu": 1500}, {}).breakdown("memory") == "4 x 32Gi"
+    assert clusterqueues.QueuedSet("node", 4, {"memory": 32 * 2**30, "cpu": 1500}, {}).breakdown("memory") == "4 x 32Gi"

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from policies.bundle import LimitRangeCheck, QuotaCheck
-from policies.checks import limitrange, quota
-from policies.checks.base import CheckContext
-from policies.effective_job import JobModelError
-from policies.effective_job import build as effective
-from policies.state import ClusterState
-from webhook.cli import main
+from trainjob_admission.policies.bundle.schema import LimitRangeCheck, QuotaCheck
+from trainjob_admission.policies.checks import limitrange, quota
+from trainjob_admission.policies.checks.base import CheckContext
+from trainjob_admission.policies.job.effective_job import JobModelError
+from trainjob_admission.policies.job.effective_job import build as effective
+from trainjob_admission.policies.k8s.clusterstate import ClusterState
+from trainjob_admission.webhook.cli.main import main
 
 
 def limit_range(*items: dict, name: str = "limits", namespace: str = "team-a") -> dict:

@@ -1,7 +1,7 @@
-"""policies.lint: advice on bundles that compile."""
+"""policies.offline.lint: advice on bundles that compile."""
 from __future__ import annotations
 
-from policies.lint import LintWarning, lint
+from trainjob_admission.policies.offline.lint import LintWarning, lint
 
 
 def test_a_rule_without_message_is_a_warning(make_bundle):

@@ -7,10 +7,10 @@ import json
 import jsonpatch
 import pytest
 
-from policies.bundle import NetworkPolicyInjection
-from policies.effective_job import build as effective
-from policies.injections import network_policy
-from policies.mutations import ISTIO_INJECT, MANAGER
+from trainjob_admission.policies.bundle.schema import NetworkPolicyInjection
+from trainjob_admission.policies.decide.injections import network_policy
+from trainjob_admission.policies.decide.mutations import ISTIO_INJECT, MANAGER
+from trainjob_admission.policies.job.effective_job import build as effective
 
 QUEUE = "kueue.x-k8s.io/queue-name"
 PRIORITY = "kueue.x-k8s.io/priority-class"
@@ -146,7 +146,7 @@ def test_security_defaults_only_fill_missing_fields(build, make_bundle, review):
     text = decision.messages[0]["message"]
     assert "allowPrivilegeEscalation" in text and "runAsNonRoot" in text
     # What it would have patched for the node pod: only seccompProfile at pod level.
-    from policies.mutations import security_defaults
+    from trainjob_admission.policies.decide.mutations import security_defaults
     assert security_defaults(node) == {"securityContext": {"seccompProfile": {"type": "RuntimeDefault"}}}
 
 

@@ -9,9 +9,10 @@ import dataclasses
 import jsonpatch
 import pytest
 
-from policies import effective_job, mutations
-from policies.bundle import BundleError
-from policies.mutations import MANAGER
+from trainjob_admission.policies.bundle.schema import BundleError
+from trainjob_admission.policies.decide import mutations
+from trainjob_admission.policies.decide.mutations import MANAGER
+from trainjob_admission.policies.job import effective_job
 from tests.support.objects import bare_trainjob, mpi_runtime, pod_spec
 
 PRODUCT = "trainjob-admission.io/gpu-product"

@@ -5,16 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from policies.jobfit import assess
-from policies.nodefit import (
-    Effort,
-    class_refusal,
-    holds,
-    label_refusal,
-    matching_members,
-    node_classes,
-    pod_needs,
-    tolerates,
+from trainjob_admission.policies.capacity.jobfit import assess
+from trainjob_admission.policies.capacity.nodefit import (
+    Effort, class_refusal, holds, label_refusal, matching_members, node_classes, pod_needs, tolerates,
     untolerated,
 )
 
@@ -273,7 +266,7 @@ def test_first_fit_keeps_identical_nodes_grouped_whatever_the_pod_count():
 def test_integers_of_any_length_parse_as_go_parseint_does_without_crashing():
     """strconv.ParseInt(s, 10, 64): leading zeros are fine, more than int64 is an error (the
     requirement then matches nothing), and a 5000-digit value costs no more than a short one."""
-    from policies.nodefit import _go_int
+    from trainjob_admission.policies.capacity.nodefit import _go_int
     assert _go_int("0" * 5000 + "7") == 7 and _go_int("+9223372036854775807") == 2**63 - 1
     assert _go_int("9223372036854775808") is None and _go_int("1" * 5000) is None
     huge = pod_needs(affinity({"matchExpressions": [expr("rank", "Gt", "1" * 5000)]}), {})
@@ -283,7 +276,7 @@ def test_integers_of_any_length_parse_as_go_parseint_does_without_crashing():
 
 
 def test_matching_past_the_cap_raises_instead_of_burning_the_cpu():
-    from policies.nodefit import MAX_WORK, TooComplex
+    from trainjob_admission.policies.capacity.nodefit import MAX_WORK, TooComplex
     classes = node_classes([node(f"n{i}", cpu="8") for i in range(2000)])
     terms = [{"matchExpressions": [expr("kubernetes.io/hostname", "NotIn", f"n{t}-{j}") for j in range(10)]}
              for t in range(200)]

@@ -1,15 +1,15 @@
-"""Params from cluster objects (spec.paramKind + spec.paramRef, policies/paramref.py) and the CEL
-``authorizer`` (policies/celauthz.py), each as ValidatingAdmissionPolicy defines them."""
+"""Params from cluster objects (spec.paramKind + spec.paramRef, policies/decide/paramref.py) and the CEL
+``authorizer`` (policies/cel/authz.py), each as ValidatingAdmissionPolicy defines them."""
 from __future__ import annotations
 
 import pytest
 
-from policies.bundle import BundleError
-from policies.celauthz import MAX_CHECKS, AccessCheck, AccessError
-from policies.decision import Result
-from policies.state import PARAMS_LABEL
-from webhook.authorizer import review_body
-from webhook.cli import main
+from trainjob_admission.policies.bundle.schema import BundleError
+from trainjob_admission.policies.cel.authz import MAX_CHECKS, AccessCheck, AccessError
+from trainjob_admission.policies.decide.decision import Result
+from trainjob_admission.policies.k8s.clusterstate import PARAMS_LABEL
+from trainjob_admission.webhook.admission.access import review_body
+from trainjob_admission.webhook.cli.main import main
 
 MAX_WORKERS = {"name": "max-workers", "expression": "job.workers <= int(params.maxWorkers)",
                "messageExpression": "'at most ' + params.maxWorkers + ' workers, the job has ' + string(job.workers)"}

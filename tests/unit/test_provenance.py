@@ -1,4 +1,4 @@
-"""The service's own record of what it injected (webhook/provenance.py): an HMAC that a planted
+"""The service's own record of what it injected (webhook/inject/provenance.py): an HMAC that a planted
 or forged copy cannot carry, and which the injector and the reconciler both require."""
 from __future__ import annotations
 
@@ -6,12 +6,14 @@ import copy
 
 import pytest
 
-from policies.effective_job import EffectiveJob
-from webhook.injector import secret
-from webhook.keys import generate
-from webhook.kube.resources import SECRETS
-from webhook.provenance import ANNOTATION, Provenance, ProvenanceKeyError, load_provenance
-from webhook.reconciler import Reconciler
+from trainjob_admission.policies.job.effective_job import EffectiveJob
+from trainjob_admission.webhook.inject.injector import secret
+from trainjob_admission.webhook.inject.keys import generate
+from trainjob_admission.webhook.inject.provenance import (
+    ANNOTATION, Provenance, ProvenanceKeyError, load_provenance,
+)
+from trainjob_admission.webhook.inject.reconciler import Reconciler
+from trainjob_admission.webhook.kube.resources import SECRETS
 
 KEY = Provenance([b"k" * 32])
 

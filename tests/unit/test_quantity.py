@@ -1,4 +1,4 @@
-"""policies/resources.py parses quantities as ParseQuantity does (k8s.io/apimachinery@v0.36.3,
+"""policies/k8s/quantity.py parses quantities as ParseQuantity does (k8s.io/apimachinery@v0.36.3,
 pkg/api/resource/quantity.go and suffix.go): the grammar exactly, values rounded up to 1n, and
 what Kubernetes cannot hold refused as invalid input, in microseconds (bench/quantity.py times it)."""
 from __future__ import annotations
@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubernetes.utils.quantity import parse_quantity
 
-from policies.bundle import BundleError
-from policies.effective_job import JobModelError, from_trainjob
-from policies.resources import MAX_QUANTITY, QuantityError, to_decimal, to_number
-from webhook import cli
+from trainjob_admission.policies.bundle.schema import BundleError
+from trainjob_admission.policies.job.effective_job import JobModelError, from_trainjob
+from trainjob_admission.policies.k8s.quantity import MAX_QUANTITY, QuantityError, to_decimal, to_number
+from trainjob_admission.webhook.cli import main
 
 DECIMAL_SI = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 BINARY_SI = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
@@ -200,7 +200,7 @@ def test_review_denies_with_exit_1_and_no_traceback(build, tmp_path, capsys):
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job))
     state = [arg for f in build.state_files[:2] for arg in ("--cluster-state", str(f))]
-    assert cli.main(["review", "-f", str(path), *state]) == 1
+    assert main.main(["review", "-f", str(path), *state]) == 1
     printed = capsys.readouterr()
     assert "x default/job-model: spec.trainer.resourcesPerNode.requests.cpu: '1e600000' is larger" in printed.out
     assert "Traceback" not in printed.out + printed.err

@@ -1,14 +1,14 @@
-"""What a job adds to each quota key (policies/quotademand.py, policies/objectcounts.py): pods and
+"""What a job adds to each quota key (policies/capacity/quotademand.py, policies/capacity/objectcounts.py): pods and
 compute at the peak of its phases, count/pods and objects in full, storage from the runtime's
 PVCs, hugepages; and the keys Kubernetes accepts but never enforces."""
 from __future__ import annotations
 
 import copy
 
-from policies.bundle import QuotaCheck
-from policies.checks import quota
-from policies.checks.base import CheckContext
-from policies.effective_job import build as effective
+from trainjob_admission.policies.bundle.schema import QuotaCheck
+from trainjob_admission.policies.checks import quota
+from trainjob_admission.policies.checks.base import CheckContext
+from trainjob_admission.policies.job.effective_job import build as effective
 
 GPU = "nvidia.com/gpu"
 ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"

@@ -1,15 +1,15 @@
-"""Queued jobs (policies/queueing.py): a suspended job is judged on whether it can ever fit, a
+"""Queued jobs (policies/job/queueing.py): a suspended job is judged on whether it can ever fit, a
 MultiKueue job not at all (and gets no injected objects), a resumed job against what is in use
 then, without subtracting pods it does not have."""
 from __future__ import annotations
 
 import copy
 
-from policies.bundle import QuotaCheck
-from policies.checks import quota
-from policies.checks.base import CheckContext
-from policies.effective_job import build as effective
-from policies.queueing import MULTIKUEUE
+from trainjob_admission.policies.bundle.schema import QuotaCheck
+from trainjob_admission.policies.checks import quota
+from trainjob_admission.policies.checks.base import CheckContext
+from trainjob_admission.policies.job.effective_job import build as effective
+from trainjob_admission.policies.job.queueing import MULTIKUEUE
 
 GPU = "nvidia.com/gpu"
 PER_NODE = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {GPU: "4"}}

@@ -1,14 +1,14 @@
-"""Scoped ResourceQuotas (policies/quotascope.py): each pod matched as the quota admission matches
+"""Scoped ResourceQuotas (policies/capacity/quotascope.py): each pod matched as the quota admission matches
 it, and the quota check judging a scoped quota on exactly the pods it selects."""
 from __future__ import annotations
 
 import pytest
 
-from policies.bundle import QuotaCheck
-from policies.checks import quota
-from policies.checks.base import CheckContext
-from policies.effective_job import build as effective
-from policies.quotascope import describe, is_best_effort, matches
+from trainjob_admission.policies.bundle.schema import QuotaCheck
+from trainjob_admission.policies.capacity.quotascope import describe, is_best_effort, matches
+from trainjob_admission.policies.checks import quota
+from trainjob_admission.policies.checks.base import CheckContext
+from trainjob_admission.policies.job.effective_job import build as effective
 
 GPU = "nvidia.com/gpu"
 

@@ -1,4 +1,4 @@
-"""webhook.record.DecisionRecord: which keys each kind of record has, and that they are written
+"""webhook.admission.record.DecisionRecord: which keys each kind of record has, and that they are written
 as the plain JSON the decision log has always held."""
 from __future__ import annotations
 
@@ -6,26 +6,26 @@ import json
 
 import pytest
 
-from webhook import admission
-from webhook.decisionlog import canonical
-from webhook.record import DecisionRecord
+from trainjob_admission.webhook.admission import protocol
+from trainjob_admission.webhook.admission.record import DecisionRecord
+from trainjob_admission.webhook.decisionlog import canonical
 
 EVALUATED = {"id", "endpoint", "decision", "allowed", "uid", "operation", "kind", "namespace", "name", "user", "groups"}
 # "facts": the default bundle's Kueue check records the queue it judged (here: LocalQueues unknown)
 DECIDED = EVALUATED | {"dryRun", "bundles", "rules", "messages", "warnings", "patch", "injections", "job", "facts"}
 
 
-def parsed_review(obj: dict, operation: str = "CREATE", dry_run: bool = False) -> admission.ParsedReview:
+def parsed_review(obj: dict, operation: str = "CREATE", dry_run: bool = False) -> protocol.ParsedReview:
     group, version = obj["apiVersion"].split("/")
     body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
         "uid": "req-1", "kind": {"group": group, "version": version, "kind": obj["kind"]}, "operation": operation,
         "object": obj, "userInfo": {"username": "alice", "groups": ["team-a"]}, "dryRun": dry_run}}
-    return admission.parse(json.dumps(body).encode())
+    return protocol.parse(json.dumps(body).encode())
 
 
 @pytest.fixture
 def over_quota(example_job, example_state, default):
-    from policies.engine import evaluate
+    from trainjob_admission.policies.decide.engine import evaluate
 
     parsed = parsed_review(example_job("over-quota"))
     return parsed, evaluate(parsed.request, default, example_state)
@@ -33,7 +33,7 @@ def over_quota(example_job, example_state, default):
 
 @pytest.fixture
 def allowed(example_job, example_state, default):
-    from policies.engine import evaluate
+    from trainjob_admission.policies.decide.engine import evaluate
 
     parsed = parsed_review(example_job("allowed"))
     return parsed, evaluate(parsed.request, default, example_state)
@@ -48,7 +48,7 @@ def test_refused_and_malformed_have_no_submission():
 
 
 def test_passthrough_has_uid_and_operation_only():
-    parsed = admission.parse(json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+    parsed = protocol.parse(json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                                          "request": {"uid": "u", "operation": "DELETE"}}).encode())
     assert DecisionRecord.passthrough("d", "validate", parsed).as_log_fields() == {
         "id": "d", "endpoint": "validate", "decision": "allow", "allowed": True, "uid": "u", "operation": "DELETE"}
@@ -85,8 +85,8 @@ def test_decided_denial_is_written_as_plain_json(over_quota):
 
 
 def test_job_is_null_not_absent_when_it_could_not_be_built(example_job, default):
-    from policies.engine import evaluate
-    from policies.state import ClusterState
+    from trainjob_admission.policies.decide.engine import evaluate
+    from trainjob_admission.policies.k8s.clusterstate import ClusterState
 
     parsed = parsed_review(example_job("allowed"))
     decision = evaluate(parsed.request, default, ClusterState())  # no runtime: no effective job
@@ -106,7 +106,7 @@ def test_injection_failed_has_a_decisions_keys_but_the_patch(allowed):
 def test_submitter_strings_are_bounded_in_records(example_job, example_state, default):
     """A forged multi-megabyte username, name or group list must not make records megabytes long
     (about 100 such requests used to rotate the whole on-disk log away)."""
-    from policies.engine import evaluate
+    from trainjob_admission.policies.decide.engine import evaluate
 
     obj = example_job("allowed")
     obj["metadata"]["name"] = "n" * 100_000
@@ -114,7 +114,7 @@ def test_submitter_strings_are_bounded_in_records(example_job, example_state, de
         "uid": "u" * 100_000, "kind": {"group": "trainer.kubeflow.org", "version": "v1alpha1", "kind": "TrainJob"},
         "operation": "CREATE", "object": obj,
         "userInfo": {"username": "x" * 2_000_000, "groups": [f"g{i}" for i in range(10_000)]}}}
-    parsed = admission.parse(json.dumps(body).encode())
+    parsed = protocol.parse(json.dumps(body).encode())
     fields = DecisionRecord.decided("id", "validate", parsed, evaluate(parsed.request, default, example_state),
                                     []).as_log_fields()
     assert len(canonical(fields)) < 20_000
@@ -130,8 +130,8 @@ def test_patch_values_are_recorded_redacted_and_bounded(allowed):
     import dataclasses
     import hashlib
 
-    from webhook.decisionlog import redact
-    from webhook.record import MAX_PATCH_VALUE
+    from trainjob_admission.webhook.decisionlog import redact
+    from trainjob_admission.webhook.admission.record import MAX_PATCH_VALUE
 
     parsed, decision = allowed
     submitted = "AKIA-submitted-credential"

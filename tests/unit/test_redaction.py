@@ -1,8 +1,8 @@
-"""policies/redaction.py: which submitted values are kept out of messages, and how."""
+"""policies/k8s/redaction.py: which submitted values are kept out of messages, and how."""
 from __future__ import annotations
 
-from policies.redaction import echoable_values, scrub
-from policies.state import ClusterState
+from trainjob_admission.policies.k8s.clusterstate import ClusterState
+from trainjob_admission.policies.k8s.redaction import echoable_values, scrub
 from tests.support.objects import bare_trainjob, mpi_runtime, pod_spec
 
 SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"

@@ -1,15 +1,17 @@
-"""Reservations (policies/reservations.py): what admitted TrainJobs will take of a ResourceQuota
+"""Reservations (policies/capacity/reservations.py): what admitted TrainJobs will take of a ResourceQuota
 before their pods exist, and the quota pre-check that subtracts it."""
 from __future__ import annotations
 
 import copy
 
-from policies.bundle import QuotaCheck
-from policies.checks import quota
-from policies.checks.base import CheckContext
-from policies.effective_job import build as effective
-from policies.queueing import MULTIKUEUE
-from policies.reservations import JOBSET_NAME, PENDING_SECONDS, REPLICATED_JOB, Reservations, state_of
+from trainjob_admission.policies.bundle.schema import QuotaCheck
+from trainjob_admission.policies.capacity.reservations import (
+    JOBSET_NAME, PENDING_SECONDS, REPLICATED_JOB, Reservations, state_of,
+)
+from trainjob_admission.policies.checks import quota
+from trainjob_admission.policies.checks.base import CheckContext
+from trainjob_admission.policies.job.effective_job import build as effective
+from trainjob_admission.policies.job.queueing import MULTIKUEUE
 
 from tests.support.objects import NODE_LABEL as ANCESTOR
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from policies.snapshot import InvalidSnapshot, running_state, snapshot_runtime
-from policies.state import ClusterState
+from trainjob_admission.policies.job.snapshot import InvalidSnapshot, running_state, snapshot_runtime
+from trainjob_admission.policies.k8s.clusterstate import ClusterState
 
 SCRIPT = Path(sys.executable).parent / "trainjob-admission"  # the console script, as a user runs it
 UID = "0b7c6a4e-5d1f-4a43-9a35-6f3f2f0e9d11"

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from policies.bundle import SchedulabilityCheck
-from policies.checks import schedulability
-from policies.checks.base import CheckContext
-from policies.effective_job import EffectiveJob, PodSet
-from policies.state import ClusterState, load_objects
+from trainjob_admission.policies.bundle.schema import SchedulabilityCheck
+from trainjob_admission.policies.checks import schedulability
+from trainjob_admission.policies.checks.base import CheckContext
+from trainjob_admission.policies.job.effective_job import EffectiveJob, PodSet
+from trainjob_admission.policies.k8s.clusterstate import ClusterState, load_objects
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}

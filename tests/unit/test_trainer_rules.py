@@ -10,12 +10,13 @@ from dataclasses import dataclass
 import pytest
 import yaml
 
-from policies import phases, podvalidation, runtimepatch
-from policies.checks import quota
-from policies.effective_job import FLUX_INSTALLER_IMAGE, JobModelError
-from policies.podresources import pod_resources
-from policies.effective_job import build as effective
-from policies.engine import AdmissionInput, evaluate
+from trainjob_admission.policies.checks import quota
+from trainjob_admission.policies.decide.engine import AdmissionInput, evaluate
+from trainjob_admission.policies.job import phases, runtimepatch
+from trainjob_admission.policies.job.effective_job import FLUX_INSTALLER_IMAGE, JobModelError
+from trainjob_admission.policies.job.effective_job import build as effective
+from trainjob_admission.policies.k8s import podvalidation
+from trainjob_admission.policies.k8s.podresources import pod_resources
 from tests.support import upstream
 
 GI = 1 << 30

@@ -9,9 +9,9 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Literal
 
-from policies.decision import FAILED
+from trainjob_admission.policies.decide.decision import FAILED
 
-from ..cli_io import csv_text
+from ..cli.io_habits import csv_text
 from .lines import parse_record, read_lines, split_lines
 from .verify import VerifyReport, verify, verify_stream
 

@@ -1,13 +1,13 @@
 """API calls for the event loop (the injector, the reconciler, the deadline warnings, the runtime
 snapshot reader), on one pooled keep-alive session (webhook/kube/aio.py), each bounded by the
 call's own timeout and by the event loop's, so a silent API server costs a bounded wait and never a
-stuck admission; during an admission request also by its deadline (webhook/deadline.py)."""
+stuck admission; during an admission request also by its deadline (webhook/kube/deadline.py)."""
 from __future__ import annotations
 
 import asyncio
 from typing import Any, Awaitable, Callable
 
-from .. import deadline
+from . import deadline
 from .aio import AsyncApi
 from .client import ApiError, ClusterUnreachable, KubeApi
 from .resources import JOBS, Resource
@@ -23,7 +23,7 @@ class Calls:
 
     async def _bounded(self, call: Callable[[float], Awaitable[Any]]) -> Any:
         """``call(timeout)`` within ``timeout``, and within the admission request's deadline when one
-        is running (webhook/deadline.py): past it the call is not sent, and one cut short by it says so."""
+        is running (webhook/kube/deadline.py): past it the call is not sent, and one cut short by it says so."""
         limit = deadline.bound(self.timeout + 1)  # the event loop's bound, a second after the call's own
         try:
             return await asyncio.wait_for(call(min(self.timeout, limit)), timeout=limit)

@@ -12,7 +12,7 @@ import urllib3
 import yaml
 from kubernetes import client, config
 
-from ..deadline import DeadlineExceeded
+from .deadline import DeadlineExceeded
 from .resources import Resource
 
 CONNECT_TIMEOUT = 5.0

@@ -28,14 +28,14 @@ PRIORITY_CLASSES = Resource("PriorityClass", "scheduling.k8s.io/v1", "prioritycl
 STORAGE_CLASSES = Resource("StorageClass", "storage.k8s.io/v1", "storageclasses")  # the default class
 NODES = Resource("Node", "v1", "nodes")  # the schedulability pre-check: what the nodes offer
 PODS = Resource("Pod", "v1", "pods")  # ... and what the pods bound to them hold now
-# Kueue's queues and what they give (the Kueue pre-check, policies/kueue.py); a cluster without
+# Kueue's queues and what they give (the Kueue pre-check, policies/capacity/clusterqueues.py); a cluster without
 # Kueue answers 404, read as "no queues".
 KUEUE = "kueue.x-k8s.io/v1beta2"
 LOCAL_QUEUES = Resource("LocalQueue", KUEUE, "localqueues")
 KUEUE_RESOURCES = (LOCAL_QUEUES, Resource("ClusterQueue", KUEUE, "clusterqueues"), Resource("Cohort", KUEUE, "cohorts"),
                    Resource("ResourceFlavor", KUEUE, "resourceflavors"),
                    Resource("WorkloadPriorityClass", KUEUE, "workloadpriorityclasses"))
-# Admins' waivers of named rules for named jobs (policies/exceptions.py); without the CRD, none.
+# Admins' waivers of named rules for named jobs (policies/decide/exceptions.py); without the CRD, none.
 POLICY_EXCEPTIONS = Resource("PolicyException", "policy.trainjob-admission.io/v1alpha1", "policyexceptions")
 # What evaluate reads.
 STATE_RESOURCES = (CLUSTER_TRAINING_RUNTIMES, TRAINING_RUNTIMES, NAMESPACES, RESOURCE_QUOTAS, LIMIT_RANGES,
@@ -44,14 +44,14 @@ STATE_RESOURCES = (CLUSTER_TRAINING_RUNTIMES, TRAINING_RUNTIMES, NAMESPACES, RES
 # Of the pods, only those on a node and not finished (a pod that finishes leaves the watch as DELETED).
 FIELD_SELECTORS = {PODS: "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"}
 
-# Trainer's runtime snapshot of one job, read by name on its UPDATE (webhook/snapshots.py); and,
-# watched with policies/state.py PARAMS_SELECTOR only, the ConfigMaps bundles take params from.
+# Trainer's runtime snapshot of one job, read by name on its UPDATE (webhook/admission/runtimesnapshots.py); and,
+# watched with policies/k8s/clusterstate.py PARAMS_SELECTOR only, the ConfigMaps bundles take params from.
 CONFIG_MAPS = Resource("ConfigMap", "v1", "configmaps")
 
-# Who may do what, asked for the CEL ``authorizer`` (webhook/authorizer.py): create only.
+# Who may do what, asked for the CEL ``authorizer`` (webhook/admission/access.py): create only.
 SUBJECT_ACCESS_REVIEWS = Resource("SubjectAccessReview", "authorization.k8s.io/v1", "subjectaccessreviews")
 
-# The Warning Event at 80% of a TrainJob's deadline (webhook/deadlines.py): create only.
+# The Warning Event at 80% of a TrainJob's deadline (webhook/loops/deadlinewarnings.py): create only.
 EVENTS = Resource("Event", "v1", "events")
 
 POLICY_BUNDLES = Resource("PolicyBundle", "policy.trainjob-admission.io/v1alpha1", "policybundles")
@@ -61,11 +61,11 @@ SECRETS = Resource("Secret", "v1", "secrets")
 NETWORK_POLICIES = Resource("NetworkPolicy", "networking.k8s.io/v1", "networkpolicies")
 INJECTED = {r.kind: r for r in (SECRETS, NETWORK_POLICIES)}
 
-# Where each replica writes its decision log's signed checkpoint (webhook/checkpointer.py):
+# Where each replica writes its decision log's signed checkpoint (webhook/loops/checkpointer.py):
 # get, create and patch in the service's own namespace only.
 LEASES = Resource("Lease", "coordination.k8s.io/v1", "leases")
 
-# The background audit's results (webhook/audit.py), one per namespace: the format Kyverno and
+# The background audit's results (webhook/loops/policyreports.py), one per namespace: the format Kyverno and
 # Policy Reporter read; its CRD comes with them.
 POLICY_REPORTS = Resource("PolicyReport", "wgpolicyk8s.io/v1alpha2", "policyreports")
 

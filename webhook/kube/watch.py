@@ -18,7 +18,9 @@ from typing import Iterator, Protocol
 
 import urllib3
 
-from .client import CONNECT_TIMEOUT, ApiError, Expired, KubeApi, api_failure, clean, list_all, request, selectors
+from .client import (
+    CONNECT_TIMEOUT, ApiError, Expired, KubeApi, api_failure, clean, list_all, request, selectors,
+)
 from .resources import Resource
 
 log = logging.getLogger("trainjob_admission.kube.watch")

@@ -1,0 +1,158 @@
+"""admission.k8s.io/v1 AdmissionReview in and out: parsing hostile input into an
+:class:`~policies.decide.engine.AdmissionInput`, and a Decision back into an AdmissionResponse."""
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from trainjob_admission.policies.decide.decision import Decision
+from trainjob_admission.policies.decide.engine import AdmissionInput
+
+from ..kube.resources import JOB_RESOURCES
+
+API_VERSION = "admission.k8s.io/v1"
+SUPPORTED = {(group, kind) for kind, (group, _, _) in JOB_RESOURCES.items()}
+MAX_DEPTH = 64  # Kubernetes objects are far shallower; deeper input is hostile
+MAX_WARNING_LENGTH = 256  # the API server truncates longer warnings
+MAX_MESSAGE_LENGTH = 4096
+
+
+class ReviewError(ValueError):
+    """The request is not an AdmissionReview we can decide; ``uid`` is kept when we found one."""
+
+    def __init__(self, message: str, uid: str = ""):
+        super().__init__(message)
+        self.uid = uid
+
+
+@dataclass
+class ParsedReview:
+    uid: str
+    request: AdmissionInput
+    kind: str
+    passthrough: bool  # operations we do not police (DELETE, CONNECT): allowed untouched
+
+
+def depth_ok(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Iterative depth check, so a deeply nested payload cannot exhaust the recursion limit. It
+    holds one iterator per level, not every sibling: a list of a million items costs no memory."""
+    if not isinstance(value, (dict, list)):
+        return True
+    stack = [iter(value.values() if isinstance(value, dict) else value)]
+    while stack:
+        for item in stack[-1]:
+            if len(stack) >= limit:  # item is at depth len(stack) + 1
+                return False
+            if isinstance(item, (dict, list)):
+                stack.append(iter(item.values() if isinstance(item, dict) else item))
+                break
+        else:
+            stack.pop()
+    return True
+
+
+def parse(body: bytes) -> ParsedReview:
+    try:
+        review = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise ReviewError(f"body is not JSON: {str(exc)[:120]}") from None
+    if not isinstance(review, dict):
+        raise ReviewError("body is not a JSON object")
+    request = review.get("request")
+    uid = str(request.get("uid", ""))[:128] if isinstance(request, dict) else ""
+    if review.get("apiVersion") != API_VERSION or review.get("kind") != "AdmissionReview":
+        raise ReviewError(f"expected apiVersion {API_VERSION} kind AdmissionReview, got "
+                          f"{str(review.get('apiVersion'))[:64]} {str(review.get('kind'))[:64]}", uid)
+    if not isinstance(request, dict) or not uid:
+        raise ReviewError("request or request.uid is missing", uid)
+    if not depth_ok(review):
+        raise ReviewError(f"object is nested deeper than {MAX_DEPTH} levels", uid)
+    kind = request.get("kind") if isinstance(request.get("kind"), dict) else {}
+    group, kind_name = str(kind.get("group", "")), str(kind.get("kind", ""))
+    operation = str(request.get("operation", ""))
+    if operation in ("DELETE", "CONNECT"):
+        return ParsedReview(uid, AdmissionInput({}, operation=operation, uid=uid), kind_name, True)
+    if (group, kind_name) not in SUPPORTED:
+        raise ReviewError(f"unsupported kind {group}/{kind_name}: this webhook decides TrainJob and MPIJob", uid)
+    if operation not in ("CREATE", "UPDATE"):
+        raise ReviewError(f"unsupported operation {operation[:32]!r}", uid)
+    obj = request.get("object")
+    if not isinstance(obj, dict) or not isinstance(obj.get("spec", {}), dict):
+        raise ReviewError("request.object is missing or not an object", uid)
+    _check_declared(request, obj, group, str(kind.get("version", "")), kind_name, uid)
+    metadata = obj.setdefault("metadata", {})
+    if not isinstance(metadata, dict):
+        raise ReviewError("request.object.metadata is not an object", uid)
+    if request.get("namespace") and not metadata.get("namespace"):
+        metadata["namespace"] = str(request["namespace"])
+    if not metadata.get("name") and request.get("name"):
+        metadata["name"] = str(request["name"])
+    user = request.get("userInfo") if isinstance(request.get("userInfo"), dict) else {}
+    groups = user.get("groups") if isinstance(user.get("groups"), list) else []
+    old = request.get("oldObject")
+    return ParsedReview(
+        uid,
+        AdmissionInput(
+            obj,
+            operation=operation,
+            old_object=old if isinstance(old, dict) else None,
+            username=str(user.get("username", "")),
+            groups=[str(g) for g in groups],
+            user_uid=str(user.get("uid", "")),
+            dry_run=bool(request.get("dryRun", False)),
+            uid=uid,
+        ),
+        kind_name,
+        False,
+    )
+
+
+def _check_declared(request: dict, obj: dict, group: str, version: str, kind: str, uid: str) -> None:
+    """The object must be what the review says it is: a Pod declared as a TrainJob would be
+    judged by the TrainJob model while the API server stores a Pod. ``request.resource`` is
+    checked when present (the API server always sends it). Missing apiVersion/kind are filled in."""
+    declared = f"{group}/{version}"
+    obj.setdefault("apiVersion", declared)
+    obj.setdefault("kind", kind)
+    found = f"{str(obj['apiVersion'])[:64]} {str(obj['kind'])[:64]}"
+    if found != f"{declared} {kind}":
+        raise ReviewError(f"request.object is {found} but request.kind is {declared} {kind}", uid)
+    resource = request.get("resource")
+    if resource is not None:
+        expected = {"group": group, "version": version, "resource": JOB_RESOURCES[kind][2]}
+        got = resource if isinstance(resource, dict) else {}
+        if any(str(got.get(key, "")) != value for key, value in expected.items()):
+            raise ReviewError(f"request.resource {str(resource)[:160]} is not {group}/{version} "
+                              f"{expected['resource']}, the resource of a {kind}", uid)
+
+
+def _truncate(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def response(uid: str, *, allowed: bool, message: str = "", warnings: list[str] | None = None,
+             patch: list[dict] | None = None, decision_id: str = "", code: int = 403,
+             audit_annotations: dict[str, str] | None = None) -> dict:
+    """``audit_annotations``: the bundles' ("<bundle>.<key>"), which the API server writes to its
+    audit log beside our ``decision-id``."""
+    body: dict[str, Any] = {"uid": uid, "allowed": allowed}
+    if not allowed:
+        body["status"] = {"code": code, "reason": "Forbidden" if code == 403 else "BadRequest",
+                          "message": _truncate(message, MAX_MESSAGE_LENGTH)}
+    if warnings:
+        body["warnings"] = [_truncate(w, MAX_WARNING_LENGTH) for w in warnings]
+    if patch:
+        body["patchType"] = "JSONPatch"
+        body["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+    annotations = {**(audit_annotations or {}), **({"decision-id": decision_id} if decision_id else {})}
+    if annotations:
+        body["auditAnnotations"] = annotations
+    return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": body}
+
+
+def from_decision(uid: str, decision: Decision, decision_id: str) -> dict:
+    """The /validate answer: allowed or denied with our message, and the warnings (no patch)."""
+    return response(uid, allowed=decision.allowed, message=decision.status_message, warnings=decision.warnings,
+                    decision_id=decision_id, audit_annotations=decision.audit_annotations)

@@ -1,0 +1,380 @@
+"""One AdmissionReview from bytes to response: parse, decide (bounded in time), log, answer.
+
+The HTTP layer stays thin: it hands the body here and writes back what comes out. Every
+request, including the malformed and the failed, is logged before the response is returned.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import logging
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Awaitable, Callable
+
+from trainjob_admission.policies.cel.authz import Access
+from trainjob_admission.policies.cel.environment import Abandoned, Budget
+from trainjob_admission.policies.decide.decision import Decision, Effect, Result
+from trainjob_admission.policies.decide.engine import AdmissionInput, evaluate
+from trainjob_admission.policies.decide.stored import evaluate_stored
+from trainjob_admission.policies.k8s.clusterstate import ClusterState
+
+from ..decisionlog import DecisionLog, DecisionLogError
+from ..inject import early
+from ..inject.early import EarlyInjections
+from ..kube import deadline
+from ..loops.bundleset import BundleRegistry
+from ..metrics import Metrics
+from . import protocol
+from .callers import UNKNOWN, Caller, CreationLimit
+from .record import DecisionRecord
+
+log = logging.getLogger("trainjob_admission.reviewer")
+
+INLINE_PARSE_BYTES = 64 * 1024
+# The job's runtime snapshot ConfigMap on an UPDATE, or None (webhook/admission/runtimesnapshots.py); never raises.
+SnapshotFn = Callable[[AdmissionInput], Awaitable["dict | None"]]
+# The caller of the request being reviewed, for its record (set by review() and refuse()).
+_caller: contextvars.ContextVar[Caller] = contextvars.ContextVar("caller", default=UNKNOWN)
+# The (bundle, rule) of the denial for an existing object the injector refused to use.
+EXISTING_OBJECTS = ("trainjob-admission", "existing-objects")
+# Waits before judging again a quota refusal that counted other jobs' reservations (see _review).
+RESERVATION_SETTLE_SECONDS = (0.2, 0.3)
+
+
+def _refused_counting_reservations(decision: Decision) -> bool:
+    return bool(decision.facts.get("reservations")) and any(
+        r.rule == "quota" and r.effect is Effect.DENY for r in decision.results)
+
+
+@dataclass
+class Submission:
+    """What /validate learns of a CREATE's submission, for withdrawing its objects when the answer
+    is not an admission: the admission id and owner (webhook/inject/early.py), the injection records."""
+
+    admission_id: str = ""
+    owner: early.Owner = ("", "", "", "", "")
+    injected: list[dict] | None = None
+
+
+@dataclass
+class ReviewerConfig:
+    failure_mode: str = "deny"  # what /validate answers when a request cannot be evaluated
+    timeout_seconds: float = 5.0  # for the evaluation alone
+    # The webhook configurations' timeoutSeconds: evaluation and API calls end deadline.MARGIN before it.
+    webhook_timeout_seconds: float = 10.0
+    # Requests that would create objects, per unauthenticated client address (without --client-ca).
+    creation_rate: float = 5.0
+    creation_burst: int = 50
+
+
+class Reviewer:
+    def __init__(self, registry: BundleRegistry, state: ClusterState, decision_log: DecisionLog, metrics: Metrics,
+                 config: ReviewerConfig, injector: early.Injector | None = None,
+                 policy_gaps: Callable[[], list[str]] = list, snapshots: SnapshotFn | None = None,
+                 access: Access | None = None):
+        """``policy_gaps``: what is missing to decide by policy (no bundle, no cluster sync yet);
+        while it names anything, no job is judged (see :meth:`_no_policy`). ``snapshots``: reads
+        an updated job's runtime snapshot, which ``state`` does not watch. ``access``: answers the
+        CEL authorizer's checks (webhook/admission/access.py); None: they fail, as offline."""
+        self.registry, self.state, self.log, self.metrics = registry, state, decision_log, metrics
+        self.config, self.policy_gaps = config, policy_gaps
+        # The injections of allowed CREATEs: started on /mutate, finished on /validate (webhook/inject/early.py).
+        self.injections = EarlyInjections(injector) if injector is not None else None
+        self.snapshots, self.access = snapshots, access
+        self.creations = CreationLimit(config.creation_rate, config.creation_burst)
+        # Evaluation has its own threads: API calls and SSH key generation (an RSA-4096 pair is
+        # about a second of CPU) must never queue in front of a decision.
+        self._evaluators = ThreadPoolExecutor(max_workers=4, thread_name_prefix="evaluate")
+        # Set on close: every evaluation still running stops at its next budget check (policies.cel.environment.Budget),
+        # so no thread outlives the server and SIGTERM ends the process.
+        self._stopping = threading.Event()
+        # So do decision-log appends (with per-record fsync, several at once share one: group commit).
+        self._log_writers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="decision-log")
+
+    def stop_evaluations(self) -> None:
+        """Stop every evaluation still running at its next budget check; their requests get the
+        failure mode's answer (logged)."""
+        self._stopping.set()
+
+    def close(self) -> None:
+        self.stop_evaluations()
+        self._evaluators.shutdown(wait=False, cancel_futures=True)
+        self._log_writers.shutdown(wait=True)  # every decision already answered is on disk
+
+    async def refuse(self, endpoint: str, status: int, error: str, caller: Caller = UNKNOWN) -> tuple[int, dict]:
+        """A request refused before its body could be read (too large, too slow): still logged."""
+        _caller.set(caller)
+        decision_id = str(uuid.uuid4())
+        await self._record(DecisionRecord.refused(decision_id, endpoint, status, error), time.perf_counter(),
+                           required=False)
+        return status, {"error": error, "decisionId": decision_id}
+
+    async def review(self, body: bytes, endpoint: str, caller: Caller = UNKNOWN) -> tuple[int, dict]:
+        """Returns (HTTP status, JSON body). 200 for every AdmissionReview we could answer."""
+        submission = Submission()
+        answer: dict = {}
+        try:
+            status, answer = await self._review(body, endpoint, caller, submission)
+        except DecisionLogError as exc:  # the answer could not be recorded: it must not stand
+            status, answer = await self._unrecorded(exc, endpoint)
+        finally:
+            # Whatever /validate answers but an admission (a denial, a failure, no answer at all),
+            # the objects this submission's /mutate or /validate created go (webhook/inject/early.py).
+            if submission.admission_id and self.injections is not None \
+                    and not (answer.get("response") or {}).get("allowed"):
+                self.injections.withdraw(submission.admission_id, submission.owner, submission.injected)
+        return status, answer
+
+    async def _review(self, body: bytes, endpoint: str, caller: Caller, submission: Submission) -> tuple[int, dict]:
+        _caller.set(caller)
+        started = time.perf_counter()
+        deadline.start(self.config.webhook_timeout_seconds - deadline.MARGIN)
+        decision_id = str(uuid.uuid4())
+        try:
+            # A large body takes ~100 ms to parse and check: on a worker thread, so /healthz and the
+            # other answers go on meanwhile; a small one is parsed here, cheaper than a thread hop.
+            parsed = (protocol.parse(body) if len(body) <= INLINE_PARSE_BYTES else
+                      await asyncio.get_running_loop().run_in_executor(self._evaluators, protocol.parse, body))
+        except protocol.ReviewError as exc:
+            await self._record(DecisionRecord.malformed(decision_id, endpoint, exc.uid, str(exc)), started)
+            if exc.uid:  # an AdmissionReview we can answer: refuse it in its own terms
+                return 200, protocol.response(exc.uid, allowed=False, message=f"invalid AdmissionReview: {exc}",
+                                               decision_id=decision_id, code=400)
+            return 400, {"error": str(exc), "decisionId": decision_id}
+        if parsed.passthrough:
+            await self._record(DecisionRecord.passthrough(decision_id, endpoint, parsed), started)
+            return 200, protocol.response(parsed.uid, allowed=True, decision_id=decision_id)
+        mutate = endpoint == "mutate"
+        if not mutate and parsed.request.operation == "CREATE" and not parsed.request.dry_run:
+            submission.admission_id = early.admission_id(parsed.request.object)
+            submission.owner = early.owner(parsed.request)
+        gaps = self.policy_gaps()
+        if gaps:
+            return await self._no_policy(parsed, decision_id, endpoint, started, gaps)
+        if self.access is not None:
+            parsed.request.access = self.access
+        try:
+            state = self.state if mutate else await self._with_snapshot(parsed.request)
+            decision = await self._evaluate(parsed, state, mutate)
+            # A ResourceQuota counts a pod when it admits it, before the pod is stored and before our
+            # pod watch shows it: for a moment that pod is in the quota's usage and in its job's
+            # reservation. A refusal that counted reservations is judged again once the watch caught up.
+            for pause in () if mutate else RESERVATION_SETTLE_SECONDS:
+                left = deadline.remaining()
+                if not _refused_counting_reservations(decision) or (left is not None and left < pause + 1):
+                    break
+                await asyncio.sleep(pause)
+                decision = await self._evaluate(parsed, state, mutate)
+        except Exception as exc:  # noqa: BLE001 - a timeout or any failure must still be answered and logged
+            return await self._failure(parsed, decision_id, endpoint, started, exc)
+        if mutate:
+            return await self._mutated(parsed, decision_id, started, decision, caller)
+        injected: list[dict] = []
+        if decision.allowed and decision.injections and not parsed.request.dry_run and self.injections is not None:
+            if not self.injections.started(submission.admission_id, submission.owner) and not caller.authenticated \
+                    and not self.creations.take(caller.address):
+                return await self._rate_limited(parsed, decision_id, endpoint, started, decision, caller)
+            injected = submission.injected = await self._inject(parsed, decision, submission)
+            for record in injected:
+                self.metrics.injections.labels(record["kind"], record["status"]).inc()
+            failed = [i for i in injected if i["status"] == "failed"]
+            # A planted object denies whatever the failure mode: it is policy, not trouble.
+            refused = [i for i in injected if i["status"] == "refused"]
+            if failed and not refused:
+                return await self._injection_failure(parsed, decision_id, endpoint, started, decision, injected, failed)
+            decision = decision.with_warnings(
+                [f"{i['kind']} {i['namespace']}/{i['name']} {i['reason']}" for i in injected if i["status"] == "kept"]
+            ).with_denial(*EXISTING_OBJECTS, [f"{i['kind']} {i['namespace']}/{i['name']} {i['reason']}" for i in refused],
+                          [i["fix"] for i in refused])
+        await self._record_decision(decision_id, endpoint, started, parsed, decision, injected)
+        if decision.allowed and decision.job is not None and not parsed.request.dry_run \
+                and self.state.reservations is not None:
+            # Counts until the TrainJob watch shows it (policies/capacity/reservations.py): the next review may come first.
+            self.state.reservations.admitted(decision.job, decision.mutated)
+        return 200, protocol.from_decision(parsed.uid, decision, decision_id)
+
+    async def _evaluate(self, parsed: protocol.ParsedReview, state: ClusterState, mutate: bool) -> Decision:
+        """The engine's decision on a worker thread; its deadline is the answer's: past it, it stops
+        instead of holding a thread."""
+        limit = deadline.bound(self.config.timeout_seconds)
+        budget = Budget(deadline=time.monotonic() + limit, cancelled=self._stopping)
+        return await asyncio.wait_for(
+            asyncio.get_running_loop().run_in_executor(
+                self._evaluators, evaluate if mutate else evaluate_stored, parsed.request,
+                list(self.registry.active), state, budget),
+            timeout=limit)
+
+    async def _mutated(self, parsed: protocol.ParsedReview, decision_id: str, started: float, decision: Decision,
+                       caller: Caller) -> tuple[int, dict]:
+        """The /mutate answer: the patch only (refusals and warnings come from /validate, once). An
+        allowed CREATE's injections start here, once its record is written, tagged with this
+        decision's id (webhook/inject/early.py); whatever it answers, an id the submitter wrote goes."""
+        request = parsed.request
+        starting = bool(decision.allowed and decision.injections and request.operation == "CREATE"
+                        and not request.dry_run and self.injections is not None and self.injections.room()
+                        # a generated name is given after the mutating webhooks: /validate injects then
+                        and (request.object.get("metadata") or {}).get("name")
+                        and (caller.authenticated or self.creations.take(caller.address)))
+        tag = early.tag(decision.mutated if decision.allowed else request.object,
+                        decision_id if starting else None) if request.operation == "CREATE" else []
+        if decision.allowed:
+            decision = replace(decision, patch=decision.patch + tag)
+        begun = [{"kind": p["kind"], "name": p["name"], "namespace": decision.job.namespace, "status": "started"}
+                 for p in decision.injections] if starting else []
+        await self._record_decision(decision_id, "mutate", started, parsed, decision, begun)
+        if starting:
+            self.injections.start(decision, decision_id, early.owner(request))
+        return 200, protocol.response(parsed.uid, allowed=True, patch=decision.patch if decision.allowed else tag,
+                                       decision_id=decision_id)
+
+    async def _with_snapshot(self, request: AdmissionInput) -> ClusterState:
+        """The state with the job's runtime snapshot, when an UPDATE's job has one (policies/job/snapshot.py
+        decides whether it is used). /mutate does not ask: it patches only on CREATE."""
+        configmap = await self.snapshots(request) if self.snapshots is not None else None
+        return self.state.with_snapshot(configmap) if configmap else self.state
+
+    async def _failure(self, parsed: protocol.ParsedReview, decision_id: str, endpoint: str, started: float,
+                       exc: BaseException) -> tuple[int, dict]:
+        if isinstance(exc, (asyncio.TimeoutError, Abandoned)):
+            left = deadline.remaining()
+            reason = ("evaluation " + self._deadline_passed() if left is not None and left <= 0.05
+                      else f"evaluation timed out after {self.config.timeout_seconds:g} s")
+        else:
+            reason = f"evaluation failed ({type(exc).__name__})"
+        detail = f"{type(exc).__name__}: {str(exc)[:200]}"
+        # One line per failure: a hostile client sending ill-typed objects must not flood the log
+        # with tracebacks (they are kept at debug level).
+        log.warning("%s for %s (decision %s): %s", reason, parsed.uid, decision_id, detail)
+        log.debug("evaluation failure for %s", parsed.uid, exc_info=exc)
+        return await self._undecided(parsed, decision_id, endpoint, started, reason, detail)
+
+    async def _no_policy(self, parsed: protocol.ParsedReview, decision_id: str, endpoint: str, started: float,
+                         gaps: list[str]) -> tuple[int, dict]:
+        """No active bundle, or the cluster not read yet: the failure mode, never allow-all."""
+        what = "; ".join(gaps)
+        log.error("no policy to decide %s (decision %s): %s", parsed.uid, decision_id, what)
+        return await self._undecided(parsed, decision_id, endpoint, started, f"no policy to decide with: {what}",
+                                     f"no policy: {what}")
+
+    async def _undecided(self, parsed: protocol.ParsedReview, decision_id: str, endpoint: str, started: float,
+                         reason: str, detail: str) -> tuple[int, dict]:
+        """The answer when no decision was made: /validate the failure mode, /mutate allowed unpatched."""
+        allow = endpoint == "mutate" or self.config.failure_mode == "allow"
+        # /mutate never blocks (validation decides), so it must not claim the failure mode.
+        outcome = ("it continues unpatched (no Istio, queue or security defaults) to validation" if endpoint == "mutate"
+                   else f"failure mode is {'allow' if allow else 'deny'}")
+        message = (f"trainjob-admission could not evaluate this job: {reason}; {outcome}. "
+                   f"Retry, and tell your admin the decision id {decision_id}")
+        await self._record(DecisionRecord.failed(decision_id, endpoint, parsed, allowed=allow, message=message,
+                                                 error=detail), started)
+        return 200, protocol.response(parsed.uid, allowed=allow, message=message, decision_id=decision_id,
+                                       warnings=[message] if allow else None)
+
+    def _deadline_passed(self) -> str:
+        timeout = self.config.webhook_timeout_seconds
+        return (f"ran out of the request's {timeout - deadline.MARGIN:g} s (the webhook's "
+                f"timeoutSeconds {timeout:g} minus {deadline.MARGIN:g} s to answer before the API server gives up)")
+
+    async def _unrecorded(self, exc: DecisionLogError, endpoint: str) -> tuple[int, dict]:
+        """The decision log could not take the record of an answer, so that answer is not given:
+        /validate answers the failure mode (a denial stays a denial), /mutate allows unpatched.
+        That answer is recorded as well as can be: stdout always, the file if it works again."""
+        fields = exc.record
+        uid, decision_id = str(fields.get("uid", "")), str(fields.get("id", ""))
+        allow = bool(fields.get("allowed")) and (endpoint == "mutate" or self.config.failure_mode == "allow")
+        message = (f"trainjob-admission could not record its decision ({exc}), and answers nothing it cannot "
+                   f"record: {'allowed unpatched' if endpoint == 'mutate' else 'failure mode ' + self.config.failure_mode}."
+                   f" Retry later, and tell your admin the decision id {decision_id}: the decision log's volume "
+                   "is full or read-only")
+        answered = {**fields, "decision": "error", "allowed": allow, "messages": [message],
+                    "error": f"DecisionLogError: {exc}", "patch": []}
+        await asyncio.get_running_loop().run_in_executor(
+            self._log_writers, functools.partial(self.log.append, answered, required=False))
+        self.metrics.requests.labels(endpoint, "error", str(fields.get("kind", ""))).inc()
+        if not uid:  # not an AdmissionReview we could answer in its own terms
+            return 500, {"error": message, "decisionId": decision_id}
+        return 200, protocol.response(uid, allowed=allow, message=message, decision_id=decision_id,
+                                       warnings=[message] if allow and endpoint != "mutate" else None)
+
+    async def _inject(self, parsed: protocol.ParsedReview, decision: Decision, submission: Submission) -> list[dict]:
+        """The injector's records, within the request's deadline (its calls check it too, and send
+        nothing once it has passed); an injector that raises or runs out of time fails every plan
+        rather than the request."""
+        try:
+            return await asyncio.wait_for(self.injections.finish(decision, submission.admission_id, submission.owner),
+                                          timeout=deadline.remaining())
+        except TimeoutError:
+            reason = f"not created: the injection {self._deadline_passed()}"
+            log.warning("injection for %s %s", parsed.uid, reason)
+        except Exception as exc:  # noqa: BLE001 - answered through the failure mode below
+            log.exception("injector failed for %s", parsed.uid)
+            reason = f"injector failed ({type(exc).__name__})"
+        namespace = (parsed.request.object.get("metadata") or {}).get("namespace", "")
+        return [{"kind": p["kind"], "name": p["name"], "namespace": namespace, "status": "failed", "reason": reason}
+                for p in decision.injections]
+
+    async def _injection_failure(self, parsed: protocol.ParsedReview, decision_id: str, endpoint: str,
+                                 started: float, decision: Decision, injected: list[dict],
+                                 failed: list[dict]) -> tuple[int, dict]:
+        """An allowed job whose objects could not be created: the failure mode decides, and says so."""
+        allow = self.config.failure_mode == "allow"
+        by_reason: dict[str, list[str]] = {}
+        for i in failed:
+            by_reason.setdefault(i["reason"], []).append(f"{i['kind']} {i['namespace']}/{i['name']}")
+        what = "; ".join(f"{' and '.join(names)} ({reason})" for reason, names in by_reason.items())
+        if allow:  # a warning: short, the API server cuts warnings at 256 characters
+            message = f"trainjob-admission failure mode allow: admitted without {what}"
+        else:
+            message = (f"trainjob-admission could not create {what}; the job was not admitted (failure mode deny). "
+                       f"Retry in a minute; if it keeps failing, tell your admin (decision id {decision_id}): the "
+                       f"webhook needs create, get and delete on secrets and networkpolicies in this namespace and "
+                       f"a reachable API server")
+        log.warning("injection failed for %s: %s", parsed.uid, what)
+        await self._record(DecisionRecord.injection_failed(decision_id, endpoint, parsed, decision, allowed=allow,
+                                                           message=message, injected=injected), started)
+        return 200, protocol.response(parsed.uid, allowed=allow, message=message, decision_id=decision_id,
+                                       warnings=decision.warnings + [message] if allow else decision.warnings or None)
+
+    async def _rate_limited(self, parsed: protocol.ParsedReview, decision_id: str, endpoint: str, started: float,
+                            decision: Decision, caller: Caller) -> tuple[int, dict]:
+        """An unauthenticated address past its creation budget: nothing is created, the failure mode decides."""
+        allow = self.config.failure_mode == "allow"
+        what = " and ".join(f"{i['kind']} {i['name']}" for i in decision.injections)
+        reason = (f"more requests that create objects from {caller.address} than {self.creations.describe()} "
+                  f"(callers without a client certificate are limited; the service runs without --client-ca)")
+        message = (f"trainjob-admission failure mode allow: admitted without {what}: rate limited" if allow else
+                   f"trainjob-admission did not create {what}: {reason}; the job was not admitted (failure mode "
+                   f"deny). Retry later; decision id {decision_id}")
+        log.warning("rate limited %s for %s (decision %s): %s", caller.address, parsed.uid, decision_id, reason)
+        namespace = (parsed.request.object.get("metadata") or {}).get("namespace", "")
+        skipped = [{**i, "namespace": namespace, "status": "rate-limited", "reason": reason} for i in decision.injections]
+        await self._record(DecisionRecord.injection_failed(decision_id, endpoint, parsed, decision, allowed=allow,
+                                                           message=message, injected=skipped), started)
+        return 200, protocol.response(parsed.uid, allowed=allow, message=message, decision_id=decision_id,
+                                       warnings=decision.warnings + [message] if allow else decision.warnings or None)
+
+    async def _record_decision(self, decision_id: str, endpoint: str, started: float, parsed: protocol.ParsedReview,
+                               decision: Decision, injected: list[dict]) -> None:
+        for result in decision.results:
+            if result.result is not Result.PASS:
+                self.metrics.rule_results.labels(result.bundle, result.rule, result.effect).inc()
+        await self._record(DecisionRecord.decided(decision_id, endpoint, parsed, decision, injected), started)
+
+    async def _record(self, record: DecisionRecord, started: float, *, required: bool = True) -> None:
+        """Log ``record`` before its answer leaves. When the file cannot take it, DecisionLogError
+        (review() then answers the failure mode); ``required=False`` for answers that are a
+        refusal anyway: stdout has them, the file may miss them."""
+        latency = time.perf_counter() - started
+        fields = replace(record, caller=_caller.get().as_record(),
+                         latencyMs=round(latency * 1000, 3)).as_log_fields()  # the log adds the time
+        # In the file and on stdout before the response leaves (fsynced too in strict mode): a
+        # crashed or killed server loses no answered decision.
+        await asyncio.get_running_loop().run_in_executor(
+            self._log_writers, functools.partial(self.log.append, fields, required=required))
+        self.metrics.requests.labels(record.endpoint, record.decision, fields.get("kind", "")).inc()
+        self.metrics.latency.labels(record.endpoint).observe(latency)

@@ -1,0 +1,120 @@
+"""What the CLI reads and prints the way kubectl users expect: ``-f FILE``, ``-f DIR/`` and ``-f -``;
+``-o text|json|yaml`` (and csv where the output is a table); ``--version``; and a closed pipe
+(``| head``) ending the command quietly."""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import yaml
+
+from trainjob_admission.policies.k8s.clusterstate import StateError, load_objects, parse_objects
+
+from .errors import EXIT_NOT_FOUND, CliError
+
+OUTPUTS = ("text", "json", "yaml")
+SUFFIXES = (".yaml", ".yml", ".json")
+FILE_FIX = "give a TrainJob or MPIJob file (YAML or JSON), a directory of them, or - to read stdin"
+
+
+def read_sources(spec: str) -> list[tuple[str, list[dict]]]:
+    """(source, objects) for ``-f``: a file, each *.yaml, *.yml and *.json file of a directory
+    (sorted by name, not recursive), or ``-`` for stdin."""
+    if spec == "-":
+        return [("<stdin>", _parsed(lambda: parse_objects(sys.stdin.read(), "<stdin>")))]
+    path = Path(spec)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix in SUFFIXES and p.is_file())
+        if not files:
+            raise CliError(f"-f {spec}: the directory holds no *.yaml, *.yml or *.json file; {FILE_FIX}",
+                           EXIT_NOT_FOUND)
+        return [(str(p), _parsed(lambda p=p: load_objects(p))) for p in files]
+    if not path.exists():
+        raise CliError(f"file not found: {spec}; {FILE_FIX}", EXIT_NOT_FOUND)
+    return [(spec, _parsed(lambda: load_objects(path)))]
+
+
+def _parsed(read: Callable[[], list[dict]]) -> list[dict]:
+    try:
+        return read()
+    except StateError as exc:
+        raise CliError(str(exc)) from None
+
+
+def add_context_flag(parser: argparse.ArgumentParser) -> None:
+    """``--context`` beside every ``--kubeconfig``, as kubectl's."""
+    parser.add_argument("--context", metavar="NAME",
+                        help="with --kubeconfig: use its context NAME instead of its current-context, as kubectl does")
+
+
+def add_output_flag(parser: argparse.ArgumentParser, *extra: str) -> None:
+    """The same ``-o`` on every command that prints results: text, json, yaml (and ``extra``)."""
+    parser.add_argument("-o", "--output", choices=[*OUTPUTS, *extra], default="text",
+                        help="text for people; json or yaml for scripts (one object, or a list for several)")
+
+
+def dump(value: Any, output: str) -> str:
+    """``value`` as JSON or YAML text; YAML is made from the JSON so both show the same data."""
+    text = json.dumps(value, indent=2)
+    if output == "json":
+        return text
+    return yaml.safe_dump(json.loads(text), sort_keys=False, default_flow_style=False, allow_unicode=True,
+                          width=float("inf")).rstrip("\n")  # long messages on one line, as kubectl prints them
+
+
+# A cell a spreadsheet would run as a formula (=HYPERLINK(...), +cmd, -2+3, @SUM, or after a tab or
+# carriage return) gets a leading apostrophe: usernames, job names and messages come from submitters.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_text(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """``rows`` under ``header`` as CSV (RFC 4180 quoting, one line per row, newline-terminated),
+    every cell safe to open in a spreadsheet."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows([_cell(value) for value in row] for row in rows)
+    return out.getvalue()
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, str) and value.startswith(_FORMULA_START):
+        return "'" + value
+    return value
+
+
+def one_or_list(values: list[Any]) -> Any:
+    """One result as itself, several as a list (as ``review -o json`` has always printed)."""
+    return values[0] if len(values) == 1 else values
+
+
+class VersionAction(argparse.Action):
+    """``--version``: the installed distribution's version, looked up only when asked."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print the version and exit", **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415 (only --version)
+
+        try:
+            found = version("trainjob-admission")
+        except PackageNotFoundError:
+            found = "unknown (not installed: pip install .)"
+        print(f"{parser.prog} {found}")  # stdout, as argparse's own version action
+        parser.exit()
+
+
+def quiet_broken_pipe() -> None:
+    """After the reader of stdout went away (``| head``): no traceback, and no second error when
+    Python flushes what is left of stdout at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)

@@ -1,0 +1,201 @@
+"""Creates the planned objects (SSH key Secret, NetworkPolicy) beside an admitted job.
+
+Started on /mutate and finished on /validate (webhook/inject/early.py), for one submission named by its
+admission id: the id /mutate tags the job with, which goes into an annotation of each object so
+that another replica's /validate, or a retried call, recognises them as made for this same
+submission, and a later job of the same name is told apart. No ownerReference is set here: the
+job does not exist yet, and the garbage collector would delete a dependent whose owner it cannot
+find; the reconciler (webhook/inject/reconciler.py) adds it once the job is stored.
+
+An object of the planned name that this service did not create for this job (its provenance
+HMAC, webhook/inject/provenance.py, does not verify) is a stranger: possibly planted by someone who
+wants the job to use their key or an allow-all policy. It is never used unless the bundle sets
+``adoptExisting``; otherwise the record says "refused" and the reviewer denies the job.
+
+Trainer's MPI plugin (v2.3.0 plugins/mpi/mpi.go, Build) creates `<job>-mpi-ssh-auth` only when
+its cached client cannot find it, then server-side applies with force. Our Secret is
+`immutable`, like Trainer's own, so in the rare case that Trainer's cache has not seen ours yet
+its forced apply is refused instead of silently replacing our keys; it retries and finds ours.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+
+from trainjob_admission.policies.decide import injections
+from trainjob_admission.policies.decide.decision import Decision
+from trainjob_admission.policies.job.effective_job import EffectiveJob
+
+from ..kube.calls import Calls
+from ..kube.client import ApiError, KubeApi, summary
+from ..kube.resources import INJECTED
+from . import keys
+from .provenance import Provenance
+
+log = logging.getLogger("trainjob_admission.injector")
+
+FINGERPRINT_ANNOTATION = "trainjob-admission.io/ssh-key-fingerprint"
+KEY_TYPE_ANNOTATION = "trainjob-admission.io/ssh-key-type"
+
+class Injector(Calls):
+    """``await injector(decision, admission_id)`` -> one record per plan for the decision log:
+    ``{"kind", "name", "namespace", "status": "created"|"kept"|"refused"|"failed", "reason"?,
+    "fix"?, "keyType"?, "fingerprint"?}``: "kept" is an existing object adopted because the
+    bundle allows it, "refused" one it does not (with the submitter's ``fix``). Never raises for
+    API trouble; never returns key material. ``namespaces``: where it may act (``serve
+    --reconcile-namespace``; None: everywhere), since only there does a reconciler give its objects
+    an owner or remove them."""
+
+    def __init__(self, api: KubeApi, provenance: Provenance, *, timeout: float = 5.0,
+                 key_pool: keys.KeyPool | None = None, namespaces: list[str] | tuple[str, ...] | None = None):
+        super().__init__(api, timeout)
+        self.provenance = provenance
+        self.keys = key_pool or keys.KeyPool()
+        self.namespaces = frozenset(namespaces) if namespaces is not None else None
+
+    async def __call__(self, decision: Decision, admission_id: str) -> list[dict]:
+        job = decision.job
+        if job is None or not decision.injections:
+            return []
+        if self.namespaces is not None and job.namespace not in self.namespaces:
+            reason = (f"namespace {job.namespace} is not one this service manages (--reconcile-namespace "
+                      f"{', '.join(sorted(self.namespaces))}); add it or fix the webhook's namespaceSelector")
+            return [{"kind": p["kind"], "name": p["name"], "namespace": job.namespace, "status": "failed",
+                     "reason": reason} for p in decision.injections]
+        return list(await asyncio.gather(*(self._inject(plan, job, admission_id, decision)
+                                           for plan in decision.injections)))
+
+    async def withdraw(self, namespace: str, records: list[dict], admission_id: str) -> None:
+        """Delete what ``records`` say this submission created, now that it was refused: each object
+        only while it is still the one we made for ``admission_id`` and nothing owns it. Never raises:
+        what stays is an orphan the reconciler removes after its grace period."""
+        for record in records:
+            if record.get("status") != "created":
+                continue
+            resource = INJECTED[record["kind"]]
+            try:
+                existing = await self.get(resource, namespace, record["name"])
+                if existing is not None and self._this_submissions(record["kind"], existing, admission_id):
+                    await self.delete(resource, existing)
+                    log.info("deleted %s %s/%s: its submission was refused", record["kind"], namespace, record["name"])
+            except Exception as exc:  # noqa: BLE001 - the reconciler removes it after its grace period
+                log.warning("could not delete %s %s/%s of a refused submission: %s", record["kind"], namespace,
+                            record["name"], summary(exc, self.timeout))
+
+    async def _inject(self, plan: dict, job: EffectiveJob, admission_id: str, decision: Decision) -> dict:
+        """Create first and look only on a name conflict: one API call per object in the common
+        case (the admission latency of a job is the slower of its two objects)."""
+        kind, name = plan["kind"], plan["name"]
+        record: dict = {"kind": kind, "name": name, "namespace": job.namespace}
+        resource = INJECTED[kind]
+        try:
+            body = await self._body(plan, job, admission_id, decision)
+            if not await self.create(resource, job.namespace, body):
+                existing = await self.get(resource, job.namespace, name)
+                if existing is not None:
+                    ours = self.provenance.verify(kind, existing) and _made_for(existing, job)
+                    if ours and self._this_submissions(kind, existing, admission_id) \
+                            and _same_settings(kind, existing, body):
+                        # started by /mutate (here or on another replica), or a retried call
+                        return {**record, "status": "created", **_key_fields(existing)}
+                    reason, fix = await self._keep_reason(kind, existing, job, ours)
+                    if reason and _adopts(kind, decision):
+                        consequence = ("Trainer will use it" if kind == "Secret"
+                                       else "trainjob-admission added no NetworkPolicy for this job")
+                        return {**record, "status": "kept", "reason": f"{reason}; it was left as is and {consequence}",
+                                **_key_fields(existing)}
+                    if reason:
+                        return {**record, "status": "refused", "reason": reason, "fix": fix, **_key_fields(existing)}
+                    await self.delete(resource, existing)
+                    record["replaced"] = "a leftover of an earlier submission that was never admitted"
+                if not await self.create(resource, job.namespace, body):
+                    raise ApiError(409, "created again by someone else meanwhile")
+            log.info("created %s %s/%s for %s %s", kind, job.namespace, name, job.kind, job.name)
+            return {**record, "status": "created", **(_key_fields(body) if kind == "Secret" else {})}
+        except Exception as exc:  # noqa: BLE001 - an API failure becomes a record; the reviewer applies the failure mode
+            reason = summary(exc, self.timeout)
+            log.warning("could not create %s %s/%s: %s", kind, job.namespace, name, reason)
+            return {**record, "status": "failed", "reason": reason}
+
+    def _this_submissions(self, kind: str, obj: dict, admission_id: str) -> bool:
+        """Made by us for ``admission_id`` and owned by no job yet: the objects a submission may take
+        as its own (another replica's /mutate began them) or withdraw (it was refused)."""
+        return (bool(admission_id) and _annotations(obj).get(injections.ADMISSION_ANNOTATION) == admission_id
+                and not obj["metadata"].get("ownerReferences") and self.provenance.verify(kind, obj))
+
+    async def _body(self, plan: dict, job: EffectiveJob, admission_id: str, decision: Decision) -> dict:
+        if plan["kind"] == "Secret":
+            pair = await self.keys.take_async(plan["keyType"])
+            return self.provenance.stamp("Secret", secret(job, plan["name"], admission_id, pair))
+        body = injections.network_policy(job, decision.injection_settings.networkPolicy)
+        body["metadata"]["annotations"][injections.ADMISSION_ANNOTATION] = admission_id
+        return self.provenance.stamp("NetworkPolicy", body)
+
+    async def _keep_reason(self, kind: str, existing: dict, job: EffectiveJob, ours: bool) -> tuple[str, str]:
+        """Why an existing object must not be replaced, and the submitter's fix; ("", "") when it
+        is our leftover to replace."""
+        if not ours:
+            return ("already exists and was not created by trainjob-admission for this job",
+                    f"delete {kind} {job.namespace}/{existing['metadata']['name']} or rename the job")
+        owners = existing["metadata"].get("ownerReferences") or []
+        if owners:
+            owner = owners[0]
+            return (f"already exists and belongs to {owner.get('kind')} {owner.get('name')} (uid {owner.get('uid')})",
+                    f"rename the job, or delete {owner.get('kind')} {owner.get('name')} first")
+        if await self.get_job(job.kind, job.namespace, job.name) is not None:  # not yet adopted, but a stored job of this name mounts it
+            return (f"already exists for the {job.kind} {job.name} that is already in the cluster",
+                    f"rename the job, or delete {job.kind} {job.name} first")
+        return "", ""
+
+
+def secret(job: EffectiveJob, name: str, admission_id: str, pair: keys.KeyPair) -> dict:
+    """The Secret as Trainer's MPI plugin would write it (type, keys, immutable), with our metadata."""
+    meta = injections.metadata(job, name)
+    meta["annotations"].update({injections.ADMISSION_ANNOTATION: admission_id, KEY_TYPE_ANNOTATION: pair.key_type,
+                                FINGERPRINT_ANNOTATION: pair.fingerprint})
+    return {
+        "apiVersion": "v1", "kind": "Secret", "metadata": meta,
+        "type": "kubernetes.io/ssh-auth",
+        "immutable": True,
+        "data": {"ssh-privatekey": base64.b64encode(pair.private_pem).decode(),
+                 "ssh-publickey": base64.b64encode(pair.public_openssh).decode()},
+    }
+
+
+def _annotations(obj: dict) -> dict:
+    return obj["metadata"].get("annotations") or {}
+
+
+def _made_for(obj: dict, job: EffectiveJob) -> bool:
+    """Made for this job (same kind and name); whether by us, the provenance HMAC says."""
+    return _annotations(obj).get(injections.JOB_ANNOTATION) == f"{job.kind}/{job.name}"
+
+
+def _same_settings(kind: str, existing: dict, body: dict) -> bool:
+    """Whether ``existing`` is what ``body`` would be under the bundle as it is now: the key type of a
+    Secret (its keys are its own), the whole spec of a NetworkPolicy."""
+    if kind == "Secret":
+        return _annotations(existing).get(KEY_TYPE_ANNOTATION) == _annotations(body).get(KEY_TYPE_ANNOTATION)
+    return existing.get("spec") == body.get("spec")
+
+
+def _adopts(kind: str, decision: Decision) -> bool:
+    """The bundle's ``adoptExisting`` for this kind of object."""
+    settings = decision.injection_settings
+    section = settings.sshKey if kind == "Secret" else settings.networkPolicy
+    return bool(section and section.adoptExisting)
+
+
+def _key_fields(obj: dict) -> dict:
+    """Key type and fingerprint of a Secret (ours from its annotations, another's from its public key)."""
+    annotations = _annotations(obj)
+    fields = {k: annotations[a] for k, a in (("keyType", KEY_TYPE_ANNOTATION), ("fingerprint", FINGERPRINT_ANNOTATION))
+              if a in annotations}
+    data = obj.get("data") or {}
+    if "fingerprint" not in fields and "ssh-publickey" in data:
+        try:
+            fields["fingerprint"] = keys.fingerprint(base64.b64decode(data["ssh-publickey"]))
+        except (ValueError, IndexError):
+            pass  # not an authorized_keys line: nothing to report
+    return fields
