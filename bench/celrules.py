@@ -12,7 +12,8 @@ import time
 import celpy
 
 from bench.latency import percentile
-from trainjob_admission.policies.bundle.schema import API_VERSION, KIND, compile_document
+from trainjob_admission.policies.bundle.compile import compile_document
+from trainjob_admission.policies.bundle.schema import API_VERSION, KIND
 from trainjob_admission.policies.cel import environment
 from trainjob_admission.policies.decide.engine import AdmissionInput, evaluate
 

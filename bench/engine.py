@@ -23,9 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import celrules  # noqa: E402
-from trainjob_admission.policies.bundle.schema import (  # noqa: E402
-    API_VERSION, KIND, compile_document, default_bundles,
-)
+from trainjob_admission.policies.bundle.compile import compile_document
+from trainjob_admission.policies.bundle.load import default_bundles
+from trainjob_admission.policies.bundle.schema import API_VERSION, KIND  # noqa: E402
 from trainjob_admission.policies.decide.engine import AdmissionInput, evaluate  # noqa: E402
 from trainjob_admission.policies.k8s.clusterstate import ClusterState, load_objects  # noqa: E402
 

@@ -14,9 +14,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from cryptography import x509
+from . import CertificateError
 
 
-class RejectedCA(ValueError):
+class RejectedCA(CertificateError, ValueError):
     """A client CA file that must not be trusted (unreadable, not a CA, expired)."""
 
 

@@ -25,6 +25,7 @@ from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 
+from . import CertificateError
 from .clientca import RejectedCA, read_client_ca, require_client_certs
 from .issue import public_der
 
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
 
 
-class RejectedPair(ValueError):
+class RejectedPair(CertificateError, ValueError):
     """A certificate/key pair that must not be served; the message never holds key material."""
 
 

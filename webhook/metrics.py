@@ -1,4 +1,7 @@
-"""Prometheus metrics, on a registry of our own so tests can run several servers in one process."""
+"""Prometheus metrics, on a registry of our own so tests can run several servers in one process.
+
+May import: policies.
+"""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable

@@ -5,7 +5,11 @@ Without a cluster the state is a fixed set of objects and the bundles are files.
 injector creates Secrets and NetworkPolicies, and reconcilers adopt or remove them, and each
 running TrainJob gets a Warning Event at 80% of its deadline (webhook/loops/deadlinewarnings.py); the same
 TrainJob watch and a watch of JobSet pods feed the quota reservations (webhook/loops/reservationfeed.py);
-/readyz waits for the first complete list of everything watched.
+/readyz waits for the first complete list of everything watched. This is the only composition
+root: the one place that builds the server, the watches, the injector and the loops together.
+
+May import: policies, certs, webhook.kube, webhook.decisionlog, webhook.metrics, webhook.inject,
+webhook.loops, webhook.admission.
 """
 from __future__ import annotations
 

@@ -27,6 +27,7 @@ from typing import Any
 import jsonpatch
 import jsonpointer
 
+from .. import PolicyError
 from ..job import runtimepatch, smp
 
 POD_KEY = "pods"  # the apply configuration key whose value goes to every pod
@@ -53,7 +54,7 @@ _POD_PATCH_SCHEMA = runtimepatch.SCHEMA["spec"]["replicatedJobs"][0]["template"]
 OPS = ("add", "remove", "replace", "test", "copy", "move")
 
 
-class MutationError(ValueError):
+class MutationError(PolicyError, ValueError):
     """A mutation that gave a bad shape, a forbidden path or an operation that does not apply."""
 
 

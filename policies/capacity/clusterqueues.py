@@ -25,6 +25,7 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Any
 
+from .. import PolicyError
 from ..job.effective_job import EffectiveJob
 from ..k8s.quantity import QuantityError, format_amount, to_number
 from . import nodefit
@@ -69,7 +70,7 @@ def _map(value: Any) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-class Unreadable(ValueError):
+class Unreadable(PolicyError, ValueError):
     """A quota value the API server would not have stored: the queue is not judged."""
 
 

@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
+from .. import PolicyError
 from ..k8s.quantity import QuantityError, to_number
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ Taint = tuple[str, str, str]  # key, value, effect
 Toleration = tuple[str, str, str, str]  # key, operator, value, effect
 
 
-class TooComplex(Exception):
+class TooComplex(PolicyError):
     """Matching the pod's node selection against the nodes would take more than MAX_WORK comparisons."""
 
 

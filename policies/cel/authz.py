@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import celpy
 import celpy.celtypes as ct
+from .. import PolicyError
 
 MAX_CHECKS = 16  # per request: each may be a call to the API server
 
@@ -37,7 +38,7 @@ class AccessCheck:
     path: str = ""
 
 
-class AccessError(Exception):
+class AccessError(PolicyError):
     """A check that could not be made; the message says why, for the submitter."""
 
 

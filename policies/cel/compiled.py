@@ -22,6 +22,7 @@ import lark
 import re2
 from celpy.evaluation import (CELEvalError, Evaluator, base_functions, eval_error, function_contains,
                               function_matches, operator_in)
+from .. import PolicyError
 
 Closure = Callable[[dict, Any], Any]  # (variables, budget) -> value or CELEvalError
 _TRUE, _FALSE = ct.BoolType(True), ct.BoolType(False)
@@ -77,7 +78,7 @@ _PLAIN = {name: {ct.IntType: getattr(int, f"__{name[9:]}__"), ct.StringType: get
           for name in _RELATIONS}
 
 
-class Unsupported(Exception):
+class Unsupported(PolicyError):
     """A construct this compiler leaves to cel-python."""
 
 

@@ -21,6 +21,7 @@ import lark
 import re2
 from celpy.evaluation import Evaluator
 
+from .. import PolicyError
 from ..k8s.quantity import QuantityError, to_decimal
 from . import authz, parse
 from .compiled import compile_tree
@@ -40,7 +41,7 @@ BUILTIN_FUNCTIONS = frozenset(
 )
 
 
-class CelCompileError(ValueError):
+class CelCompileError(PolicyError, ValueError):
     """An expression that does not parse or uses what the environment does not have."""
 
     def __init__(self, message: str, line: int | None = None, column: int | None = None):
@@ -48,7 +49,7 @@ class CelCompileError(ValueError):
         self.message, self.line, self.column = message, line, column
 
 
-class CelEvalError(RuntimeError):
+class CelEvalError(PolicyError, RuntimeError):
     """An expression that failed for this request (missing field, wrong type, ...)."""
 
 
@@ -67,7 +68,7 @@ class BudgetExceeded(CelEvalError):
     same answer from ``review`` and from the server."""
 
 
-class Abandoned(Exception):
+class Abandoned(PolicyError):
     """Nobody waits for this evaluation any more (its answer was given on timeout, or the server
     is stopping): stop at once. Not a CelEvalError, so it ends the whole evaluation, not one rule."""
 

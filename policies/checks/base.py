@@ -1,7 +1,7 @@
 """What every built-in check takes and returns, so the engine runs them all the same way."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Callable
 
 from ..cel.environment import Budget
@@ -21,9 +21,11 @@ class Finding:
 @dataclass
 class CheckContext:
     """What a check may read besides its settings: the submitted object (after mutation) and
-    its effective job, and the cluster objects around it."""
+    its effective job, and the cluster objects around it. Everything but the job is named: a
+    context built by position is one swapped argument away from a wrong decision."""
 
     job: EffectiveJob
+    _: KW_ONLY
     namespace: dict = field(default_factory=dict)  # the Namespace object
     quotas: list[dict] = field(default_factory=list)  # the namespace's ResourceQuotas
     old_job: EffectiveJob | None = None  # on UPDATE, for checks registered with needs_old_job

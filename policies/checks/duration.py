@@ -20,8 +20,50 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..bundle.schema import Bundle, DurationCheck
+from pydantic import Field, model_validator
+
+from ..k8s.apitypes import Strict
 from .base import CheckContext, Finding
+
+
+class DurationOverride(Strict):
+    """Limits for some namespaces and/or some groups of submitters (both, when both are set)."""
+
+    namespaces: list[str] = []  # empty: every namespace
+    groups: list[str] = []  # the submitter's groups (request.userInfo.groups); empty: everyone
+    defaultSeconds: int | None = Field(default=None, ge=1)  # unset: the check's own
+    maxSeconds: int | None = Field(default=None, ge=1)
+
+    def matches(self, namespace: str, groups: Sequence[str]) -> bool:
+        return ((not self.namespaces or namespace in self.namespaces)
+                and (not self.groups or any(g in self.groups for g in groups)))
+
+class DurationExceptions(Strict):
+    """Who may let one job run past its maximum by setting the exception annotation on it."""
+
+    users: list[str] = []
+    groups: list[str] = []
+
+class DurationCheck(Strict):
+    """spec.activeDeadlineSeconds (runPolicy.activeDeadlineSeconds of an MPIJob): a default that
+    /mutate sets on jobs without one, a maximum, and overrides (the first that matches wins)."""
+
+    enabled: bool = True
+    defaultSeconds: int | None = Field(default=None, ge=1)
+    maxSeconds: int | None = Field(default=None, ge=1)
+    overrides: list[DurationOverride] = Field(default=[], max_length=256)
+    exceptions: DurationExceptions = DurationExceptions()
+
+    @model_validator(mode="after")
+    def _default_within_maximum(self) -> "DurationCheck":
+        """A default over its maximum would have /mutate set what /validate then refuses."""
+        for where, default, maximum in [("", self.defaultSeconds, self.maxSeconds)] + [
+                (f"overrides[{i}]: ", o.defaultSeconds or self.defaultSeconds, o.maxSeconds or self.maxSeconds)
+                for i, o in enumerate(self.overrides)]:
+            if default is not None and maximum is not None and default > maximum:
+                raise ValueError(f"{where}defaultSeconds {default} is over maxSeconds {maximum}")
+        return self
+
 
 ANNOTATION = "trainjob-admission.io/max-duration-seconds"  # the longest this one job may run, granted
 FIELDS = {"TrainJob": ("spec", "activeDeadlineSeconds"), "MPIJob": ("spec", "runPolicy", "activeDeadlineSeconds")}
@@ -193,10 +235,9 @@ class Defaults:
     limited: bool  # a default or a maximum applies: an MPIJob without a cleanPodPolicy gets Running
 
 
-def defaults(bundles: Sequence[Bundle], namespace: str, groups: Sequence[str]) -> Defaults:
-    """The default duration is that of the first bundle (priority order) whose enabled duration
-    check has one for this namespace and submitter, as mutation settings combine."""
-    found = [limits(b.spec.checks.duration, namespace, groups) for b in bundles
-             if b.spec.checks.duration is not None and b.spec.checks.duration.enabled]
+def defaults(settings: Sequence[DurationCheck | None], namespace: str, groups: Sequence[str]) -> Defaults:
+    """The default duration is that of the first bundle (``settings`` in priority order) whose
+    enabled duration check has one for this namespace and submitter, as mutation settings combine."""
+    found = [limits(s, namespace, groups) for s in settings if s is not None and s.enabled]
     return Defaults(next((f.default for f in found if f.default is not None), None),
                     any(f.apply for f in found))

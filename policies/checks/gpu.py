@@ -2,9 +2,26 @@
 no GPUs on a launcher that only coordinates (unless the launcher also runs as a node)."""
 from __future__ import annotations
 
-from ..bundle.schema import GpuCheck
+from typing import Annotated
+
+from pydantic import Field
+
+from ..k8s.apitypes import Strict
+from ..k8s.quantity import DEFAULT_ACCELERATORS
 from .base import CheckContext, Finding
 from .fields import per_worker_field, plural, workers_field
+
+
+class GpuCheck(Strict):
+    enabled: bool = True
+    maxPerWorker: int | None = Field(default=None, ge=0)
+    maxPerJob: int | None = Field(default=None, ge=0)
+    allowedResources: list[str] = ["nvidia.com/gpu", "amd.com/gpu"]
+    allowOnLauncher: bool = False
+    # What counts as a GPU (fnmatch patterns of device-plugin resources): job totals, these limits,
+    # quota messages, the CEL job.totals.gpus. Device counts only, never shares such as millicores.
+    accelerators: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(
+        default=list(DEFAULT_ACCELERATORS), max_length=64)
 
 
 def check(context: CheckContext, settings: GpuCheck) -> list[Finding]:

@@ -3,11 +3,41 @@ asks; one image for the processes of one MPI program (launcher and workers), unl
 allows the pair. The registry allow-list stays with the job shape (checks/shape.py)."""
 from __future__ import annotations
 
-from ..bundle.schema import ImageCheck
-from ..job.effective_job import NODE, EffectiveJob, PodSet, container_field, containers_of
-from ..k8s.imageref import PINNED, ImageRef, InvalidImage, parse
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from ..job.effective_job import EffectiveJob, NODE, PodSet, container_field, containers_of
+from ..k8s.apitypes import Strict
+from ..k8s.imageref import ImageRef, InvalidImage, PINNED, parse
 from ..k8s.redaction import shown
 from .base import CheckContext, Finding
+
+
+class ImagePair(Strict):
+    """A launcher image that may run beside a different worker image (ImageRef.covers)."""
+
+    launcher: str
+    worker: str
+
+    @field_validator("launcher", "worker")
+    @classmethod
+    def _reference(cls, value: str) -> str:
+        try:
+            parse(value)
+        except InvalidImage as exc:
+            raise ValueError(f"{value!r}: {exc}") from None
+        return value
+
+class ImageCheck(Strict):
+    """Image references (policies/checks/images.py): valid always; pinned by digest and one image
+    across the launcher and the workers when asked."""
+
+    enabled: bool = True
+    requireDigest: bool = False
+    sameImage: Literal["deny", "warn", "ignore"] = "deny"
+    allowedPairs: list[ImagePair] = Field(default=[], max_length=256)
+
 
 MAX_SHOWN = 512  # longer than any real reference; a longer one is named by its length only
 

@@ -11,13 +11,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..bundle.schema import KueueCheck, LabelSelector
 from ..capacity import clusterqueues
-from ..capacity.clusterqueues import QUEUE_LABEL, PRIORITY_LABEL, Forest, Group, QueuedSet
+from ..capacity.clusterqueues import Forest, Group, PRIORITY_LABEL, QUEUE_LABEL, QueuedSet
 from ..job.queueing import runs_elsewhere
+from ..k8s.apitypes import LabelSelector, Strict
 from ..k8s.quantity import format_amount
 from .base import CheckContext, Finding
 from .fields import fewer_workers, plural
+
+
+class KueueCheck(Strict):
+    """Jobs queued through Kueue: the LocalQueue, ClusterQueue and WorkloadPriorityClass they name
+    exist, and the ClusterQueue can ever admit them (policies/capacity/clusterqueues.py)."""
+
+    enabled: bool = True
+    warnWhenBusy: bool = True  # admit with a warning when the ClusterQueue has no room for it now
+    # Every job of two or more pods must be gang-admitted: queued through Kueue (the default queue
+    # is added where one exists) or run by a runtime with spec.podGroupPolicy.
+    requireGang: bool = False
+
 
 ASK_ADMIN = "ask your admin"
 

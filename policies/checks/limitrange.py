@@ -10,13 +10,18 @@ refused earlier, with every other pod the API server refuses (policies/k8s/podva
 """
 from __future__ import annotations
 
-from ..bundle.schema import LimitRangeCheck
 from ..job.effective_job import EffectiveJob, PodSet, container_field
+from ..k8s.apitypes import Strict
 from ..k8s.limitranger import items
 from ..k8s.podresources import pod_resources
 from ..k8s.quantity import QuantityError, format_amount, numbers
 from .base import CheckContext, Finding
 from .fields import resource_path
+
+
+class LimitRangeCheck(Strict):
+    enabled: bool = True
+
 
 REFUSED = "Kubernetes will refuse to create these pods"
 

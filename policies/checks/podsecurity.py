@@ -8,11 +8,40 @@ bindata/bootkube/scc-manifests/0000_20_kube-apiserver-operator_00_scc-restricted
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, Literal
 
-from ..bundle.schema import PodSecurityCheck
+from pydantic import model_validator
+
 from ..job.effective_job import PodSet, all_containers
+from ..k8s.apitypes import Strict
 from .base import CheckContext, Finding
+
+
+class PodSecurityCheck(Strict):
+    enabled: bool = True
+    # For a namespace without a pod-security.kubernetes.io/enforce label (Kubernetes' own default
+    # there is privileged); for every namespace when honorNamespaceLabel is false.
+    defaultLevel: Literal["privileged", "baseline", "restricted"] = "baseline"
+    honorNamespaceLabel: bool = True  # pod-security.kubernetes.io/enforce on the namespace wins
+    # restricted-v2 SCC: auto where the namespace carries openshift.io/sa.scc.uid-range.
+    openshiftSCC: Literal["auto", "always", "never"] = "auto"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        """Bundles written before these fields changed keep their meaning: a PolicyBundle that
+        stopped compiling on upgrade would leave its namespaces with no policy at all."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if "level" in data:
+            if "defaultLevel" in data:
+                raise ValueError("`level` is the old name of `defaultLevel`: keep only `defaultLevel`")
+            data["defaultLevel"] = data.pop("level")
+        if isinstance(data.get("openshiftSCC"), bool):  # the old true checked every namespace
+            data["openshiftSCC"] = "always" if data["openshiftSCC"] else "never"
+        return data
+
 
 LEVELS = ("privileged", "baseline", "restricted")
 NAMESPACE_LEVEL_LABEL = "pod-security.kubernetes.io/enforce"

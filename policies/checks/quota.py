@@ -15,16 +15,21 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from ..bundle.schema import QuotaCheck
 from ..capacity.objectcounts import counts_key, objects
-from ..capacity.quotademand import POD_COMPUTE, Need, needs, pod_key, unenforced
+from ..capacity.quotademand import Need, POD_COMPUTE, needs, pod_key, unenforced
 from ..capacity.quotascope import describe, is_scoped, matching
 from ..capacity.reservations import Reservation
 from ..job.effective_job import EffectiveJob, PodSet, container_field
 from ..job.queueing import runs_elsewhere, suspended
+from ..k8s.apitypes import Strict
 from ..k8s.quantity import QuantityError, format_amount, numbers
 from .base import CheckContext, Finding
 from .fields import fewer_workers, plural, resource_path
+
+
+class QuotaCheck(Strict):
+    enabled: bool = True
+
 
 REQUIRED = ("cpu", "memory")  # pods.go validationSet: a quota on these needs a value in every container
 RAISE = "ask your admin to raise the quota"

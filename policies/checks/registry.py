@@ -1,11 +1,12 @@
-"""Every built-in check: its rule name, where a bundle enables and configures it, and its
-function. The engine runs exactly these, in this order."""
+"""Every built-in check: its rule name, where a bundle enables and configures it (the field of
+``spec.checks`` and its settings model, which policies/bundle/schema.py builds ``Checks`` from),
+and its function. The engine runs exactly these, in this order."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from ..bundle.schema import Checks
+from ..k8s.apitypes import Strict
 from . import duration, gpu, images, kueue, limitrange, podsecurity, quota, schedulability, shape
 from .base import Check
 
@@ -13,24 +14,25 @@ from .base import Check
 @dataclass(frozen=True)
 class BuiltinCheck:
     rule: str  # the rule name in results, decision logs and docs
-    setting: str  # the field of bundle.Checks that enables and configures it
+    setting: str  # the field of a bundle's spec.checks that enables and configures it
+    model: type[Strict]  # its settings (with ``enabled: bool = True``)
     run: Check
     needs_old_job: bool = False  # reads the job before an UPDATE (built only when such a check runs)
 
-    def settings(self, checks: Checks) -> Any | None:
+    def settings(self, checks: Any) -> Any | None:
         """This check's settings in a bundle, or None when the bundle does not enable it."""
         value = getattr(checks, self.setting)
         return value if value is not None and value.enabled else None
 
 
 CHECKS: tuple[BuiltinCheck, ...] = (
-    BuiltinCheck("quota", "quota", quota.check, needs_old_job=True),
-    BuiltinCheck("gpu-limits", "gpu", gpu.check),
-    BuiltinCheck("job-shape", "shape", shape.check),
-    BuiltinCheck("pod-security", "podSecurity", podsecurity.check),
-    BuiltinCheck("limit-range", "limitRange", limitrange.check),
-    BuiltinCheck("duration", "duration", duration.check),
-    BuiltinCheck("image-policy", "images", images.check),
-    BuiltinCheck("schedulability", "schedulability", schedulability.check),
-    BuiltinCheck("kueue", "kueue", kueue.check),
+    BuiltinCheck("quota", "quota", quota.QuotaCheck, quota.check, needs_old_job=True),
+    BuiltinCheck("gpu-limits", "gpu", gpu.GpuCheck, gpu.check),
+    BuiltinCheck("job-shape", "shape", shape.ShapeCheck, shape.check),
+    BuiltinCheck("pod-security", "podSecurity", podsecurity.PodSecurityCheck, podsecurity.check),
+    BuiltinCheck("limit-range", "limitRange", limitrange.LimitRangeCheck, limitrange.check),
+    BuiltinCheck("duration", "duration", duration.DurationCheck, duration.check),
+    BuiltinCheck("image-policy", "images", images.ImageCheck, images.check),
+    BuiltinCheck("schedulability", "schedulability", schedulability.SchedulabilityCheck, schedulability.check),
+    BuiltinCheck("kueue", "kueue", kueue.KueueCheck, kueue.check),
 )

@@ -15,17 +15,37 @@ provide it. ``nodesMayBeAdded`` makes every "never" a warning.
 from __future__ import annotations
 
 import fnmatch
+from typing import Annotated
 
-from ..bundle.schema import SchedulabilityCheck
+from pydantic import Field
+
 from ..capacity.jobfit import Problem, SetFit, assess
-from ..capacity.nodefit import MAX_WORK, Effort, NodeClass, PodNeeds, TooComplex, node_classes, pod_needs
+from ..capacity.nodefit import Effort, MAX_WORK, NodeClass, PodNeeds, TooComplex, node_classes, pod_needs
 from ..job.effective_job import EffectiveJob, PodSet
 from ..job.phases import groups
 from ..job.queueing import runs_elsewhere, suspended
+from ..k8s.apitypes import Strict
 from ..k8s.clusterstate import ClusterState
 from ..k8s.quantity import format_amount
 from .base import CheckContext, Finding
 from .fields import per_worker_field, plural, workers_field
+
+
+class SchedulabilityCheck(Strict):
+    """Refuse a job whose pods the cluster's nodes can never hold (policies/capacity/nodefit.py)."""
+
+    enabled: bool = True
+    warnWhenBusy: bool = True  # admit with a warning when it fits the nodes but not their free room now
+    # Kueue ResourceFlavors may add tolerations when they admit a queued job: then a taint alone
+    # does not refuse it (a warning instead). False where your flavors add none.
+    queueAddsTolerations: bool = True
+    # Resources not judged (fnmatch patterns): the scheduler's ignoredResources, or extended
+    # resources a DRA DeviceClass serves (DRAExtendedResource) on nodes that do not list them.
+    ignoredResources: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(default=[], max_length=64)
+    # Node pools that scale (cluster autoscaler, Karpenter): a job the nodes of now can never hold
+    # may get nodes of its own, so every "never" is a warning instead.
+    nodesMayBeAdded: bool = False
+
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 OVERCOMMITTED = ("cpu", "memory", "ephemeral-storage")

@@ -2,12 +2,29 @@
 required labels."""
 from __future__ import annotations
 
-from ..bundle.schema import ShapeCheck
+from pydantic import Field, field_validator
+
 from ..job.effective_job import EffectiveJob, container_field, containers_of
+from ..k8s.apitypes import Strict, checked_quantity
 from ..k8s.imageref import registry
 from ..k8s.quantity import format_amount, to_number
 from .base import CheckContext, Finding
 from .fields import per_worker_field, workers_field
+
+
+class ShapeCheck(Strict):
+    enabled: bool = True
+    maxWorkers: int | None = Field(default=None, ge=1)
+    minWorkerCpu: str | None = None
+    minWorkerMemory: str | None = None
+    allowedRuntimes: list[str] = []
+    allowedRegistries: list[str] = []
+    requiredLabels: list[str] = []
+
+    @field_validator("minWorkerCpu", "minWorkerMemory")
+    @classmethod
+    def _quantities(cls, value: str | None) -> str | None:
+        return checked_quantity(value)
 
 
 def registry_allowed(image: str, allowed: list[str]) -> bool:

@@ -16,7 +16,8 @@ from ..k8s import redaction
 from . import exceptions, injections, limits, mutations
 from celpy.celtypes import MapType
 
-from ..bundle.schema import Bundle, CompiledRule, Conditions, Injections, Mutations, accelerators, merged
+from ..bundle.compile import Bundle, CompiledRule, Conditions, accelerators
+from ..bundle.schema import Injections, Mutations, merged
 from ..cel import authz
 from ..cel.environment import (
     Budget, BoolType, CelEvalError, Fields, Variables, merged_reads, prune, to_cel, to_python,
@@ -469,9 +470,9 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
                 settings = merged(Mutations, [b.spec.mutations for b in enforcing])
                 base = mutations.without_own_patch(obj)  # planned on the pods as the runtime and user made them
                 planned_on = job if base is None else effective_job.build(base, state, families)
-                patch, patched = mutations.plan(obj, planned_on, settings, namespace,
-                                                duration.defaults(enforcing, request.namespace, request.groups),
-                                                state.local_queues)
+                deadline = duration.defaults([b.spec.checks.duration for b in enforcing], request.namespace,
+                                             request.groups)
+                patch, patched = mutations.plan(obj, planned_on, settings, namespace, deadline, state.local_queues)
                 if patch:
                     mutated = patched
                     job = mutations.mutated_job(planned_on, mutated) or effective_job.build(mutated, state, families)
@@ -498,10 +499,12 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
     if job is not None and active:
         current_job = job
         activation = _Activation({"object": lambda: mutated, "job": current_job.as_cel}, parent=shared)
-        context = CheckContext(job, namespace, state.namespace_quotas(request.namespace),
-                               _old_job(request, state, active), mutated, request.old_object,
-                               state.namespace_limit_ranges(request.namespace), planned, state,
-                               request.operation, request.username, tuple(request.groups), obj, budget, facts)
+        context = CheckContext(
+            job, namespace=namespace, quotas=state.namespace_quotas(request.namespace),
+            old_job=_old_job(request, state, active), object=mutated, old_object=request.old_object,
+            limit_ranges=state.namespace_limit_ranges(request.namespace), injections=planned, state=state,
+            operation=request.operation, username=request.username, groups=tuple(request.groups),
+            submitted=obj, budget=budget, facts=facts)
         for bundle in active:
             budget.check()
             results += _checks(bundle, context)

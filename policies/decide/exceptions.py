@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pydantic import AwareDatetime, Field, ValidationError, field_validator, model_validator
 
 from ..bundle import rulenames
-from ..bundle.schema import LabelSelector, Strict
+from ..k8s.apitypes import LabelSelector, Strict
 from ..k8s.clusterstate import ClusterState
 from .decision import FAILED, Effect, Result, RuleResult
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import re
 
-from ..bundle.schema import AcceleratorTargeting, NodeTargetingMutation, Toleration
+from ..bundle.schema import AcceleratorTargeting, NodeTargetingMutation
 from ..capacity.nodefit import toleration_of, tolerates
 from ..job.effective_job import MutationRefused
+from ..k8s.apitypes import Toleration
 from ..k8s.quantity import is_accelerator
 
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from ..bundle.compile import Bundle
 from ..bundle.rulenames import PARAMS
-from ..bundle.schema import Bundle
 from ..k8s.clusterstate import PARAMS_SELECTOR, ClusterState
 from .decision import Effect, Result, RuleResult
 

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
+from .. import PolicyError
 from ..k8s import limitranger, podvalidation, redaction
 from ..k8s.clusterstate import TRAINER_GROUP, ClusterState
 from ..k8s.podresources import pod_resources
@@ -36,7 +37,7 @@ _CONTAINER_REFUSAL = re.compile(r"(initContainers|containers)\[name=(.*?)\]\.(.*
 _JSON_TYPES = {str: "string", bool: "boolean", float: "number", list: "list", dict: "mapping"}
 
 
-class JobModelError(ValueError):
+class JobModelError(PolicyError, ValueError):
     """The object cannot be turned into an effective job (its runtime is missing, a value is bad)."""
 
 

@@ -12,6 +12,7 @@ when Trainer creates the JobSet (plugins/jobset/jobset.go Validate means to refu
 from __future__ import annotations
 
 from typing import Any
+from .. import PolicyError
 
 # Field -> nested schema (a dict), or True for a value kept whole (a full Kubernetes type).
 _META = {key: True for key in ("annotations", "finalizers", "labels", "name", "namespace")}
@@ -31,7 +32,7 @@ SCHEMA = {"metadata": _META, "spec": {"replicatedJobs": [_REPLICATED_JOB]}}  # t
 _NO_ENV = ("dataset-initializer", "model-initializer", "node")  # containers whose env Trainer sets itself
 
 
-class PatchError(ValueError):
+class PatchError(PolicyError, ValueError):
     """A patch Trainer cannot apply, for a job-model denial."""
 
 

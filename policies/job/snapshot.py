@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ..bundle.schema import BundleError, parse_documents
+from .. import PolicyError
 from ..k8s.clusterstate import SNAPSHOT_SUFFIX, TRAINER_GROUP, ClusterState
+from ..k8s.manifests import ManifestError, parse_documents
 from .effective_job import JobModelError
 
 DATA_KEY = "runtime"  # snapshot.go runtimeDataKey
@@ -28,7 +29,7 @@ _FREE_FORM = frozenset({"labels", "annotations", "nodeSelector", "limits", "requ
                         "volumeAttributes", "parameters", "data", "binaryData"})
 
 
-class InvalidSnapshot(ValueError):
+class InvalidSnapshot(PolicyError, ValueError):
     """A snapshot ConfigMap Trainer refuses too (it then cannot rebuild the job)."""
 
 
@@ -82,10 +83,10 @@ def snapshot_runtime(configmap: dict, job: dict) -> dict:
 def _parse(text: str) -> tuple[dict, str]:
     """(the runtime, "") or ({}, what is wrong). Shared by every decision that reads it: read only,
     as the watched runtimes are (policies/job/effective_job.py copies what it changes)."""
-    try:  # a submitter may write this ConfigMap: the bundle loader's YAML-bomb and size bounds apply
-        documents = parse_documents(text, "runtime snapshot")
-    except BundleError as exc:
-        return {}, exc.problems[0].message
+    try:  # a submitter may write this ConfigMap: the YAML-bomb and size bounds apply
+        documents = parse_documents(text, "a runtime snapshot")
+    except ManifestError as exc:
+        return {}, exc.message
     runtime = documents[0] if documents else {}  # sigs.k8s.io/yaml reads the first document; "" is {}
     if not isinstance(runtime, dict) or not all(isinstance(runtime.get(k, {}), (dict, type(None)))
                                                 for k in ("metadata", "spec")):

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable
 
 import yaml
 
+from .. import PolicyError
 from .podresources import requests_on_node
 
 TRAINER_GROUP = "trainer.kubeflow.org"
@@ -42,7 +43,7 @@ DEFAULT_STORAGE_CLASS_ANNOTATIONS = ("storageclass.kubernetes.io/is-default-clas
                                      "storageclass.beta.kubernetes.io/is-default-class")
 
 
-class StateError(ValueError):
+class StateError(PolicyError, ValueError):
     """A cluster-state file that cannot be read."""
 
 

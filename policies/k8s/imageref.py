@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import re2
+from .. import PolicyError
 
 _ALNUM = r"[a-z0-9]+"
 _SEPARATOR = r"(?:[._]|__|[-]+)"
@@ -31,7 +32,7 @@ DEFAULT_DOMAIN = "docker.io"
 PINNED = "sha256"  # what a digest-pinning policy asks for
 
 
-class InvalidImage(ValueError):
+class InvalidImage(PolicyError, ValueError):
     """A reference the kubelet cannot pull; the message says why."""
 
 

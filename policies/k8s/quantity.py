@@ -16,6 +16,7 @@ import re
 from decimal import MAX_EMAX, MIN_EMIN, ROUND_UP, Context, Decimal
 from typing import Callable, Mapping
 
+from .. import PolicyError
 from . import redaction
 
 # The device plugins' accelerator resources (fnmatch patterns): what the service counts as GPUs
@@ -45,7 +46,7 @@ _EXACT = Context(prec=MAX_LENGTH + 20, Emin=MIN_EMIN, Emax=MAX_EMAX)  # exact fo
 _FIX = "use a value like 64, 500m or 8Gi"
 
 
-class QuantityError(ValueError):
+class QuantityError(PolicyError, ValueError):
     """A resource value that is not a Kubernetes quantity, or one Kubernetes cannot hold."""
 
 

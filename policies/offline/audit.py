@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Callable, Iterable
 
-from ..bundle.schema import Bundle
+from ..bundle.compile import Bundle
 from ..cel.environment import CompiledExpression
 from ..decide.decision import Effect, Result, RuleResult
 from ..decide.engine import AdmissionInput, evaluate

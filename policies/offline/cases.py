@@ -16,7 +16,8 @@ from typing import Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..bundle.schema import Bundle
+from .. import PolicyError
+from ..bundle.compile import Bundle
 from ..decide.decision import FAILED, Decision
 from ..decide.engine import AdmissionInput, evaluate
 from ..k8s.clusterstate import ClusterState, StateError, load_objects
@@ -135,7 +136,7 @@ class Case(Strict):
         return self
 
 
-class CaseError(ValueError):
+class CaseError(PolicyError, ValueError):
     """Case files that cannot be read or do not match the case format: one line per problem."""
 
     def __init__(self, problems: list[str]):

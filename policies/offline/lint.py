@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..bundle import custommutations
-from ..bundle.schema import Bundle, CelSites, Problem
+from ..bundle.compile import Bundle, CelSites, Problem
 from ..cel.environment import TYPE_ERROR, Budget, CelEvalError, Variables, to_cel, to_python
 from ..decide.engine import AdmissionInput
 from ..job import effective_job

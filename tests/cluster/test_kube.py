@@ -538,7 +538,7 @@ def test_serve_reconcile_namespace_leaves_other_namespaces_alone(kubectl, namesp
 
 def test_example_bundle_file_applies_as_is_and_reports_the_lint_digest(start_sync, kubectl, get_json, run_id, tmp_path):
     """The bundle file format is the resource format; status.digest is what `policy lint` prints."""
-    from trainjob_admission.policies.bundle.schema import compile_document
+    from trainjob_admission.policies.bundle.compile import compile_document
 
     doc = yaml.safe_load((REPO / "examples" / "bundles" / "production.yaml").read_text())
     doc["metadata"] = {"name": f"production-{run_id}", "labels": {LABEL: run_id}}  # unique on a shared cluster

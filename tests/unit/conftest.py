@@ -9,9 +9,9 @@ from typing import Any, Callable
 import pytest
 import yaml
 
-from trainjob_admission.policies.bundle.schema import (
-    API_VERSION, KIND, Bundle, compile_document, default_bundles, load_bundles,
-)
+from trainjob_admission.policies.bundle.compile import Bundle, compile_document
+from trainjob_admission.policies.bundle.load import default_bundles, load_bundles
+from trainjob_admission.policies.bundle.schema import API_VERSION, KIND
 from trainjob_admission.policies.decide.decision import Decision
 from trainjob_admission.policies.decide.engine import AdmissionInput, evaluate
 from trainjob_admission.policies.k8s.clusterstate import ClusterState, load_objects

@@ -13,7 +13,7 @@ import yaml
 from trainjob_admission.policies.capacity.reservations import state_of
 from trainjob_admission.policies.k8s.clusterstate import load_objects
 from trainjob_admission.policies.offline import audit
-from trainjob_admission.webhook.cli.io_habits import csv_text
+from trainjob_admission.policies.offline.spreadsheet import csv_text
 from trainjob_admission.webhook.cli.main import main
 
 STATE_FILES = ("examples/cluster-state.yaml", "examples/runtimes/mpi-openmpi.yaml")

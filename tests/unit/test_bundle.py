@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainjob_admission.policies.bundle.schema import (
-    BundleError, builtin_names, compile_document, default_bundles, load_bundles, order,
-)
+from trainjob_admission.policies.bundle.compile import BundleError, compile_document
+from trainjob_admission.policies.bundle.load import builtin_names, default_bundles, load_bundles, order
 
 
 def _problems(build, fixture: str):

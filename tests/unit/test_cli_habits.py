@@ -15,7 +15,7 @@ import jsonpatch
 import pytest
 import yaml
 
-from trainjob_admission.policies.bundle.schema import BUILTIN_PREFIX, builtin_names
+from trainjob_admission.policies.bundle.load import BUILTIN_PREFIX, builtin_names
 from trainjob_admission.policies.decide.patch_diff import make_patch
 from tests.unit.test_cli import ROOT, SCRIPT, STATE
 from trainjob_admission.webhook.cli.main import DEFAULT_BUNDLE

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from trainjob_admission.policies.bundle.schema import Mutations, default_bundles
+from trainjob_admission.policies.bundle.load import default_bundles
+from trainjob_admission.policies.bundle.schema import Mutations
 from trainjob_admission.policies.decide import mutations
 from trainjob_admission.policies.decide.decision import Effect
 from trainjob_admission.policies.decide.engine import AdmissionInput, evaluate

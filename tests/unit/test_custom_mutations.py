@@ -5,7 +5,7 @@ from __future__ import annotations
 import jsonpatch
 import pytest
 
-from trainjob_admission.policies.bundle.schema import BundleError
+from trainjob_admission.policies.bundle.compile import BundleError
 from trainjob_admission.policies.decide.engine import AdmissionInput
 from trainjob_admission.policies.decide.mutations import MANAGER
 from trainjob_admission.policies.decide.stored import evaluate_stored

@@ -312,7 +312,7 @@ def test_install_commands_are_applied_by_a_manifest_test() -> None:
 
 def test_policy_bundles_shown_in_docs_compile_or_are_run() -> None:
     """A bundle shown as illustration compiles; one written with file= is used by a command."""
-    from trainjob_admission.policies.bundle.schema import compile_document
+    from trainjob_admission.policies.bundle.compile import compile_document
 
     count = 0
     for doc in DOCS:

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from trainjob_admission.policies.bundle.schema import BundleError
+from trainjob_admission.policies.bundle.compile import BundleError
 from trainjob_admission.policies.checks.duration import ANNOTATION, human
 from trainjob_admission.policies.decide.decision import Effect, Result
 

@@ -131,7 +131,7 @@ def test_audit_mode_turns_denial_into_warning(example_job, example_state, make_b
 
 
 def test_audit_rollout_example_warns_next_to_enforcing_default(example_job, example_state, default, build, review):
-    from trainjob_admission.policies.bundle.schema import load_bundles
+    from trainjob_admission.policies.bundle.load import load_bundles
     bundles = load_bundles([str(build.examples / "bundles" / "audit-rollout.yaml"), "builtin:default"])
     job = example_job("allowed")
     job["spec"]["trainer"]["numNodes"] = 5

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainjob_admission.policies.bundle import schema as bundle_module
-from trainjob_admission.policies.bundle.schema import (
-    MAX_ALIAS_NODES, MAX_DOCUMENT_CHARS, BundleError, parse_documents,
-)
+from trainjob_admission.policies.bundle import compile as bundle_module
+from trainjob_admission.policies.bundle.compile import BundleError
+from trainjob_admission.policies.bundle.load import parse_documents
 from trainjob_admission.policies.cel.environment import MAX_DEPTH, CelCompileError, compile_expression
+from trainjob_admission.policies.k8s.manifests import MAX_ALIAS_NODES, MAX_DOCUMENT_CHARS
 from trainjob_admission.webhook.loops.bundleset import BundleRegistry
 from trainjob_admission.webhook.loops.clusterbundles import ClusterBundles
 

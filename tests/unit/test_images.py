@@ -6,9 +6,10 @@ import copy
 
 import pytest
 
-from trainjob_admission.policies.bundle.schema import BundleError, ImageCheck
+from trainjob_admission.policies.bundle.compile import BundleError
 from trainjob_admission.policies.checks import images
 from trainjob_admission.policies.checks.base import CheckContext
+from trainjob_admission.policies.checks.images import ImageCheck
 from trainjob_admission.policies.decide.decision import Effect
 from trainjob_admission.policies.job import effective_job
 from trainjob_admission.policies.k8s import imageref

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from trainjob_admission.policies.bundle.schema import LimitRangeCheck, QuotaCheck
 from trainjob_admission.policies.checks import limitrange, quota
 from trainjob_admission.policies.checks.base import CheckContext
+from trainjob_admission.policies.checks.limitrange import LimitRangeCheck
+from trainjob_admission.policies.checks.quota import QuotaCheck
 from trainjob_admission.policies.job.effective_job import JobModelError
 from trainjob_admission.policies.job.effective_job import build as effective
 from trainjob_admission.policies.k8s.clusterstate import ClusterState

@@ -9,7 +9,7 @@ import dataclasses
 import jsonpatch
 import pytest
 
-from trainjob_admission.policies.bundle.schema import BundleError
+from trainjob_admission.policies.bundle.compile import BundleError
 from trainjob_admission.policies.decide import mutations
 from trainjob_admission.policies.decide.mutations import MANAGER
 from trainjob_admission.policies.job import effective_job

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainjob_admission.policies.bundle.schema import BundleError
+from trainjob_admission.policies.bundle.compile import BundleError
 from trainjob_admission.policies.cel.authz import MAX_CHECKS, AccessCheck, AccessError
 from trainjob_admission.policies.decide.decision import Result
 from trainjob_admission.policies.k8s.clusterstate import PARAMS_LABEL

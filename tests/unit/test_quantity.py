@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubernetes.utils.quantity import parse_quantity
 
-from trainjob_admission.policies.bundle.schema import BundleError
+from trainjob_admission.policies.bundle.compile import BundleError
 from trainjob_admission.policies.job.effective_job import JobModelError, from_trainjob
 from trainjob_admission.policies.k8s.quantity import MAX_QUANTITY, QuantityError, to_decimal, to_number
 from trainjob_admission.webhook.cli import main

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from trainjob_admission.policies.bundle.schema import QuotaCheck
 from trainjob_admission.policies.capacity.quotascope import describe, is_best_effort, matches
 from trainjob_admission.policies.checks import quota
 from trainjob_admission.policies.checks.base import CheckContext
+from trainjob_admission.policies.checks.quota import QuotaCheck
 from trainjob_admission.policies.job.effective_job import build as effective
 
 GPU = "nvidia.com/gpu"

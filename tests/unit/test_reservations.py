@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import copy
 
-from trainjob_admission.policies.bundle.schema import QuotaCheck
 from trainjob_admission.policies.capacity.reservations import (
     JOBSET_NAME, PENDING_SECONDS, REPLICATED_JOB, Reservations, state_of,
 )
 from trainjob_admission.policies.checks import quota
 from trainjob_admission.policies.checks.base import CheckContext
+from trainjob_admission.policies.checks.quota import QuotaCheck
 from trainjob_admission.policies.job.effective_job import build as effective
 from trainjob_admission.policies.job.queueing import MULTIKUEUE
 

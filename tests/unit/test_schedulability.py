@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from trainjob_admission.policies.bundle.schema import SchedulabilityCheck
 from trainjob_admission.policies.checks import schedulability
 from trainjob_admission.policies.checks.base import CheckContext
+from trainjob_admission.policies.checks.schedulability import SchedulabilityCheck
 from trainjob_admission.policies.job.effective_job import EffectiveJob, PodSet
 from trainjob_admission.policies.k8s.clusterstate import ClusterState, load_objects
 

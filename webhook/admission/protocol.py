@@ -10,6 +10,7 @@ from typing import Any
 from trainjob_admission.policies.decide.decision import Decision
 from trainjob_admission.policies.decide.engine import AdmissionInput
 
+from .. import ServiceError
 from ..kube.resources import JOB_RESOURCES
 
 API_VERSION = "admission.k8s.io/v1"
@@ -19,7 +20,7 @@ MAX_WARNING_LENGTH = 256  # the API server truncates longer warnings
 MAX_MESSAGE_LENGTH = 4096
 
 
-class ReviewError(ValueError):
+class ReviewError(ServiceError, ValueError):
     """The request is not an AdmissionReview we can decide; ``uid`` is kept when we found one."""
 
     def __init__(self, message: str, uid: str = ""):

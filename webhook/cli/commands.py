@@ -48,7 +48,8 @@ def _check_bundle_files(specs: list[str]) -> None:
     """Serve never starts on a --bundle it cannot read or compile: it would run with no policy
     (failing closed, not ready) until someone noticed. Later changes are reloaded, and a bad one
     keeps the last good version."""
-    from trainjob_admission.policies.bundle.schema import BundleError, load_bundles
+    from trainjob_admission.policies.bundle.compile import BundleError
+    from trainjob_admission.policies.bundle.load import load_bundles
 
     fix = f"`trainjob-admission policy lint {' '.join(specs)}` lists every problem"
     try:

@@ -4,13 +4,11 @@
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable
 
 import yaml
 
@@ -66,27 +64,6 @@ def dump(value: Any, output: str) -> str:
         return text
     return yaml.safe_dump(json.loads(text), sort_keys=False, default_flow_style=False, allow_unicode=True,
                           width=float("inf")).rstrip("\n")  # long messages on one line, as kubectl prints them
-
-
-# A cell a spreadsheet would run as a formula (=HYPERLINK(...), +cmd, -2+3, @SUM, or after a tab or
-# carriage return) gets a leading apostrophe: usernames, job names and messages come from submitters.
-_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-
-
-def csv_text(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    """``rows`` under ``header`` as CSV (RFC 4180 quoting, one line per row, newline-terminated),
-    every cell safe to open in a spreadsheet."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(header)
-    writer.writerows([_cell(value) for value in row] for row in rows)
-    return out.getvalue()
-
-
-def _cell(value: Any) -> Any:
-    if isinstance(value, str) and value.startswith(_FORMULA_START):
-        return "'" + value
-    return value
 
 
 def one_or_list(values: list[Any]) -> Any:

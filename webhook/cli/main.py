@@ -18,13 +18,13 @@ import yaml
 from trainjob_admission.policies.capacity import reservations
 from trainjob_admission.policies.k8s.clusterstate import TRAINER_GROUP, ClusterState, StateError, load_objects
 
+from trainjob_admission.policies.offline.spreadsheet import csv_text
 from .commands import register_server_commands
 from .errors import (
     EXIT_BROKEN_PIPE, EXIT_DENIED, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_OK, EXIT_UNREACHABLE, CliError,
 )
 from .io_habits import (
-    VersionAction, add_context_flag, add_output_flag, csv_text, dump, one_or_list, quiet_broken_pipe,
-    read_sources,
+    VersionAction, add_context_flag, add_output_flag, dump, one_or_list, quiet_broken_pipe, read_sources,
 )
 
 if TYPE_CHECKING:
@@ -39,7 +39,8 @@ T = TypeVar("T")
 
 
 def _bundles(specs: list[str] | None) -> list:
-    from trainjob_admission.policies.bundle.schema import BundleError, load_bundles
+    from trainjob_admission.policies.bundle.compile import BundleError
+    from trainjob_admission.policies.bundle.load import load_bundles
 
     try:
         return load_bundles(specs or [DEFAULT_BUNDLE])
@@ -200,7 +201,8 @@ LINT_SAMPLES = ("allowed.yaml", "too-many-gpus.yaml", "legacy-mpijob.yaml")  # a
 def cmd_policy_lint(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from trainjob_admission.policies.bundle.schema import BundleError, accelerators, load_bundles
+    from trainjob_admission.policies.bundle.compile import BundleError, accelerators
+    from trainjob_admission.policies.bundle.load import load_bundles
     from trainjob_admission.policies.offline.lint import lint, type_errors
 
     tried, state = _lint_samples()

@@ -2,7 +2,10 @@
 (append, rotate), ``verify`` (the chain walk), ``checkpoint`` and ``anchor`` (signed heads, and
 holding a log against them), ``query`` (filter, render; verified in the same read) and
 ``report`` (a period's counts, imported by the command that prints them). The names other
-modules use are exported here."""
+modules use are exported here.
+
+May import: policies.
+"""
 from .lines import GENESIS, LOG_KEYS, REDACTED, canonical, digest_of, format_time, redact
 from .query import CSV_FIELDS, Filters, parse_time, query, render, scan
 from .verify import Anchors, Problem, VerifyReport, verify, verify_stream

@@ -23,6 +23,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from .. import ServiceError
 from .lines import canonical, format_time
 from .writer import Head
 
@@ -32,7 +33,7 @@ KEY_FILE, PUBLIC_KEY_FILE = "checkpoint.key", "checkpoint.pub"
 _Key = TypeVar("_Key", Ed25519PrivateKey, Ed25519PublicKey)
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ServiceError, ValueError):
     """A key or checkpoint that cannot be read; the message names the file and the fix."""
 
 

@@ -11,7 +11,7 @@ from typing import Literal
 
 from trainjob_admission.policies.decide.decision import FAILED
 
-from ..cli.io_habits import csv_text
+from trainjob_admission.policies.offline.spreadsheet import csv_text
 from .lines import parse_record, read_lines, split_lines
 from .verify import VerifyReport, verify, verify_stream
 
@@ -154,7 +154,7 @@ def render(records: Iterable[dict], fmt: Literal["table", "json", "csv"] = "tabl
     if fmt == "json":  # the same values, with what a terminal acts on as JSON escapes (\u202e)
         text = json.dumps(list(records), indent=2, ensure_ascii=False)
         return _UNPRINTABLE_IN_JSON.sub(lambda m: f"\\u{ord(m[0]):04x}", text) + "\n"
-    if fmt == "csv":  # cells a spreadsheet would run as formulas are escaped (cli_io.csv_text)
+    if fmt == "csv":  # cells a spreadsheet would run as formulas are escaped (policies/offline/spreadsheet.py)
         return csv_text(CSV_FIELDS, ([printable(cell) for cell in (
             r.get("time", ""), r.get("id", ""), r.get("endpoint", ""), r.get("uid", ""), r.get("seq", ""),
             r.get("decision", ""), r.get("allowed", ""), r.get("user", ""), ";".join(map(str, r.get("groups") or [])),

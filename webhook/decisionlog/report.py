@@ -9,7 +9,7 @@ import json
 from collections import Counter
 from typing import Literal
 
-from ..cli.io_habits import csv_text
+from trainjob_admission.policies.offline.spreadsheet import csv_text
 from .query import failed_rules, printable, shown_messages
 
 TOP = 10  # refusal messages listed

@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TextIO
 
+from .. import ServiceError
 from .lines import GENESIS, canonical, digest_of, format_time, parse_record, redact
 
 _ROTATED_SUFFIX = re.compile(r"[0-9]+")
@@ -39,7 +40,7 @@ class Head:
     firstSeq: int  # the oldest seq the service's own files still hold (rotation deletes older ones)
 
 
-class DecisionLogError(OSError):
+class DecisionLogError(ServiceError, OSError):
     """The decision-log file could not take ``record``; the message names the file and the cause."""
 
     def __init__(self, message: str, record: dict):

@@ -19,6 +19,7 @@ import secrets
 from pathlib import Path
 
 from trainjob_admission.policies.decide import injections
+from .. import ServiceError
 
 log = logging.getLogger("trainjob_admission.provenance")
 
@@ -28,7 +29,7 @@ MIN_KEY_LENGTH = 32
 _CONTENT = {"Secret": "data", "NetworkPolicy": "spec"}  # what of each kind the HMAC covers
 
 
-class ProvenanceKeyError(ValueError):
+class ProvenanceKeyError(ServiceError, ValueError):
     """The key file cannot be used; the message names it and the fix."""
 
 

@@ -12,6 +12,7 @@ import urllib3
 import yaml
 from kubernetes import client, config
 
+from .. import ServiceError
 from .deadline import DeadlineExceeded
 from .resources import Resource
 
@@ -23,7 +24,7 @@ LIST_PAGE = 500
 POOL = 32
 
 
-class ClusterUnreachable(Exception):
+class ClusterUnreachable(ServiceError):
     """The API server could not be reached or did not answer in time; the message names the
     server and the fix, ``reason`` is the cause alone (refused, DNS, TLS) and ``timed_out``
     tells a silent server from one that could not be reached."""
@@ -33,11 +34,11 @@ class ClusterUnreachable(Exception):
         self.reason, self.timed_out = reason, timed_out
 
 
-class KubeconfigError(ValueError):
+class KubeconfigError(ServiceError, ValueError):
     """A kubeconfig that is missing or cannot be read."""
 
 
-class ApiError(Exception):
+class ApiError(ServiceError):
     """The API server answered with an error status; ``message`` is its own text, ``reason``
     the HTTP reason phrase (Forbidden, Conflict, ...)."""
 
@@ -46,7 +47,7 @@ class ApiError(Exception):
         self.status, self.message, self.reason = status, message, reason
 
 
-class Expired(Exception):
+class Expired(ServiceError):
     """410 Gone: the resourceVersion we hold is too old; list again."""
 
 

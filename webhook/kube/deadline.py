@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import contextvars
 import time
+from .. import ServiceError
 
 MARGIN = 2.0  # seconds kept back from the webhook's timeoutSeconds to answer and log in time
 
 _deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("request_deadline", default=None)
 
 
-class DeadlineExceeded(TimeoutError):
+class DeadlineExceeded(ServiceError, TimeoutError):
     """The request's deadline passed before a call could be sent: nothing was sent."""
 
 

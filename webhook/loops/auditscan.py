@@ -16,6 +16,7 @@ import time
 from trainjob_admission.policies.k8s.clusterstate import ClusterState
 from trainjob_admission.policies.offline import audit
 
+from .. import ServiceError
 from ..kube.client import ApiError, ClusterUnreachable, KubeApi
 from .bundleset import BundleRegistry
 from .policyreports import ReportsNotServed, read_jobs, write_reports
@@ -26,7 +27,7 @@ MIN_INTERVAL = 60.0  # seconds
 PAUSE = 0.005  # seconds after each job (whose evaluation takes 0.3-5 ms): the reviews get the interpreter
 
 
-class Stopped(Exception):
+class Stopped(ServiceError):
     """The server is stopping: the scan ends after the job it was judging."""
 
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainjob_admission.policies.bundle.schema import (
-    BUILTIN_PREFIX, Bundle, BundleError, Problem, bundle_files, compile_document, order, parse_documents,
-    read_source,
+from trainjob_admission.policies.bundle.compile import Bundle, BundleError, Problem, compile_document
+from trainjob_admission.policies.bundle.load import (
+    BUILTIN_PREFIX, bundle_files, order, parse_documents, read_source,
 )
 
 log = logging.getLogger("trainjob_admission.bundles")

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from trainjob_admission.policies.bundle.schema import Bundle, BundleError, compile_document
+from trainjob_admission.policies.bundle.compile import Bundle, BundleError, compile_document
 
 from ..kube.client import ApiError, ClusterUnreachable, KubeApi, api_client, call_json, list_all
 from ..kube.resources import POLICY_BUNDLES

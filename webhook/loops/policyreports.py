@@ -6,6 +6,7 @@ from typing import Callable, TypeVar
 
 from trainjob_admission.policies.offline.audit import MANAGED_BY, REPORT_NAME
 
+from .. import ServiceError
 from ..kube.client import ApiError, KubeApi, api_client, call_json, list_all
 from ..kube.resources import JOBS, POLICY_REPORTS
 
@@ -13,7 +14,7 @@ T = TypeVar("T")
 REPORT_SELECTOR = ",".join(f"{key}={value}" for key, value in MANAGED_BY.items())
 
 
-class ReportsNotServed(Exception):
+class ReportsNotServed(ServiceError):
     """The API server does not serve wgpolicyk8s.io/v1alpha2 PolicyReports (no CRD)."""
 
 
