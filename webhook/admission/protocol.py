@@ -133,11 +133,11 @@ def _truncate(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def response(uid: str, *, allowed: bool, message: str = "", warnings: list[str] | None = None,
-             patch: list[dict] | None = None, decision_id: str = "", code: int = 403,
-             audit_annotations: dict[str, str] | None = None) -> dict:
-    """``audit_annotations``: the bundles' ("<bundle>.<key>"), which the API server writes to its
-    audit log beside our ``decision-id``."""
+def _response(uid: str, *, allowed: bool, message: str = "", warnings: list[str] | None = None,
+              patch: list[dict] | None = None, decision_id: str = "", code: int = 403,
+              audit_annotations: dict[str, str] | None = None) -> dict:
+    """The AdmissionReview around one response; ``audit_annotations``: the bundles'
+    ("<bundle>.<key>"), which the API server writes to its audit log beside our ``decision-id``."""
     body: dict[str, Any] = {"uid": uid, "allowed": allowed}
     if not allowed:
         body["status"] = {"code": code, "reason": "Forbidden" if code == 403 else "BadRequest",
@@ -153,7 +153,34 @@ def response(uid: str, *, allowed: bool, message: str = "", warnings: list[str] 
     return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": body}
 
 
+# One constructor per kind of answer the service gives.
+
+def allowed(uid: str, decision_id: str, *, patch: list[dict] | None = None, warnings: list[str] | None = None,
+            audit_annotations: dict[str, str] | None = None) -> dict:
+    """Admitted, with /mutate's patch and the warnings the submitter sees."""
+    return _response(uid, allowed=True, patch=patch, warnings=warnings, decision_id=decision_id,
+                     audit_annotations=audit_annotations)
+
+
+def denied(uid: str, decision_id: str, message: str, *, warnings: list[str] | None = None, code: int = 403,
+           audit_annotations: dict[str, str] | None = None) -> dict:
+    """Refused with the message the submitter sees (403; 400 for an AdmissionReview we cannot read)."""
+    return _response(uid, allowed=False, message=message, warnings=warnings, decision_id=decision_id, code=code,
+                     audit_annotations=audit_annotations)
+
+
+def failure_mode(uid: str, decision_id: str, message: str, *, allow: bool, warnings: list[str] | None = None) -> dict:
+    """No decision could be made or kept (a failure, a timeout, no policy, an object not created,
+    a record not written): refused with ``message``, or admitted with it as a warning where the
+    failure mode (or /mutate, which never blocks) allows."""
+    if allow:
+        return allowed(uid, decision_id, warnings=[*(warnings or []), message])
+    return denied(uid, decision_id, message, warnings=warnings)
+
+
 def from_decision(uid: str, decision: Decision, decision_id: str) -> dict:
     """The /validate answer: allowed or denied with our message, and the warnings (no patch)."""
-    return response(uid, allowed=decision.allowed, message=decision.status_message, warnings=decision.warnings,
-                    decision_id=decision_id, audit_annotations=decision.audit_annotations)
+    if decision.allowed:
+        return allowed(uid, decision_id, warnings=decision.warnings, audit_annotations=decision.audit_annotations)
+    return denied(uid, decision_id, decision.status_message, warnings=decision.warnings,
+                  audit_annotations=decision.audit_annotations)

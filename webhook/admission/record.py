@@ -8,14 +8,16 @@ Field names are the JSON keys, hence camelCase.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from enum import Enum
 from typing import Any
 
 from trainjob_admission.policies.decide.decision import Decision, Verdict
 from trainjob_admission.policies.k8s import redaction
 
+from .. import ServiceError
 from ..decisionlog.lines import canonical, redact
+from ..decisionlog.writer import DecisionLogError
 from .protocol import ParsedReview
 
 
@@ -103,9 +105,23 @@ class DecisionRecord:
                    injections=injected or planned, job=_totals(decision), facts=decision.facts or UNSET,
                    auditAnnotations=decision.audit_annotations or UNSET)
 
+    @classmethod
+    def unrecorded(cls, record: DecisionRecord, *, allowed: bool, message: str, error: str) -> DecisionRecord:
+        """The answer given instead of ``record``'s, which the decision log could not take: the
+        failure mode's, with no patch."""
+        return replace(record, decision=Verdict.ERROR, allowed=allowed, messages=[message], error=error, patch=[])
+
     def as_log_fields(self) -> dict[str, Any]:
         """The fields this record has, as the log writes them (it adds time, seq, prev, digest)."""
         return {f.name: value for f in fields(self) if (value := getattr(self, f.name)) is not UNSET}
+
+
+class Unrecorded(ServiceError):
+    """The decision log could not take ``record`` (``cause``): its answer must not be given."""
+
+    def __init__(self, record: DecisionRecord, cause: DecisionLogError):
+        super().__init__(str(cause))
+        self.record, self.cause = record, cause
 
 
 # Submitter-controlled strings in a record are bounded (the uid already is, by admission.parse):

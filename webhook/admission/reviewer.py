@@ -31,7 +31,7 @@ from ..loops.bundleset import BundleRegistry
 from ..metrics import Metrics
 from . import protocol
 from .callers import UNKNOWN, Caller, CreationLimit
-from .record import DecisionRecord
+from .record import DecisionRecord, Unrecorded
 
 log = logging.getLogger("trainjob_admission.reviewer")
 
@@ -120,8 +120,8 @@ class Reviewer:
         answer: dict = {}
         try:
             status, answer = await self._review(body, endpoint, caller, submission)
-        except DecisionLogError as exc:  # the answer could not be recorded: it must not stand
-            status, answer = await self._unrecorded(exc, endpoint)
+        except Unrecorded as exc:  # the answer could not be recorded: it must not stand
+            status, answer = await self._unrecorded(exc)
         finally:
             # Whatever /validate answers but an admission (a denial, a failure, no answer at all),
             # the objects this submission's /mutate or /validate created go (webhook/inject/early.py).
@@ -143,12 +143,11 @@ class Reviewer:
         except protocol.ReviewError as exc:
             await self._record(DecisionRecord.malformed(decision_id, endpoint, exc.uid, str(exc)), started)
             if exc.uid:  # an AdmissionReview we can answer: refuse it in its own terms
-                return 200, protocol.response(exc.uid, allowed=False, message=f"invalid AdmissionReview: {exc}",
-                                               decision_id=decision_id, code=400)
+                return 200, protocol.denied(exc.uid, decision_id, f"invalid AdmissionReview: {exc}", code=400)
             return 400, {"error": str(exc), "decisionId": decision_id}
         if parsed.passthrough:
             await self._record(DecisionRecord.passthrough(decision_id, endpoint, parsed), started)
-            return 200, protocol.response(parsed.uid, allowed=True, decision_id=decision_id)
+            return 200, protocol.allowed(parsed.uid, decision_id)
         mutate = endpoint == "mutate"
         if not mutate and parsed.request.operation == "CREATE" and not parsed.request.dry_run:
             submission.admission_id = early.admission_id(parsed.request.object)
@@ -229,8 +228,7 @@ class Reviewer:
         await self._record_decision(decision_id, "mutate", started, parsed, decision, begun)
         if starting:
             self.injections.start(decision, decision_id, early.owner(request))
-        return 200, protocol.response(parsed.uid, allowed=True, patch=decision.patch if decision.allowed else tag,
-                                       decision_id=decision_id)
+        return 200, protocol.allowed(parsed.uid, decision_id, patch=decision.patch if decision.allowed else tag)
 
     async def _with_snapshot(self, request: AdmissionInput) -> ClusterState:
         """The state with the job's runtime snapshot, when an UPDATE's job has one (policies/job/snapshot.py
@@ -264,7 +262,7 @@ class Reviewer:
     async def _undecided(self, parsed: protocol.ParsedReview, decision_id: str, endpoint: str, started: float,
                          reason: str, detail: str) -> tuple[int, dict]:
         """The answer when no decision was made: /validate the failure mode, /mutate allowed unpatched."""
-        allow = endpoint == "mutate" or self.config.failure_mode == "allow"
+        allow = self._failure_mode_allows(endpoint)
         # /mutate never blocks (validation decides), so it must not claim the failure mode.
         outcome = ("it continues unpatched (no Istio, queue or security defaults) to validation" if endpoint == "mutate"
                    else f"failure mode is {'allow' if allow else 'deny'}")
@@ -272,34 +270,33 @@ class Reviewer:
                    f"Retry, and tell your admin the decision id {decision_id}")
         await self._record(DecisionRecord.failed(decision_id, endpoint, parsed, allowed=allow, message=message,
                                                  error=detail), started)
-        return 200, protocol.response(parsed.uid, allowed=allow, message=message, decision_id=decision_id,
-                                       warnings=[message] if allow else None)
+        return 200, protocol.failure_mode(parsed.uid, decision_id, message, allow=allow)
+
+    def _failure_mode_allows(self, endpoint: str) -> bool:
+        """Whether an answer without a decision admits: /mutate never blocks (validation decides),
+        /validate answers the failure mode."""
+        return endpoint == "mutate" or self.config.failure_mode == "allow"
 
     def _deadline_passed(self) -> str:
         timeout = self.config.webhook_timeout_seconds
         return (f"ran out of the request's {timeout - deadline.MARGIN:g} s (the webhook's "
                 f"timeoutSeconds {timeout:g} minus {deadline.MARGIN:g} s to answer before the API server gives up)")
 
-    async def _unrecorded(self, exc: DecisionLogError, endpoint: str) -> tuple[int, dict]:
+    async def _unrecorded(self, exc: Unrecorded) -> tuple[int, dict]:
         """The decision log could not take the record of an answer, so that answer is not given:
         /validate answers the failure mode (a denial stays a denial), /mutate allows unpatched.
         That answer is recorded as well as can be: stdout always, the file if it works again."""
-        fields = exc.record
-        uid, decision_id = str(fields.get("uid", "")), str(fields.get("id", ""))
-        allow = bool(fields.get("allowed")) and (endpoint == "mutate" or self.config.failure_mode == "allow")
-        message = (f"trainjob-admission could not record its decision ({exc}), and answers nothing it cannot "
-                   f"record: {'allowed unpatched' if endpoint == 'mutate' else 'failure mode ' + self.config.failure_mode}."
-                   f" Retry later, and tell your admin the decision id {decision_id}: the decision log's volume "
-                   "is full or read-only")
-        answered = {**fields, "decision": "error", "allowed": allow, "messages": [message],
-                    "error": f"DecisionLogError: {exc}", "patch": []}
-        await asyncio.get_running_loop().run_in_executor(
-            self._log_writers, functools.partial(self.log.append, answered, required=False))
-        self.metrics.requests.labels(endpoint, "error", str(fields.get("kind", ""))).inc()
-        if not uid:  # not an AdmissionReview we could answer in its own terms
-            return 500, {"error": message, "decisionId": decision_id}
-        return 200, protocol.response(uid, allowed=allow, message=message, decision_id=decision_id,
-                                       warnings=[message] if allow and endpoint != "mutate" else None)
+        record = exc.record
+        allow = record.allowed and self._failure_mode_allows(record.endpoint)
+        outcome = "allowed unpatched" if record.endpoint == "mutate" else "failure mode " + self.config.failure_mode
+        message = (f"trainjob-admission could not record its decision ({exc.cause}), and answers nothing it cannot "
+                   f"record: {outcome}. Retry later, and tell your admin the decision id {record.id}: the decision "
+                   "log's volume is full or read-only")
+        answered = DecisionRecord.unrecorded(record, allowed=allow, message=message, error=f"DecisionLogError: {exc.cause}")
+        await self._write(answered, required=False)
+        if not isinstance(record.uid, str) or not record.uid:  # not an AdmissionReview we could answer in its own terms
+            return 500, {"error": message, "decisionId": record.id}
+        return 200, protocol.failure_mode(record.uid, record.id, message, allow=allow)
 
     async def _inject(self, parsed: protocol.ParsedReview, decision: Decision, submission: Submission) -> list[dict]:
         """The injector's records, within the request's deadline (its calls check it too, and send
@@ -322,7 +319,7 @@ class Reviewer:
                                  started: float, decision: Decision, injected: list[dict],
                                  failed: list[dict]) -> tuple[int, dict]:
         """An allowed job whose objects could not be created: the failure mode decides, and says so."""
-        allow = self.config.failure_mode == "allow"
+        allow = self._failure_mode_allows(endpoint)
         by_reason: dict[str, list[str]] = {}
         for i in failed:
             by_reason.setdefault(i["reason"], []).append(f"{i['kind']} {i['namespace']}/{i['name']}")
@@ -337,13 +334,12 @@ class Reviewer:
         log.warning("injection failed for %s: %s", parsed.uid, what)
         await self._record(DecisionRecord.injection_failed(decision_id, endpoint, parsed, decision, allowed=allow,
                                                            message=message, injected=injected), started)
-        return 200, protocol.response(parsed.uid, allowed=allow, message=message, decision_id=decision_id,
-                                       warnings=decision.warnings + [message] if allow else decision.warnings or None)
+        return 200, protocol.failure_mode(parsed.uid, decision_id, message, allow=allow, warnings=decision.warnings)
 
     async def _rate_limited(self, parsed: protocol.ParsedReview, decision_id: str, endpoint: str, started: float,
                             decision: Decision, caller: Caller) -> tuple[int, dict]:
         """An unauthenticated address past its creation budget: nothing is created, the failure mode decides."""
-        allow = self.config.failure_mode == "allow"
+        allow = self._failure_mode_allows(endpoint)
         what = " and ".join(f"{i['kind']} {i['name']}" for i in decision.injections)
         reason = (f"more requests that create objects from {caller.address} than {self.creations.describe()} "
                   f"(callers without a client certificate are limited; the service runs without --client-ca)")
@@ -355,8 +351,7 @@ class Reviewer:
         skipped = [{**i, "namespace": namespace, "status": "rate-limited", "reason": reason} for i in decision.injections]
         await self._record(DecisionRecord.injection_failed(decision_id, endpoint, parsed, decision, allowed=allow,
                                                            message=message, injected=skipped), started)
-        return 200, protocol.response(parsed.uid, allowed=allow, message=message, decision_id=decision_id,
-                                       warnings=decision.warnings + [message] if allow else decision.warnings or None)
+        return 200, protocol.failure_mode(parsed.uid, decision_id, message, allow=allow, warnings=decision.warnings)
 
     async def _record_decision(self, decision_id: str, endpoint: str, started: float, parsed: protocol.ParsedReview,
                                decision: Decision, injected: list[dict]) -> None:
@@ -366,15 +361,21 @@ class Reviewer:
         await self._record(DecisionRecord.decided(decision_id, endpoint, parsed, decision, injected), started)
 
     async def _record(self, record: DecisionRecord, started: float, *, required: bool = True) -> None:
-        """Log ``record`` before its answer leaves. When the file cannot take it, DecisionLogError
+        """Log ``record`` before its answer leaves. When the file cannot take it, :class:`Unrecorded`
         (review() then answers the failure mode); ``required=False`` for answers that are a
         refusal anyway: stdout has them, the file may miss them."""
         latency = time.perf_counter() - started
-        fields = replace(record, caller=_caller.get().as_record(),
-                         latencyMs=round(latency * 1000, 3)).as_log_fields()  # the log adds the time
-        # In the file and on stdout before the response leaves (fsynced too in strict mode): a
-        # crashed or killed server loses no answered decision.
+        record = replace(record, caller=_caller.get().as_record(), latencyMs=round(latency * 1000, 3))
+        try:
+            await self._write(record, required=required)
+        except DecisionLogError as exc:
+            raise Unrecorded(record, exc) from None
+        self.metrics.latency.labels(record.endpoint).observe(latency)
+
+    async def _write(self, record: DecisionRecord, *, required: bool) -> None:
+        """In the file and on stdout before the response leaves (fsynced too in strict mode): a
+        crashed or killed server loses no answered decision. The log adds the time and the chain."""
+        fields = record.as_log_fields()
         await asyncio.get_running_loop().run_in_executor(
             self._log_writers, functools.partial(self.log.append, fields, required=required))
         self.metrics.requests.labels(record.endpoint, record.decision, fields.get("kind", "")).inc()
-        self.metrics.latency.labels(record.endpoint).observe(latency)
