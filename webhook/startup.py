@@ -5,7 +5,9 @@ Without a cluster the state is a fixed set of objects and the bundles are files.
 injector creates Secrets and NetworkPolicies, and reconcilers adopt or remove them, and each
 running TrainJob gets a Warning Event at 80% of its deadline (webhook/loops/deadlinewarnings.py); the same
 TrainJob watch and a watch of JobSet pods feed the quota reservations (webhook/loops/reservationfeed.py);
-/readyz waits for the first complete list of everything watched. This is the only composition
+/readyz waits for the first complete list of everything watched (the Secrets and NetworkPolicies under
+our names included: admission refuses planted ones from them); the namespaces' isolating
+NetworkPolicies and each job's own are made by webhook/inject/isolation.py. This is the only composition
 root: the one place that builds the server, the watches, the injector and the loops together.
 
 May import: policies, certs, webhook.kube, webhook.decisionlog, webhook.metrics, webhook.inject,
@@ -23,14 +25,17 @@ from pathlib import Path
 from typing import Awaitable, Callable
 
 from trainjob_admission.policies.capacity.reservations import Reservations, state_of
+from trainjob_admission.policies.decide.engine import injection_plan, isolated_kinds
 from trainjob_admission.policies.k8s.clusterstate import ClusterState
 
 from .admission.access import SubjectAccessReviews
 from .admission.runtimesnapshots import SnapshotReader
 from .admission.server import ServerConfig, WebhookServer
+from .inject.existing import ExistingObjects
 from .inject.injector import Injector
+from .inject.isolation import Isolation
 from .inject.provenance import Provenance
-from .inject.reconciler import Reconciler
+from .inject.reconciler import SYSTEM_NAMESPACES, Reconciler
 from .kube.aio import AsyncApi
 from .kube.client import KubeApi, api_client
 from .kube.resources import POLICY_BUNDLES
@@ -118,24 +123,33 @@ async def _start_with_cluster(config: ServerConfig, options: ClusterOptions,
     state, ready = ClusterState(), asyncio.Event()
     state.reservations = Reservations(state)
     jobs = JobSink(state.reservations)
-    injector = Injector(api, options.provenance, namespaces=options.namespaces or None)
-    checkpoints = (LeaseStore(api, options.checkpoint_namespace or own_namespace(), config.replica)
+    own = own_namespace()
+    existing = ExistingObjects(api, options.namespaces or None)
+    # both read the server's bundles when called (the server, made below, is their closure's)
+    isolation = Isolation(api, options.provenance, existing,
+                          planner=lambda job: injection_plan(job, list(server.registry.active), state),
+                          wanted=lambda: _isolated_namespaces(server.registry, state, existing, ready, own))
+    injector = Injector(api, options.provenance, namespaces=options.namespaces or None, existing=existing,
+                        isolation=isolation)
+    checkpoints = (LeaseStore(api, options.checkpoint_namespace or own, config.replica)
                    if config.checkpoint_key else None)
     server = WebhookServer(config, state, injector=injector, state_ready=ready, checkpoint_store=checkpoints,
                            snapshots=SnapshotReader(api), access=SubjectAccessReviews(api))
     sync = ClusterSync(api, state, server.registry, bundle_selector=options.bundle_selector)
-    sync.watchers.append(pod_watcher(api, state.reservations))
+    # admission reads what exists under our names from these: ready only once they have listed
+    sync.watchers += [pod_watcher(api, state.reservations), *existing.watchers]
     log.info("reading state and PolicyBundles%s from %s",
              f" ({options.bundle_selector})" if options.bundle_selector else "", api.describe())
     sync.start()
     cleanup.push_async_callback(asyncio.to_thread, sync.stop)
     cleanup.push_async_callback(server.stop)
     await server.start()
-    own = own_namespace()
-    reconcilers = [Reconciler(api, options.provenance, namespace=ns, own_namespace=own, lull=server.in_flight.lull)
+    reconcilers = [Reconciler(api, options.provenance, namespace=ns, own_namespace=own, lull=server.in_flight.lull,
+                              isolation=isolation)
                    for ns in sorted(set(options.namespaces)) or [None]]
     tasks = [asyncio.create_task(_synced(sync, jobs, ready), name="state sync"),
-             asyncio.create_task(DeadlineWarnings(api, also=(jobs,)).run(), name="deadline warnings")] + [
+             asyncio.create_task(DeadlineWarnings(api, also=(jobs,)).run(), name="deadline warnings"),
+             asyncio.create_task(_when_ready(ready, isolation.run), name="network isolation")] + [
         asyncio.create_task(_when_ready(ready, r.run), name=f"reconciler ({r.namespace or 'all namespaces'})")
         for r in reconcilers]
     if options.audit_interval:
@@ -160,6 +174,19 @@ async def _when_ready(ready: asyncio.Event, run: Callable[[], Awaitable[None]]) 
     object) would otherwise hold up /readyz after a restart, and nothing it does is urgent."""
     await ready.wait()
     await run()
+
+
+def _isolated_namespaces(registry: BundleRegistry, state: ClusterState, existing: ExistingObjects,
+                         ready: asyncio.Event, own: str) -> dict[str, list[str]] | None:
+    """Namespace -> the kinds of job the active bundles isolate there (policies/decide/engine.py,
+    isolated_kinds), among those the service injects into; None until the state is synced and a
+    bundle is active (nothing is created or deleted on a partial view)."""
+    active = list(registry.active)
+    if not ready.is_set() or not active:
+        return None
+    protected = SYSTEM_NAMESPACES | {own}
+    return {name: kinds for name, namespace in list(state.namespaces.items())
+            if name not in protected and existing.covers(name) and (kinds := isolated_kinds(active, name, namespace))}
 
 
 def own_namespace(path: Path = SERVICE_ACCOUNT_NAMESPACE) -> str:

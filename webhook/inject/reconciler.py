@@ -25,7 +25,6 @@ garbage collector deletes the dependents either way.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import time
 from collections import Counter
@@ -35,8 +34,10 @@ from trainjob_admission.policies.decide import injections
 
 from ..kube.calls import Calls
 from ..kube.client import ApiError, KubeApi, summary
-from ..kube.resources import INJECTED, JOBS, Resource
+from ..kube.resources import INJECTED, JOBS, SECRETS, Resource
 from ..kube.watch import Watcher
+from .existing import age
+from .isolation import Isolation
 from .provenance import Provenance
 
 log = logging.getLogger("trainjob_admission.reconciler")
@@ -55,15 +56,16 @@ _KEPT = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp", "ow
 class Reconciler(Calls):
     def __init__(self, api: KubeApi, provenance: Provenance, *, grace_seconds: float = 300, interval: float = 900,
                  timeout: float = 5.0, namespace: str | None = None, own_namespace: str = "trainjob-admission",
-                 concurrency: int = 16, lull: Lull | None = None):
+                 concurrency: int = 16, lull: Lull | None = None, isolation: Isolation | None = None):
         """``namespace`` limits the loop to one namespace (default: all but the system namespaces
         and ``own_namespace``, the service's, which are never touched). ``interval``: seconds
         between safety sweeps; ``concurrency``: API calls at once (adoptions after a burst).
         ``lull``: the server's wait for a pause in admissions, which each adoption awaits first
         (an adoption is never urgent; in a burst its patch would slow the creations that the
-        burst's admissions wait for)."""
+        burst's admissions wait for). ``isolation``: told of every job this loop's watches see,
+        to give it its NetworkPolicy (webhook/inject/isolation.py)."""
         super().__init__(api, timeout)
-        self.lull = lull
+        self.lull, self.isolation = lull, isolation
         self.provenance = provenance
         self.grace_seconds, self.interval = grace_seconds, interval
         self.namespace = namespace
@@ -103,11 +105,11 @@ class Reconciler(Calls):
                 # it lives and dies with the job that uses it.
                 await self._adopt(resource, obj, kind, job_name, job["metadata"]["uid"])
                 return "adopted"
-            age = _age(meta)
-            if age < self.grace_seconds:
+            seconds = age(meta)
+            if seconds < self.grace_seconds:
                 return "waiting"
             await self.delete(resource, obj)
-            log.info("deleted orphan %s: %s %s never appeared in %.0f s", where, kind, job_name, age)
+            log.info("deleted orphan %s: %s %s never appeared in %.0f s", where, kind, job_name, seconds)
             return "deleted"
         except Exception as exc:  # noqa: BLE001 - one object's trouble must not stop the sweep
             if isinstance(exc, ApiError) and exc.status in (404, 409, 422):
@@ -144,8 +146,10 @@ class Reconciler(Calls):
             loop.call_soon_threadsafe(events.put_nowait, change)
         watchers = [Watcher(self.api, JOBS[kind], _JobSink(self, kind, post), namespace=self.namespace)
                     for kind in JOBS]
-        watchers += [Watcher(self.api, resource, _ObjectSink(self, resource, post), namespace=self.namespace,
-                             label_selector=SELECTOR) for resource in INJECTED.values()]
+        # Our NetworkPolicies are made owned (webhook/inject/isolation.py): only Secrets wait for an
+        # owner. Unowned NetworkPolicies of an earlier version are settled by the sweep.
+        watchers.append(Watcher(self.api, SECRETS, _ObjectSink(self, SECRETS, post), namespace=self.namespace,
+                                label_selector=SELECTOR))
         for watcher in watchers:
             watcher.start()
         timers = [asyncio.create_task(self._every(self.interval, self._sweep, "reconcile sweep")),
@@ -164,10 +168,14 @@ class Reconciler(Calls):
 
     def jobs_listed(self, kind: str, jobs: dict[JobKey, str]) -> None:
         self._jobs = {key: uid for key, uid in self._jobs.items() if key[0] != kind} | jobs
+        if self.isolation is not None:
+            self.isolation.jobs_listed(kind, self.namespace, jobs)
         for key in [key for key in self._unowned if key in jobs]:
             self._adopt_all(key)
 
     def job_seen(self, key: JobKey, uid: str | None) -> None:
+        if self.isolation is not None:
+            self.isolation.job_seen(key, uid)
         if uid is None:
             self._jobs.pop(key, None)
             return
@@ -221,7 +229,7 @@ class Reconciler(Calls):
         """Objects still unowned at the end of their grace period: adopted or deleted through the API."""
         for key, objects in self._unowned.items():
             for kind, obj in objects.items():
-                if _age(obj["metadata"]) >= self.grace_seconds:
+                if age(obj["metadata"]) >= self.grace_seconds:
                     self._start(key, kind, obj, self._settle(INJECTED[kind], obj, key[0], key[2], obj["metadata"]))
 
     def _start(self, key: JobKey, kind: str, obj: dict, work: Coroutine, *, lull_until: float | None = None) -> None:
@@ -319,11 +327,6 @@ def _job_of(obj: dict) -> tuple[str, str]:
 
 def _owned(obj: dict, kind: str, job_name: str) -> bool:
     return any(r.get("kind") == kind and r.get("name") == job_name for r in obj["metadata"].get("ownerReferences") or [])
-
-
-def _age(meta: dict) -> float:
-    created = dt.datetime.fromisoformat(meta["creationTimestamp"].replace("Z", "+00:00"))
-    return (dt.datetime.now(dt.timezone.utc) - created).total_seconds()
 
 
 def _summary(counts: Counter) -> dict:
