@@ -160,12 +160,14 @@ def injecting_server(tmp_path: Path, memory_api: MemoryApi):
     which the service creates at admission, where the default's is Trainer's own), injecting
     through ``memory_api`` and reading what exists there from watches of team-a, as serve does;
     with ``reconcile`` the reconciler and the NetworkPolicies' maker run too (jobs appear when a
-    test puts them in ``memory_api``). Each call another replica (its own log and certificate, the
-    same provenance key)."""
+    test puts them in ``memory_api``), the namespaces isolated being ``isolated`` (namespace ->
+    kinds, read on each pass: a test may change it; None: not known, nothing made or deleted).
+    Each call another replica (its own log and certificate, the same provenance key)."""
     stops = []
 
     def _start(adopt: bool = False, failure_mode: str = "deny", creation_burst: int = 50,
-               key_type: str | None = None, reconcile: bool = False) -> Running:
+               key_type: str | None = None, reconcile: bool = False,
+               isolated: dict[str, list[str]] | None = None) -> Running:
         work = tmp_path / f"server-{len(stops)}"
         work.mkdir()
         bundle = yaml.safe_load(DEFAULT_BUNDLE.read_text())
@@ -185,7 +187,7 @@ def injecting_server(tmp_path: Path, memory_api: MemoryApi):
         api, state = KubeApi(configuration), sample_state()
         existing = ExistingObjects(api, ["team-a"])
         wait_synced(existing.watchers)
-        isolation = Isolation(api, PROVENANCE, existing, wanted=lambda: None,
+        isolation = Isolation(api, PROVENANCE, existing, wanted=lambda: isolated,
                               planner=lambda job: injection_plan(job, list(server.registry.active), state))
         server = WebhookServer(config, state, decision_log=DecisionLog(work / "decisions.jsonl", stdout=None),
                                injector=Injector(api, PROVENANCE, timeout=5, existing=existing, isolation=isolation))

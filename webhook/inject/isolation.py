@@ -156,6 +156,7 @@ class Isolation(Calls):
         next_pass = 0.0
         try:
             while True:
+                self._wake.clear()  # a poke from here on wakes the wait below
                 if time.monotonic() >= next_pass or self._namespaces_changed:
                     self._namespaces_changed = False
                     await self._guarded(self.reconcile_namespaces(), "namespace isolation pass")
@@ -165,7 +166,6 @@ class Isolation(Calls):
                     del self._due[key]
                     self._start(key)
                 self._next_wake = min([next_pass, *self._due.values()])
-                self._wake.clear()
                 try:
                     await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, self._next_wake - time.monotonic()))
                 except asyncio.TimeoutError:
