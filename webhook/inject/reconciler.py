@@ -1,16 +1,20 @@
-"""Ties injected objects to their job once it exists, and removes those whose job never came.
+"""Ties injected Secrets to their job once it exists, removes those whose job never came, and
+tells the NetworkPolicies' maker (webhook/inject/isolation.py) of every job its watches see.
 
-The injector creates the Secret and NetworkPolicy during admission, before the job is stored,
-so they carry no ownerReference yet (see webhook/inject/injector.py). This loop adds one as soon as the
-job appears, so the garbage collector deletes them with the job. An object whose job is absent
-(a later webhook or the API server refused it) is deleted after a grace period. Only objects
+The injector creates an SSH key Secret during admission when the bundle's key type is not
+Trainer's own, before the job is stored, so it carries no ownerReference yet (see
+webhook/inject/injector.py). This loop adds one as soon as the job appears, so the garbage
+collector deletes it with the job. One whose job is absent (a later webhook or the API server
+refused it) is deleted after a grace period. The job's NetworkPolicy needs none of this: it is
+created once the job is stored, owned from the start; an unowned one of an earlier version is
+deleted after its grace period, or replaced once its job is seen. Only objects
 this service made are touched: our managed-by label (to list them), a name of our own patterns
 for the job they name, and a provenance HMAC that verifies (webhook/inject/provenance.py), never in
 kube-system, kube-public, kube-node-lease or the service's own namespace. Each patch and delete
 is conditional on the resourceVersion we looked at.
 
 Work follows events, so an idle cluster costs nothing however many jobs it holds: watches of the
-jobs (kind, namespace, name and uid kept) and of our own objects (label-selected; only those not
+jobs (kind, namespace, name and uid kept) and of our own Secrets (label-selected; only those not
 owned yet are kept, as metadata: never a key) meet in memory, and the object or the job that
 arrives second triggers the adoption, once admissions pause (``lull``). A watch that lost events
 lists again and its cache is replaced (webhook/kube/watch.py), which adopts whatever met meanwhile. An object still unowned at
@@ -101,6 +105,10 @@ class Reconciler(Calls):
         try:
             job = await self.get_job(kind, meta["namespace"], job_name)
             if job is not None:
+                if resource.kind == "NetworkPolicy":
+                    # one of an earlier version, made before its job: webhook/inject/isolation.py
+                    # replaces it with one owned from its creation (no patch on NetworkPolicies)
+                    return "waiting"
                 # Even a job other than the one it was made for (uid annotation) mounts it by name:
                 # it lives and dies with the job that uses it.
                 await self._adopt(resource, obj, kind, job_name, job["metadata"]["uid"])
