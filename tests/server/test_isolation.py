@@ -64,12 +64,18 @@ def test_the_admitting_replica_makes_the_jobs_policy_owned_from_its_creation(inj
 
 def test_another_replica_plans_it_from_the_stored_job(injecting_server, memory_api, monkeypatch):
     """The job was admitted elsewhere (or before a restart): no plan at hand, so after a moment
-    the bundles plan it again from the stored job."""
+    the bundles plan it again from the stored job; in a namespace that does not isolate its jobs'
+    pods, none is needed and none is planned."""
     monkeypatch.setattr(isolation_module, "FALLBACK_DELAY", 0.3)
-    injecting_server(reconcile=True)
+    isolated: dict[str, list[str]] = {}
+    injecting_server(reconcile=True, isolated=isolated)
     job = submitted()
     memory_api.put("trainjobs", job)
+    time.sleep(1.5)
+    assert policy(memory_api) is None and memory_api.requests == []
+    isolated[NS] = ["TrainJob"]  # a bundle isolates the namespace now: its own policy comes, then the job's
     made = wait_for("job NetworkPolicy", lambda: policy(memory_api))
+    assert policy(memory_api, ISOLATION) is not None
     assert made["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
     assert made["spec"]["podSelector"] == {"matchLabels": {"jobset.sigs.k8s.io/jobset-name": JOB}}
 

@@ -145,6 +145,8 @@ class Isolation(Calls):
             self._settled[key] = uid
         elif (self._expected.get(key) or ("",))[0] == uid:
             self._start(key)
+        elif not self._isolated(key[1], key[0]):
+            self._settled[key] = uid  # its pods are not isolated here: no policy of its own needed (until one is)
         else:  # not admitted here (or before a restart): planned again unless another replica makes it first
             self._schedule(key, FALLBACK_DELAY)
 
@@ -282,8 +284,18 @@ class Isolation(Calls):
             self._loop.call_soon_threadsafe(self._deleted, owner)
 
     def _namespace_policy_changed(self) -> None:
+        """A namespace's own policy came, changed or went: its jobs settled as not isolated are
+        looked at again (a job admitted while it was missing may need a policy of its own)."""
         self._namespaces_changed = True
+        for key, uid in list(self._settled.items()):
+            if self._isolated(key[1], key[0]) and self.objects.get(
+                    "NetworkPolicy", key[1], key[2] + injections.NETWORK_POLICY_SUFFIX) is None:
+                del self._settled[key]
+                self.job_seen(key, uid)
         self._poke()
+
+    def _isolated(self, namespace: str, kind: str) -> bool:
+        return self.objects.get("NetworkPolicy", namespace, injections.ISOLATION_POLICIES[kind][0]) is not None
 
     def _deleted(self, key: JobKey) -> None:
         """A job's policy went: made again while its job lives (a deleted job's goes with it)."""
