@@ -285,32 +285,41 @@ def ssh_secret(name: str, ns: str, pair, **metadata) -> dict:
                      "ssh-publickey": base64.b64encode(pair.public_openssh).decode()}}
 
 
+def planted_key_is_refused(harness: Harness, kubectl, ns: str, job: str, alice, wait_for) -> None:
+    """alice plants `<job>-mpi-ssh-auth` with her own key; the job is denied naming it and the fix,
+    never stored, and its record says refused with her key's fingerprint."""
+    name = f"{job}-mpi-ssh-auth"
+    pair = generate("ecdsa-p521")
+    kubectl("create", "-f", "-", input=json.dumps(ssh_secret(name, ns, pair)), kubeconfig=alice)
+    wait_for("the planted Secret in the service's watch",
+             lambda: harness.existing.get("Secret", ns, name) is not None, 30, interval=0.1)
+    denied = create(kubectl, trainjob(job, ns), check=False)
+    assert denied.returncode != 0 and (
+        f"Secret {ns}/{name} already exists and was not created by trainjob-admission for this job: "
+        f"delete Secret {ns}/{name} or rename the job") in denied.stderr, denied.stderr
+    assert not exists(kubectl, "trainjob", job, ns) and not exists(kubectl, "jobset", job, ns)
+    record = [r for r in harness.records() if r["endpoint"] == "validate" and r["name"] == job][-1]
+    assert record["decision"] == "deny"
+    assert {i["kind"]: (i["status"], i.get("fingerprint")) for i in record["injections"]}["Secret"] == \
+        ("refused", pair.fingerprint)
+
+
 def test_a_planted_secret_or_a_forged_copy_denies_the_job(webhook, namespace, kubectl, user_a_kubeconfig, get_json,
-                                                          api):
+                                                          api, wait_for):
     """alice (edit in her namespace, as any team member) plants her own key as the next job's
     Secret: first bare, then with every label and annotation copied from one of ours. The
     victim's job is denied naming the Secret; Trainer never mounts her key."""
     ns = namespace
     kubectl("create", "rolebinding", "alice-edit", "-n", ns, "--clusterrole=edit", "--user=alice")
     harness = webhook()
-    pair = generate("ecdsa-p521")
-    kubectl("create", "-f", "-", input=json.dumps(ssh_secret("bert-mpi-ssh-auth", ns, pair)), kubeconfig=user_a_kubeconfig)
-    denied = create(kubectl, trainjob("bert", ns), check=False)
-    assert denied.returncode != 0 and (
-        f"Secret {ns}/bert-mpi-ssh-auth already exists and was not created by trainjob-admission for this job: "
-        f"delete Secret {ns}/bert-mpi-ssh-auth or rename the job") in denied.stderr, denied.stderr
-    assert not exists(kubectl, "trainjob", "bert", ns) and not exists(kubectl, "jobset", "bert", ns)
-    record = [r for r in harness.records() if r["endpoint"] == "validate" and r["name"] == "bert"][-1]
-    assert record["decision"] == "deny"
-    assert {i["kind"]: (i["status"], i.get("fingerprint")) for i in record["injections"]}["Secret"] == \
-        ("refused", pair.fingerprint)
+    planted_key_is_refused(harness, kubectl, ns, "bert", user_a_kubeconfig, wait_for)
 
     # A forged copy: the metadata of a real injected Secret, with alice's key and the victim's name.
     create(kubectl, trainjob("real", ns))
     real = get_json("secret", "real-mpi-ssh-auth", "-n", ns)["metadata"]
     annotations = {**real["annotations"], "trainjob-admission.io/job": "TrainJob/ernie"}
     assert ANNOTATION in annotations
-    forged = ssh_secret("ernie-mpi-ssh-auth", ns, pair, labels=real["labels"], annotations=annotations)
+    forged = ssh_secret("ernie-mpi-ssh-auth", ns, generate("ecdsa-p521"), labels=real["labels"], annotations=annotations)
     kubectl("create", "-f", "-", input=json.dumps(forged), kubeconfig=user_a_kubeconfig)
     denied = create(kubectl, trainjob("ernie", ns), check=False)
     assert denied.returncode != 0 and f"Secret {ns}/ernie-mpi-ssh-auth already exists and was not created by " \
@@ -342,19 +351,7 @@ def test_trainer_makes_its_own_kind_of_key_and_a_planted_one_is_refused(webhook,
     assert owned_by(secret, uid) and MANAGED_BY[0] not in (secret["metadata"].get("labels") or {})
     assert base64.b64decode(secret["data"]["ssh-privatekey"]).startswith(b"-----BEGIN EC PRIVATE KEY-----")
 
-    pair = generate("ecdsa-p521")
-    kubectl("create", "-f", "-", input=json.dumps(ssh_secret("victim-mpi-ssh-auth", ns, pair)),
-            kubeconfig=user_a_kubeconfig)
-    wait_for("the planted Secret in the service's watch",
-             lambda: harness.existing.get("Secret", ns, "victim-mpi-ssh-auth") is not None, 30, interval=0.1)
-    denied = create(kubectl, trainjob("victim", ns), check=False)
-    assert denied.returncode != 0 and (
-        f"Secret {ns}/victim-mpi-ssh-auth already exists and was not created by trainjob-admission for this job: "
-        f"delete Secret {ns}/victim-mpi-ssh-auth or rename the job") in denied.stderr, denied.stderr
-    assert not exists(kubectl, "trainjob", "victim", ns) and not exists(kubectl, "jobset", "victim", ns)
-    record = [r for r in harness.records() if r["endpoint"] == "validate" and r["name"] == "victim"][-1]
-    assert {i["kind"]: (i["status"], i.get("fingerprint")) for i in record["injections"]}["Secret"] == \
-        ("refused", pair.fingerprint)
+    planted_key_is_refused(harness, kubectl, ns, "victim", user_a_kubeconfig, wait_for)
 
 
 def test_adopt_existing_keeps_a_foreign_secret_and_kubectl_warns(webhook, namespace, kubectl, get_json, wait_for,
