@@ -29,8 +29,9 @@ from trainjob_admission.policies.decide.engine import injection_plan, isolated_k
 from trainjob_admission.policies.k8s.clusterstate import ClusterState
 
 from .admission.access import SubjectAccessReviews
+from .admission.config import ServerConfig
 from .admission.runtimesnapshots import SnapshotReader
-from .admission.server import ServerConfig, WebhookServer
+from .admission.server import WebhookServer
 from .inject.existing import ExistingObjects
 from .inject.injector import Injector
 from .inject.isolation import Isolation

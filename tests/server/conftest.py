@@ -19,7 +19,8 @@ import yaml
 
 from tests.support.memoryapi import MemoryApi, wait_synced
 from trainjob_admission.policies.decide.engine import injection_plan
-from trainjob_admission.webhook.admission.server import ServerConfig, WebhookServer
+from trainjob_admission.webhook.admission.config import ServerConfig
+from trainjob_admission.webhook.admission.server import WebhookServer
 from trainjob_admission.webhook.cli.demo import admission_review, sample_state
 from trainjob_admission.webhook.decisionlog import DecisionLog
 from trainjob_admission.webhook.inject.existing import ExistingObjects
