@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from trainjob_admission.policies.bundle.schema import Injections, NetworkPolicyInjection
+from trainjob_admission.policies.bundle.schema import NetworkPolicyInjection
 from trainjob_admission.policies.decide import injections
 from trainjob_admission.policies.job.effective_job import EffectiveJob
 from trainjob_admission.webhook.inject.isolation import job_policy
@@ -41,14 +41,12 @@ def selects(selector: dict, labels: dict) -> bool:
 
 
 def test_the_jobs_policy_follows_the_template_and_names_its_submission() -> None:
-    settings = Injections(networkPolicy=NetworkPolicyInjection(template="restricted"))
-    body = job_policy(job(), settings, "5b0c1c0e-3b1a-4c55-9a66-0d3f0e6f2a11")
+    body = job_policy(job(), NetworkPolicyInjection(template="restricted"), "5b0c1c0e-3b1a-4c55-9a66-0d3f0e6f2a11")
     assert body["metadata"]["name"] == "bert-mpi-isolation"
     assert body["metadata"]["annotations"] == {injections.JOB_ANNOTATION: "TrainJob/bert",
                                                injections.ADMISSION_ANNOTATION: "5b0c1c0e-3b1a-4c55-9a66-0d3f0e6f2a11"}
     assert [p["port"] for p in body["spec"]["ingress"][0]["ports"]] == [2222, 30000]
-    assert job_policy(job(), Injections(networkPolicy=NetworkPolicyInjection(template="none")), "x") is None
-    assert job_policy(job(), Injections(), "x") is None
+    assert body["spec"]["podSelector"] == {"matchLabels": {"jobset.sigs.k8s.io/jobset-name": "bert"}}
 
 
 def test_the_guard_lets_the_service_write_the_names_it_uses() -> None:

@@ -96,9 +96,11 @@ class Injector(Calls):
         return records
 
     def admitted(self, decision: Decision, uid: str, admission_id: str) -> None:
-        """The job is about to be stored: its NetworkPolicy is made when it appears."""
-        if self.isolation is not None and decision.job is not None and decision.injection_settings is not None:
-            self.isolation.expect(decision.job, decision.injection_settings, uid, admission_id)
+        """The job is about to be stored: its NetworkPolicy, if planned, is made when it appears."""
+        settings = decision.injection_settings.networkPolicy if decision.injection_settings else None
+        if self.isolation is not None and decision.job is not None and settings is not None \
+                and any(p["kind"] == "NetworkPolicy" for p in decision.injections):
+            self.isolation.expect(decision.job, settings, uid, admission_id)
 
     async def confirmed(self, namespace: str, records: list[dict], admission_id: str) -> list[dict]:
         """``records`` of objects made a while ago (on /mutate), as they stand now: one no longer

@@ -29,7 +29,7 @@ import time
 from collections import OrderedDict
 from typing import Callable
 
-from trainjob_admission.policies.bundle.schema import Injections
+from trainjob_admission.policies.bundle.schema import Injections, NetworkPolicyInjection
 from trainjob_admission.policies.decide import injections
 from trainjob_admission.policies.job.effective_job import EffectiveJob
 
@@ -57,13 +57,9 @@ Wanted = Callable[[], "dict[str, list[str]] | None"]
 _KIND_OF = {name: kind for kind, (name, _) in injections.ISOLATION_POLICIES.items()}
 
 
-def job_policy(job: EffectiveJob, settings: Injections, admission: str) -> dict | None:
-    """The job's own NetworkPolicy as its bundle asks for it, before the owner and the HMAC; None
-    when it asks for none."""
-    if not any(p["kind"] == "NetworkPolicy" for p in injections.plan(job, settings, {})) \
-            or settings.networkPolicy is None:
-        return None
-    body = injections.network_policy(job, settings.networkPolicy)
+def job_policy(job: EffectiveJob, settings: NetworkPolicyInjection, admission: str) -> dict:
+    """The job's own NetworkPolicy as its bundle's template renders it, before the owner and the HMAC."""
+    body = injections.network_policy(job, settings)
     body["metadata"]["annotations"][injections.ADMISSION_ANNOTATION] = admission
     return body
 
@@ -88,16 +84,15 @@ class Isolation(Calls):
         objects.listeners.append(self._policy_changed)
 
     # --- admission ------------------------------------------------------------------------------
-    def expect(self, job: EffectiveJob, settings: Injections, uid: str, admission: str) -> None:
+    def expect(self, job: EffectiveJob, settings: NetworkPolicyInjection, uid: str, admission: str) -> None:
         """Remember the policy an admitted job gets, to create when the job appears (on the loop)."""
-        body = job_policy(job, settings, admission)
-        if body is None or not uid:
+        if not uid:
             return
-        self._expected[(job.kind, job.namespace, job.name)] = (uid, body, time.monotonic())
+        key = (job.kind, job.namespace, job.name)
+        self._expected[key] = (uid, job_policy(job, settings, admission), time.monotonic())
         horizon = time.monotonic() - EXPECT_SECONDS
         while self._expected and (len(self._expected) > EXPECT_LIMIT or next(iter(self._expected.values()))[2] < horizon):
             self._expected.popitem(last=False)
-        key = (job.kind, job.namespace, job.name)
         if self._jobs.get(key) == uid and self._settled.get(key) != uid:  # the watch was quicker
             self._start(key)
 
@@ -267,9 +262,10 @@ class Isolation(Calls):
         if job is None or job["metadata"].get("uid") != uid:
             return None
         plans, settings, effective = self.planner(job)
-        if settings is None or effective is None or not any(p["kind"] == "NetworkPolicy" for p in plans):
+        if settings is None or settings.networkPolicy is None or effective is None \
+                or not any(p["kind"] == "NetworkPolicy" for p in plans):
             return None
-        return job_policy(effective, settings, admission_id(job))
+        return job_policy(effective, settings.networkPolicy, admission_id(job))
 
     def _stamped(self, body: dict) -> dict:
         return self.provenance.stamp("NetworkPolicy", body)
