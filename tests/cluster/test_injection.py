@@ -55,10 +55,10 @@ class Harness:
     thread, for ``namespace`` only."""
 
     def __init__(self, tmp_path: Path, cert: Path, key: Path, api, namespace: str,
-                 reconciler: Reconciler | None = None, adopt: bool = False, key_type: str = "rsa-4096"):
+                 reconciler: Reconciler | None = None, adopt: bool = False, key_type: str = "ed25519"):
         runtime = objects.runtime()  # examples/runtimes/mpi-openmpi.yaml
         self.log_path = tmp_path / "decisions.jsonl"
-        # By default RSA-4096 keys: unlike Trainer's own P-521, the service creates them, so a mounted key is provably ours.
+        # By default Ed25519 keys: unlike Trainer's own P-521, the service creates them, so a mounted key is provably ours.
         bundle = yaml.safe_load(DEFAULT_BUNDLE.read_text())
         bundle["spec"]["injections"]["sshKey"]["type"] = key_type
         bundle["spec"]["injections"]["sshKey"]["adoptExisting"] = adopt
@@ -66,6 +66,7 @@ class Harness:
         config = ServerConfig(host="127.0.0.1", port=0, cert_file=cert, key_file=key, decision_log=self.log_path,
                               bundle_specs=[str(tmp_path / "bundle.yaml")])
         config.reviewer.timeout_seconds = 10
+        config.reviewer.webhook_timeout_seconds = 20  # as registered (the webhook fixture)
         state = ClusterState.from_objects([runtime])
         state.replace("LocalQueue", [])  # as its watch finds them here: none, so no queue label
         self.existing = ExistingObjects(api, [namespace])
@@ -126,11 +127,11 @@ def api(control_plane):
 
 @pytest.fixture
 def webhook(mpi_runtime, namespace, serving_cert, register_webhook, api, tmp_path):
-    """start(reconciler=None, adopt=False, key_type="rsa-4096") -> Harness registered as the webhook
+    """start(reconciler=None, adopt=False, key_type="ed25519") -> Harness registered as the webhook
     for `namespace` only; ``adopt`` sets the bundle's sshKey.adoptExisting."""
     harnesses = []
 
-    def start(reconciler: Reconciler | None = None, adopt: bool = False, key_type: str = "rsa-4096") -> Harness:
+    def start(reconciler: Reconciler | None = None, adopt: bool = False, key_type: str = "ed25519") -> Harness:
         cert, key, ca_pem = serving_cert()
         harness = Harness(tmp_path, cert, key, api, namespace, reconciler, adopt, key_type)
         harnesses.append(harness)
@@ -171,7 +172,7 @@ def test_injected_objects_are_used_by_trainer_owned_by_the_job_and_collected(
     # watches (the jobs' and our objects'), which expire every second here and must resume each time.
     monkeypatch.setattr(kube_watch, "WATCH_SECONDS", 1)
     reconciler = Reconciler(api, PROVENANCE, grace_seconds=3600, interval=3600, namespace=ns)
-    harness = webhook(reconciler)
+    harness = webhook(reconciler, key_type="rsa-4096")  # an RSA key: provably ours, not Trainer's EC one
     time.sleep(3)
     create(kubectl, trainjob("resnet", ns))
     job = get_json("trainjob", "resnet", "-n", ns)
