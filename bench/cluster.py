@@ -23,10 +23,10 @@ of 20, and shows each one's verdict on the same good and bad TrainJobs:
 Our webhook is registered under a name that sorts where the installed configuration's does
 (`trainjob-admission...`, after Kueue's and Trainer's): the API server calls mutating webhooks in
 the order of their configurations' names, so the work between our /mutate and /validate is what an
-install sees. Each admitted job sets off work in the controllers (Trainer builds a JobSet, JobSet
-its Jobs, we adopt the injected objects), which on 2 cores overlaps the next create: --pause S
-waits S seconds after each sequential create, so each meets a settled cluster, as one user's
-submission does; without it the creates queue behind the previous jobs' work.
+install sees. Each admitted job sets off work in the controllers (Trainer builds a JobSet and the
+SSH key Secret, JobSet its Jobs, the service the job's NetworkPolicy), which on 2 cores overlaps
+the next create: --pause S waits S seconds after each sequential create, so each meets a settled
+cluster, as one user's submission does; without it the creates queue behind the previous jobs' work.
 """
 from __future__ import annotations
 
