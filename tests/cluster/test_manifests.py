@@ -477,9 +477,9 @@ def test_service_account_has_least_privilege(installed, kubectl):
                ("patch", "policybundles.policy.trainjob-admission.io", "--subresource=status"),
                ("create", "secrets", "-n", "team-a"), ("delete", "secrets", "-n", "team-a"),
                ("create", "networkpolicies.networking.k8s.io", "-n", "team-a"),
-               ("patch", "networkpolicies.networking.k8s.io", "-n", "team-a"),
                ("create", "leases.coordination.k8s.io", "-n", NS), ("patch", "leases.coordination.k8s.io", "-n", NS)]
-    denied = [("create", "leases.coordination.k8s.io", "-n", "team-a"), ("delete", "leases.coordination.k8s.io", "-n", NS),
+    denied = [("patch", "networkpolicies.networking.k8s.io", "-n", "team-a"),  # created owned, never patched
+              ("create", "leases.coordination.k8s.io", "-n", "team-a"), ("delete", "leases.coordination.k8s.io", "-n", NS),
               ("get", "nodes"), ("get", "nodes", "--subresource=proxy"), ("create", "pods", "-n", "team-a"),
               ("create", "pods", "-n", NS), ("create", "pods", "--subresource=exec", "-n", NS),
               ("escalate", "clusterroles.rbac.authorization.k8s.io"), ("bind", "clusterroles.rbac.authorization.k8s.io"),
@@ -573,23 +573,36 @@ def test_guard_lets_the_service_account_write_only_managed_objects(installed, ku
         ("Secret", "foreign-mpi-ssh-auth", False), ("Secret", "ours-mpi-ssh-auth", True),
         ("NetworkPolicy", "foreign-mpi-isolation", False), ("Secret", "db-credentials", True))))
 
+    # each refusal with the verb and resource it needs: where RBAC grants that verb, the guard must
+    # be what refuses; where RBAC does not (networkpolicies: no patch, they are created owned),
+    # RBAC's own Forbidden is the stronger refusal and is what must answer
+    secrets, netpols = "secrets", "networkpolicies.networking.k8s.io"
     denied = {
-        "create an unlabelled Secret": as_sa("create", "-f", "-", body=obj("Secret", "new-mpi-ssh-auth", False)),
-        "create a labelled Secret of another name": as_sa("create", "-f", "-", body=obj("Secret", "db-password", True)),
-        "create a labelled Secret of another type": as_sa("create", "-f", "-", body=obj(
-            "Secret", "opaque-mpi-ssh-auth", True, "Opaque")),
-        "create a labelled NetworkPolicy of another name": as_sa("create", "-f", "-", body=obj(
-            "NetworkPolicy", "allow-all", True)),
-        "delete a labelled Secret of another name": as_sa("delete", "secret", "db-credentials"),
-        "patch a foreign Secret": as_sa("label", "secret", "foreign-mpi-ssh-auth", "x=y"),
-        "adopt a foreign Secret by labelling it": as_sa("label", "secret", "foreign-mpi-ssh-auth", "=".join(MANAGED_BY)),
-        "delete a foreign Secret": as_sa("delete", "secret", "foreign-mpi-ssh-auth"),
-        "patch a foreign NetworkPolicy": as_sa("label", "networkpolicy", "foreign-mpi-isolation", "x=y"),
-        "drop the label from its own Secret": as_sa("label", "secret", "ours-mpi-ssh-auth", f"{MANAGED_BY[0]}-"),
+        "create an unlabelled Secret": ("create", secrets, as_sa(
+            "create", "-f", "-", body=obj("Secret", "new-mpi-ssh-auth", False))),
+        "create a labelled Secret of another name": ("create", secrets, as_sa(
+            "create", "-f", "-", body=obj("Secret", "db-password", True))),
+        "create a labelled Secret of another type": ("create", secrets, as_sa("create", "-f", "-", body=obj(
+            "Secret", "opaque-mpi-ssh-auth", True, "Opaque"))),
+        "create a labelled NetworkPolicy of another name": ("create", netpols, as_sa("create", "-f", "-", body=obj(
+            "NetworkPolicy", "allow-all", True))),
+        "delete a labelled Secret of another name": ("delete", secrets, as_sa("delete", "secret", "db-credentials")),
+        "patch a foreign Secret": ("patch", secrets, as_sa("label", "secret", "foreign-mpi-ssh-auth", "x=y")),
+        "adopt a foreign Secret by labelling it": ("patch", secrets, as_sa(
+            "label", "secret", "foreign-mpi-ssh-auth", "=".join(MANAGED_BY))),
+        "delete a foreign Secret": ("delete", secrets, as_sa("delete", "secret", "foreign-mpi-ssh-auth")),
+        "patch a foreign NetworkPolicy": ("patch", netpols, as_sa(
+            "label", "networkpolicy", "foreign-mpi-isolation", "x=y")),
+        "drop the label from its own Secret": ("patch", secrets, as_sa(
+            "label", "secret", "ours-mpi-ssh-auth", f"{MANAGED_BY[0]}-")),
     }
-    for what, p in denied.items():
+    for what, (verb, resource, p) in denied.items():
         assert p.returncode != 0, f"the service account could {what}"
-        assert "trainjob-admission may only" in p.stderr and "ValidatingAdmissionPolicy" in p.stderr, (what, p.stderr)
+        if can_i(kubectl, verb, resource, "-n", namespace, f"--as={SA}"):
+            assert "trainjob-admission may only" in p.stderr and "ValidatingAdmissionPolicy" in p.stderr, (what, p.stderr)
+        else:
+            assert "forbidden" in p.stderr.lower() and f"cannot {verb} resource" in p.stderr, (what, p.stderr)
+    assert not can_i(kubectl, "patch", netpols, "-n", namespace, f"--as={SA}")  # the RBAC case above is exercised
     allowed = {
         "create a labelled Secret": as_sa("create", "-f", "-", body=obj("Secret", "new-mpi-ssh-auth", True)),
         "create a labelled NetworkPolicy": as_sa("create", "-f", "-", body=obj(
