@@ -4,7 +4,7 @@ our engine (the expression as a bundle rule on the object the API server built),
 denial messages compared (tests/support/celdiff.py says how).
 
 The test prints the agreement table by category and writes the latest disagreements to
-/tmp/cel-differential-latest.txt (or $CEL_DIFFERENTIAL_REPORT). It fails on any disagreement that
+/tmp/cel-differential-latest.txt (or $CEL_DIFFERENTIAL_REPORT; every verdict in the .json beside it). It fails on any disagreement that
 docs/cel-conformance.md does not list as a justified exception, and on any fail-open one (the API
 server denies or errs where we admit) whatever the document says.
 """
@@ -44,12 +44,16 @@ def test_the_api_server_and_our_engine_agree_on_every_expression(control_plane, 
     apiserver, stored = celdiff.Oracle(api, namespace, uuid.uuid4().hex[:6]).judge(cases)
     assert stored.get("kind") == "TrainJob", "the dry run no policy matches was refused"
     user = celdiff.User(whoami["username"], tuple(whoami.get("groups", ())), whoami.get("uid", ""))
-    ours = celdiff.Ours(stored, get_json("namespace", namespace),
-                        get_json("clustertrainingruntime", celcorpus.RUNTIME), user).judge(cases)
+    namespace_object, runtime = get_json("namespace", namespace), get_json("clustertrainingruntime", celcorpus.RUNTIME)
+    ours = celdiff.Ours(stored, namespace_object, runtime, user).judge(cases)
 
     rows = celdiff.compare(cases, apiserver, ours, celdiff.exceptions(DOC))
     text = celdiff.report(rows)
     REPORT.write_text(text)
+    REPORT.with_suffix(".json").write_text(json.dumps({  # what both sides saw and said, to work on ours between runs
+        "stored": stored, "namespace": namespace_object, "runtime": runtime, "user": vars(user),
+        "verdicts": {c.id: {"case": c.describe(), "apiserver": vars(apiserver[c.id]), "ours": vars(ours[c.id])}
+                     for c in cases}}, indent=1))
     print("\n" + celdiff.table(rows) + f"\n(disagreements in {REPORT})")
     assert not [r for r in rows if r.apiserver.kind == "other"], "the API server refused a dry run for another reason"
     failing = [r for r in rows if not r.agree and (r.fail_open or not r.excepted)]

@@ -336,3 +336,23 @@ def report(rows: list[Row]) -> str:
     """The table, then one entry per disagreement (what part A fixes semantics from)."""
     wrong = [r for r in rows if not r.agree]
     return "\n".join([table(rows), "", f"{len(wrong)} disagreements:", *(r.line() for r in wrong)]) + "\n"
+
+
+def replay(path: Path) -> list[Row]:
+    """The API server's verdicts of a past run (the .json the cluster test writes) against ours
+    now: work on our side between cluster runs (``python -m tests.support.celdiff FILE``)."""
+    from .celcorpus import cases as all_cases
+
+    saved = json.loads(path.read_text())
+    cases = [c for c in all_cases() if c.id in saved["verdicts"]]
+    user = User(saved["user"]["username"], tuple(saved["user"]["groups"]), saved["user"]["uid"])
+    ours = Ours(saved["stored"], saved["namespace"], saved["runtime"], user).judge(cases)
+    apiserver = {c.id: Verdict(**saved["verdicts"][c.id]["apiserver"]) for c in cases}
+    docs = Path(__file__).resolve().parents[2] / "docs" / "cel-conformance.md"
+    return compare(cases, apiserver, ours, exceptions(docs))
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(report(replay(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/cel-differential-latest.json"))), end="")
