@@ -1,0 +1,134 @@
+"""Every expression of a bundle type-checked as the API server checks a ValidatingAdmissionPolicy
+when it is created (policies/cel/checker.py), before the bundle may load:
+
+- as VAP declares its variables (``object``, ``oldObject``, ``params`` dynamic; ``request`` and
+  ``namespaceObject`` as the API server types them): what VAP refuses at creation is refused here,
+  a rule that gives no bool or a message that gives no string included;
+- with ``object`` typed by the CRD of each kind the bundle matches (TrainJob, MPIJob: the API
+  server's type checking of a policy's status), ``job`` by the effective-job model, ``params``
+  by the bundle's inline values and each variable by its expression: a typo like
+  ``job.totals.gpu`` or ``object.spec.trainer.numNode``, ``numNodes == '4'``, a function called
+  with the wrong types. An error counts when it holds for every kind the bundle matches (a rule
+  reading TrainJob fields in a bundle that also matches MPIJobs is not wrong for that).
+
+Results are cached by text and environment: a reload checks nothing twice.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import celpy
+import lark
+
+from ..cel import checker, cost, declared
+from ..cel.environment import CompiledExpression
+from ..cel.types import BOOL, DYN, NULL, STRING, Type, format_type, value_type
+from ..job.celtype import job_type
+
+# What each kind of site must give (VAP's ReturnTypes), None for anything
+RESULTS: dict[str, Optional[tuple[Type, ...]]] = {
+    "condition": (BOOL,), "message": (STRING,), "value": (STRING, NULL), "variable": None, "patch": None}
+_PARSER = celpy.Environment()  # positions of a tree parse.py rebuilt from a template are the template's
+
+
+@dataclass(frozen=True)
+class TypeError_:
+    message: str
+    line: int | None = None
+    column: int | None = None
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What an expression's types depend on besides its text (hashable: the cache key)."""
+
+    names: tuple[str, ...]  # the variables it may read
+    kind: str  # of site: condition | message | value | variable | patch
+    kinds: tuple[str, ...]  # the kinds the bundle matches
+    params: Type
+    variables: tuple[tuple[str, Type], ...]  # the bundle variables it may read, with their types
+
+
+def bundle_kinds(spec: Any) -> tuple[str, ...]:
+    match = spec.get("match") if isinstance(spec, dict) else None
+    kinds = match.get("kinds") if isinstance(match, dict) else None
+    found = tuple(k for k in kinds if k in declared.KINDS) if isinstance(kinds, list) else ()
+    return found or declared.KINDS
+
+
+def params_type(spec: Any) -> Type:
+    """Inline params as their values type them; params from a ConfigMap (paramRef) are dynamic."""
+    if not isinstance(spec, dict) or "paramRef" in spec or not isinstance(spec.get("params"), dict):
+        return DYN
+    return value_type(spec["params"], "params")
+
+
+def check(expression: CompiledExpression, scope: Scope) -> tuple[Type, list[TypeError_], int]:
+    """The expression's type (for a variable: what later expressions see), its type errors and
+    the most it can cost (policies/cel/cost.py; 0 when it has errors)."""
+    key = (expression.source, scope)
+    found = _CACHE.get(key)
+    if found is None:
+        reads_object = "object" in expression.variables or "oldObject" in expression.variables
+        found = _check(expression.program.ast, scope, reads_object)
+        if found[1]:  # the tree may be parse.py's template of the text's shape: positions from a parse of its own
+            found = _check(_PARSER.compile(expression.source), scope, reads_object)
+        if len(_CACHE) >= _CACHED:
+            _CACHE.clear()
+        _CACHE[key] = found
+    return found
+
+
+_CACHE: dict[tuple[str, Scope], tuple[Type, list["TypeError_"], int]] = {}
+_CACHED = 4096
+
+
+def _check(tree: lark.Tree, scope: Scope, reads_object: bool) -> tuple[Type, list[TypeError_], int]:
+    variables = dict(scope.variables)
+    job = job_type() if "job" in scope.names else None
+    as_vap = checker.check(tree, declared.environment(scope.names, DYN, DYN, job, variables))
+    errors = [_error(issue) for issue in as_vap.issues] + _result_errors(as_vap.type, scope.kind)
+    typed = [checker.check(tree, declared.environment(scope.names, declared.kind_type(kind), scope.params, job, variables))
+             for kind in (scope.kinds if reads_object else scope.kinds[:1])]
+    if not errors and all(found.issues for found in typed):
+        errors = [_error(issue) for issue in typed[0].issues]
+    result = {found.type for found in typed if not found.issues}
+    most = 0 if errors else max(cost.estimate(found) for found in typed if not found.issues)
+    if most > cost.PER_EXPRESSION:
+        errors.append(TypeError_(f"estimated cost {most:,} exceeds the limit of {cost.PER_EXPRESSION:,} per expression "
+                                 f"({most / cost.PER_EXPRESSION:.1f}x; the API server's limit for a CRD rule): "
+                                 "iterate over fewer values, e.g. filter first, and do not nest loops over large lists"))
+    return (result.pop() if len(result) == 1 else DYN), errors, most
+
+
+def _error(issue: checker.Issue) -> TypeError_:
+    return TypeError_(issue.message + hint(issue.message), issue.line, issue.column)
+
+
+def _result_errors(found: Type, kind: str) -> list[TypeError_]:
+    wanted = RESULTS.get(kind)
+    if wanted is None or found in wanted or found.kind == "error":
+        return []
+    names = " or ".join(format_type(t) for t in wanted)
+    fix = {"condition": ": compare it, e.g. x == true or size(x) > 0",
+           "message": ": convert it, e.g. string(x) or 'text ' + string(x)"}.get(kind, "")
+    return [TypeError_(f"must evaluate to {names} but got {format_type(found)}{fix}")]
+
+
+def hint(message: str) -> str:
+    """What to do about a checker message, for the admin reading lint's output."""
+    if "applied to '(int, double)'" in message or "applied to '(double, int)'" in message or (
+            "applied to '(int, uint)'" in message or "applied to '(uint, int)'" in message):
+        return " (numbers of different types: convert one side, e.g. double(x) == 4.0 or x == 4)"
+    if "found no matching overload for '_+_'" in message and "string" in message:
+        return " (convert with string(), e.g. 'n=' + string(x))"
+    if message.startswith("found no matching overload"):
+        return " (the function does not take arguments of these types: see the CEL helpers in the admin guide)"
+    if message.startswith("undefined field"):
+        return ""  # the checker names the fields there are
+    if message.startswith("expected type 'bool'"):
+        return " (&&, || and ! take true or false: compare the value, e.g. x == true)"
+    if message.startswith("invalid ") and message.endswith(" argument"):
+        return " (the literal is not valid: durations like '1h30m', timestamps like '2024-01-01T00:00:00Z', RE2 regexes)"
+    return ""

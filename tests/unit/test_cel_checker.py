@@ -1,0 +1,239 @@
+"""Type-checking at lint (policies/cel/checker.py, policies/bundle/typecheck.py): what the API
+server refuses when a ValidatingAdmissionPolicy is created, or its type checking warns about
+against the CRD schema, never loads in a bundle; the declared types follow upstream (the function
+table and the CRD schemas from the Go module cache) and our own model (``job``). The cluster tier
+(tests/cluster/test_cel_differential.py) holds the same verdicts to the real API server.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainjob_admission.policies.bundle.compile import BundleError, compile_document
+from trainjob_admission.policies.bundle.load import load_bundles
+from trainjob_admission.policies.cel import declarations
+from trainjob_admission.policies.cel.types import Type, format_type
+from trainjob_admission.policies.job import effective_job
+from trainjob_admission.policies.job.celtype import job_type
+from tests.support import corpus, crdtypes, upstream
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def bundle(*rules: str, variables: tuple = (), kinds: list | None = None, params: dict | None = None,
+           messages: dict | None = None) -> dict:
+    spec: dict = {"validations": [{"name": f"r{i}", "expression": e, "message": "m"} for i, e in enumerate(rules)]}
+    for i, text in (messages or {}).items():
+        spec["validations"][i]["messageExpression"] = text
+    if variables:
+        spec["variables"] = [{"name": n, "expression": e} for n, e in variables]
+    if kinds:
+        spec["match"] = {"kinds": kinds}
+    if params is not None:
+        spec["params"] = params
+    return {"apiVersion": "policy.trainjob-admission.io/v1alpha1", "kind": "PolicyBundle",
+            "metadata": {"name": "typed"}, "spec": spec}
+
+
+def problems(document: dict) -> list[str]:
+    try:
+        compile_document(document, "typed.yaml")
+    except BundleError as exc:
+        return [str(p) for p in exc.problems]
+    return []
+
+
+@pytest.mark.parametrize("rule, expected", [
+    ("job.totals.gpu <= 8", "undefined field 'gpu' (did you mean 'gpus'? job.totals has: "),
+    ("1 == 1.0", "found no matching overload for '_==_' applied to '(int, double)' (numbers of different types"),
+    ("job.totals.gpus", "must evaluate to bool but got int"),
+    ("object.spec.trainer.numNodes", "must evaluate to bool but got dyn"),
+    ("'abc'.startsWith(1)", "found no matching overload for 'startsWith' applied to 'string.(int)'"),
+    ("quantity('1').isLessThan(2)", "found no matching overload for 'isLessThan' applied to 'kubernetes.Quantity.(int)'"),
+    ("object.metadata.name.matches('(')", "invalid matches argument"),
+    ("duration('1d') > duration('1h')", "invalid duration argument"),
+    ("timestamp('2024-13-01T00:00:00Z') > timestamp(0)", "invalid timestamp argument"),
+    ("[1, 'a'].size() == 2", "expected type 'int' but found 'string'"),
+    ("object.spec.trainer.numNode <= 8", "undefined field 'numNode' (did you mean 'numNodes'?"),
+    ("object.spec.trainer.numNodes == 4.0", "applied to '(int, double)'"),
+    ("job.numNodes == '4'", "applied to '(int, string)'"),
+    ("request.userInfo.name == 'x'", "undefined field 'name'"),
+    ("namespaceObject.metadata.uid != ''", "undefined field 'uid'"),
+    ("has(1)", "invalid argument to has() macro"),
+    ("'%d'.format(['x']) == ''", "decimal clause can only be used on integers, was given string"),
+    ("'\\q' == 'q'", "unable to unescape string"),
+    ("9223372036854775808 > 0", "invalid int literal"),
+])
+def test_what_the_api_server_refuses_never_loads(rule, expected):
+    found = problems(bundle("true", rule))
+    assert len(found) == 1 and expected in found[0], found
+    assert re.match(r"typed\.yaml: bundle typed: rule r1: expression: ", found[0]), found
+
+
+def test_a_type_error_is_located_at_its_file_line_and_column(tmp_path):
+    path = tmp_path / "b.yaml"
+    path.write_text(yaml.safe_dump(bundle("job.totals.gpus <= 8", "job.totals.gpu <= 8"), sort_keys=False))
+    with pytest.raises(BundleError) as caught:
+        load_bundles([str(path)])
+    (problem,) = caught.value.problems
+    line = path.read_text().splitlines()[problem.line - 1]
+    assert line[problem.column - 1:].startswith(".gpu"), (problem, line)
+    assert problem.rule == "r1"
+
+
+@pytest.mark.parametrize("rule", [
+    "job.totals.gpus <= 8",
+    "object.spec.trainer.numNodes < 4.5",  # int < double: cel-go's cross-type comparison
+    "object.spec.trainer.numNodes == 4",
+    "dyn(object.spec.trainer.numNodes) == 4.0",
+    "object.spec.trainer.env.exists(e, e.name == 'HF_TOKEN')",
+    "object.spec.mpiReplicaSpecs.Worker.replicas <= 8",  # an MPIJob field: fine in a bundle that matches MPIJobs
+    "!has(object.spec.trainer.numProcPerNode) || object.spec.trainer.numProcPerNode <= 8",
+    "timestamp(object.metadata.creationTimestamp) > timestamp('2024-01-01T00:00:00Z')",
+    "type(job.numNodes) == int",
+    "job.podSets.all(p, p.pod.spec.containers.all(c, c.image.startsWith('quay.io/')))",
+    "job.launcher == null || job.launcher.count == 1",
+    "request.userInfo.groups.exists(g, g == 'admins') && request.operation == 'CREATE'",
+    "namespaceObject.metadata.labels['team'] == object.metadata.labels['team']",
+    "sets.contains(['a', 'b'], job.images)",
+    "object.spec.trainer.resourcesPerNode.limits.all(k, v, isQuantity(v))",
+    "optional.of(1).orValue(2) == 1",
+])
+def test_what_the_api_server_accepts_loads(rule):
+    assert problems(bundle(rule)) == []
+
+
+def test_an_error_counts_only_when_it_holds_for_every_kind_the_bundle_matches():
+    trainjob_only = "object.spec.trainer.numNodes <= 8"
+    assert problems(bundle(trainjob_only)) == []
+    assert problems(bundle(trainjob_only, kinds=["TrainJob"])) == []
+    (found,) = problems(bundle(trainjob_only, kinds=["MPIJob"]))
+    assert "undefined field 'trainer'" in found
+
+
+def test_variables_params_and_messages_are_typed():
+    assert problems(bundle("variables.gpus <= 8", variables=[("gpus", "job.totals.gpus")])) == []
+    (found,) = problems(bundle("variables.gpus == '8'", variables=[("gpus", "job.totals.gpus")]))
+    assert "applied to '(int, string)'" in found
+    assert problems(bundle("params.maxGpus >= 1.5", params={"maxGpus": 8})) == []  # int >= double: cross-type
+    (found,) = problems(bundle("params.maxGpus == 1.5", params={"maxGpus": 8}))
+    assert "applied to '(int, double)'" in found
+    assert problems(bundle("params.maxGpus >= job.totals.gpus", params={"maxGpus": 8})) == []
+    (found,) = problems(bundle("false", messages={0: "'GPUs: ' + job.totals.gpus"}))
+    assert "messageExpression: found no matching overload for '_+_' applied to '(string, int)'" in found
+    (found,) = problems(bundle("false", messages={0: "job.totals.gpus"}))
+    assert "messageExpression: must evaluate to string but got int" in found
+
+
+def test_the_bundles_we_ship_and_document_load():
+    paths = [ROOT / "policies/bundle/builtin", ROOT / "examples/bundles"]
+    assert load_bundles([str(p) for p in paths if p.exists()])
+
+
+# --- the declared types follow upstream --------------------------------------------------------
+
+def _module(key: str) -> Path:
+    try:
+        return upstream.module_dir(key)
+    except upstream.UpstreamMissing as exc:
+        pytest.skip(str(exc))
+
+
+def test_the_crd_schema_table_is_generated_from_the_module_cache():
+    _module("trainer")
+    assert (ROOT / "policies/k8s/crdschemas.json").read_text() == crdtypes.text(), (
+        "regenerate: .venv/bin/python -m tests.support.crdtypes > policies/k8s/crdschemas.json")
+
+
+# VAP's environment at v1.36 (k8s.io/apiserver/pkg/cel/environment/base.go): what of these files it has
+GO_SOURCES = {
+    "cel-go": ["common/stdlib/standard.go", "cel/library.go", "ext/strings.go", "ext/sets.go", "ext/lists.go",
+               "ext/comprehensions.go"],
+    "apiserver": [f"pkg/cel/library/{name}.go" for name in
+                  ("urls", "regex", "lists", "authz", "quantity", "ip", "cidr", "format", "semverlib")],
+}
+NOT_IN_VAP = {  # overloads those files declare that VAP's validations do not have, and why
+    "string_reverse": "ext.Strings v3; VAP has v2",
+    "not_strictly_false": "internal (macros)", "in": "deprecated, disabled", "@in": "operator name",
+}
+
+
+def _upstream_ids() -> tuple[set[str], list[re.Pattern]]:
+    gopath = Path(str(_module("kubernetes"))).parents[1]  # .../pkg/mod
+    roots = {"cel-go": gopath / "github.com/google/cel-go@v0.26.0", "apiserver": gopath / "k8s.io/apiserver@v0.36.3"}
+    if not all(r.exists() for r in roots.values()):
+        pytest.skip("cel-go v0.26.0 or k8s.io/apiserver v0.36.3 not in the module cache")
+    constants = dict(re.findall(r'^\s*(\w+)\s*=\s*"([^"]+)"', (roots["cel-go"] / "common/overloads/overloads.go").read_text(), re.M))
+    ids: set[str] = set()
+    patterns = []
+    for key, files in GO_SOURCES.items():
+        for name in files:
+            text = (roots[key] / name).read_text()
+            local = dict(re.findall(r'^\s*(\w+)\s*=\s*"([^"]+)"', text, re.M))
+            ids |= set(re.findall(r'(?:Member)?Overload\(\s*"([^"]+)"', text))
+            ids |= {constants[c] for c in re.findall(r'(?:Member)?Overload\(\s*overloads\.(\w+)', text)}
+            ids |= {local[c] for c in re.findall(r'(?:Member)?Overload\(\s*(\w+),', text) if c in local}
+            patterns += [re.compile(re.escape(p).replace("%s", ".+") + "$")
+                         for p in re.findall(r'(?:Member)?Overload\(\s*fmt\.Sprintf\("([^"]+)"', text, re.S)]
+            patterns += [re.compile(re.escape(p).replace("%s", ".+") + "$")
+                         for p in re.findall(r'MemberOverload\(\s*\n\s*fmt\.Sprintf\("([^"]+)"', text)]
+    return ids, patterns
+
+
+def test_the_function_table_has_every_overload_of_vaps_environment_and_no_other():
+    upstream_ids, templated = _upstream_ids()
+    ours = {o.id for overloads in declarations.functions().values() for o in overloads}
+    missing = upstream_ids - ours - set(NOT_IN_VAP)
+    extra = {i for i in ours - upstream_ids if not any(p.match(i) for p in templated)}
+    extra -= {f"format.{name}" for name in declarations.FORMAT_NAMES}  # Sprintf'd from ConstantFormats' names
+    assert not missing, f"upstream overloads the table lacks: {sorted(missing)}"
+    assert not extra, f"overloads upstream does not declare: {sorted(extra)}"
+
+
+# --- job: the declared type follows the model ----------------------------------------------------
+
+def _conforms(value, t: Type, path: str) -> list[str]:
+    """Where ``value`` (as_cel's plain JSON) is not of type ``t``."""
+    if value is None:
+        return [] if t.kind in ("struct", "null_type", "dyn", "opaque") else [f"{path}: null, declared {format_type(t)}"]
+    if t.kind == "dyn":
+        return []
+    if t.kind == "struct":
+        if not isinstance(value, dict):
+            return [f"{path}: {type(value).__name__}, declared {format_type(t)}"]
+        found = [f"{path}.{k}: not declared" for k in value if k not in (t.fields or {})]
+        for name, sub in (t.fields or {}).items():
+            if name in value:
+                found += _conforms(value[name], sub, f"{path}.{name}")
+        return found
+    if t.kind == "map":
+        return [] if isinstance(value, dict) and all(not _conforms(v, t.params[1], path) for v in value.values()) else [
+            f"{path}: not a {format_type(t)}"]
+    if t.kind == "list":
+        return [] if isinstance(value, list) else [f"{path}: not a list"]
+    python = {"int": int, "string": str, "bool": bool, "double": float}[t.kind]
+    ok = isinstance(value, python) and (t.kind == "bool" or not isinstance(value, bool))
+    return [] if ok else [f"{path}: {value!r} is not {t.kind}"]
+
+
+def test_the_job_type_declares_every_field_of_the_effective_job_with_its_type():
+    seen = set()
+    for case in corpus.cases():
+        if case.id in seen:
+            continue
+        seen.add(case.id)
+        try:
+            job = effective_job.build(case.job(), case.state())
+        except effective_job.JobModelError:
+            continue
+        value = job.as_cel()
+        value["podSets"] = value["podSets"][:1]  # each pod set has the same shape
+        assert not _conforms({k: v for k, v in value.items() if k not in ("launcher", "worker")}, job_type(), "job")
+        for pod_set in job.pod_sets:
+            found = _conforms({k: v for k, v in pod_set.as_cel().items() if k != "pod"},
+                              job_type().fields["worker"], f"{case.id} podSet")
+            assert not found, found
+    assert set(job_type().fields) == set(job.as_cel())
