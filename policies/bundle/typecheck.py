@@ -87,9 +87,11 @@ _CACHED = 4096
 def _check(tree: lark.Tree, scope: Scope, reads_object: bool) -> tuple[Type, list[TypeError_], int]:
     variables = dict(scope.variables)
     job = job_type() if "job" in scope.names else None
-    as_vap = checker.check(tree, declared.environment(scope.names, DYN, DYN, job, variables))
+    homogeneous = scope.kind != "patch"  # a JSON patch is written as maps of mixed values (MAP has structs)
+    as_vap = checker.check(tree, declared.environment(scope.names, DYN, DYN, job, variables, homogeneous))
     errors = [_error(issue) for issue in as_vap.issues] + _result_errors(as_vap.type, scope.kind)
-    typed = [checker.check(tree, declared.environment(scope.names, declared.kind_type(kind), scope.params, job, variables))
+    typed = [checker.check(tree, declared.environment(scope.names, declared.kind_type(kind), scope.params, job, variables,
+                                                      homogeneous))
              for kind in (scope.kinds if reads_object else scope.kinds[:1])]
     if not errors and all(found.issues for found in typed):
         errors = [_error(issue) for issue in typed[0].issues]

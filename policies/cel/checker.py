@@ -52,9 +52,12 @@ class Issue:
 
 @dataclass(frozen=True)
 class Environment:
-    """The declared variables (a qualified name like ``authorizer.requestResource`` may be one)."""
+    """The declared variables (a qualified name like ``authorizer.requestResource`` may be one).
+    ``homogeneous``: list and map literals hold one type (Kubernetes' environment); without it a
+    literal of mixed types is a list or map of dyn (our mutations build JSON patches as maps)."""
 
     variables: Mapping[str, Type]
+    homogeneous: bool = True
 
 
 @dataclass
@@ -134,6 +137,7 @@ def _args(node: lark.Tree, start: int) -> list[lark.Tree]:
 class _Checker:
     def __init__(self, environment: Environment):
         self.variables = environment.variables
+        self.homogeneous = environment.homogeneous
         self.functions = declarations.functions()
         self.mapping: dict[str, Type] = {}
         self.issues: list[Issue] = []
@@ -407,6 +411,8 @@ class _Checker:
             return current
         if self.is_assignable(previous, current):
             return most_general(previous, current)
+        if not self.homogeneous:
+            return DYN
         self.error(node, f"type mismatch: expected type '{format_type(substitute(self.mapping, previous, True))}' "
                          f"but found '{format_type(substitute(self.mapping, current, True))}'")
         return ERROR

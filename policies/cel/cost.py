@@ -160,9 +160,10 @@ class _Estimate:
         if name in ("replace", "split", "ip.isCanonical", "indexOf", "lastIndexOf") and self._string(args[0]):
             self.sizes[id(node)] = sizes[0]
             return _mul(sizes[0], 2 * STRING_FACTOR)
-        if name == "join":
-            self.sizes[id(node)] = min(_MAX, sizes[0] * MAX_STRING)
-            return _mul(min(REQUEST_BYTES, sizes[0] * MAX_STRING), STRING_FACTOR)
+        if name == "join":  # the strings of a list hold at most the part of the request the list can occupy
+            joined = min(sizes[0] * MAX_STRING, int(REQUEST_BYTES * self.shares.get(id(args[0]), 1.0)))
+            self.sizes[id(node)] = joined
+            return _mul(joined, STRING_FACTOR)
         if name in ("isSorted", "sum", "max", "min", "indexOf", "lastIndexOf", "sort", "distinct", "reverse",
                     "flatten", "slice"):
             self.sizes[id(node)] = sizes[0]
@@ -201,6 +202,7 @@ class _Estimate:
                     "transformList": 12, "transformMap": 3, "transformMapEntry": 2, "sortBy": 12}[name]
         if name in ("map", "filter", "transformList", "transformMap", "transformMapEntry", "sortBy"):
             self.sizes[id(node)] = count
+            self.shares[id(node)] = self.shares.get(id(target), 1.0)  # built from the range's elements
         result = count if name == "sortBy" else 2
         return _add(range_cost, _mul(count, _add(overhead, body_cost)), result)
 

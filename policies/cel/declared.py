@@ -89,10 +89,10 @@ def pod_template_type() -> Type:
 
 
 def environment(names: tuple[str, ...], object_type: Type = DYN, params: Type = DYN, job: Optional[Type] = None,
-                variables: Optional[Mapping[str, Type]] = None) -> Environment:
+                variables: Optional[Mapping[str, Type]] = None, homogeneous: bool = True) -> Environment:
     """The environment of an expression that may read ``names`` (policies/cel/environment.py
     VARIABLES or CONDITION_VARIABLES): ``variables`` typed as a struct of the variables it may
-    read, ``job`` as given (dyn if None)."""
+    read, ``job`` as given (dyn if None); ``homogeneous`` as checker.Environment says."""
     declared: dict[str, Type] = {}
     for name in names:
         if name in ("object", "oldObject"):
@@ -112,4 +112,4 @@ def environment(names: tuple[str, ...], object_type: Type = DYN, params: Type = 
             declared["authorizer.requestResource"] = LIBRARY_TYPES["ResourceCheck"]
         else:
             declared[name] = DYN
-    return Environment(declared)
+    return Environment(declared, homogeneous)
