@@ -15,13 +15,13 @@ Results are cached by text and environment: a reload checks nothing twice.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import celpy
 import lark
 
-from ..cel import checker, cost, declared
+from ..cel import checker, cost, declared, parse
 from ..cel.environment import CompiledExpression
 from ..cel.types import BOOL, DYN, NULL, STRING, Type, format_type, value_type
 from ..job.celtype import job_type
@@ -70,10 +70,7 @@ def check(expression: CompiledExpression, scope: Scope) -> tuple[Type, list[Type
     key = (expression.source, scope)
     found = _CACHE.get(key)
     if found is None:
-        reads_object = "object" in expression.variables or "oldObject" in expression.variables
-        found = _check(expression.program.ast, scope, reads_object)
-        if found[1]:  # the tree may be parse.py's template of the text's shape: positions from a parse of its own
-            found = _check(_PARSER.compile(expression.source), scope, reads_object)
+        found = _by_shape(expression.source, scope) or _checked(expression, scope)
         if len(_CACHE) >= _CACHED:
             _CACHE.clear()
         _CACHE[key] = found
@@ -84,28 +81,82 @@ _CACHE: dict[tuple[str, Scope], tuple[Type, list["TypeError_"], int]] = {}
 _CACHED = 4096
 
 
-def _check(tree: lark.Tree, scope: Scope, reads_object: bool) -> tuple[Type, list[TypeError_], int]:
+@dataclass(frozen=True)
+class _Analysis:
+    """What checking one expression found (see checker.Checked)."""
+
+    type: Type
+    errors: list[TypeError_]
+    costed: Optional[checker.Checked]  # the typed check its cost is estimated on (None with errors)
+
+
+# By parse.py's shape and scope: the analysis of the first expression of that shape, reused for
+# the others when no literal value mattered to it (checker.Checked.sensitive).
+_SHAPES: dict[tuple[str, Scope], _Analysis] = {}
+
+
+def _by_shape(source: str, scope: Scope) -> Optional[tuple[Type, list[TypeError_], int]]:
+    """The result from an expression of the same shape: its types, with this one's literals checked
+    and its strings' lengths in the cost; None when there is none to reuse."""
+    shape = parse.shape_of(source)
+    base = _SHAPES.get((shape.key, scope)) if shape is not None else None
+    if base is None or base.errors or base.costed is None:
+        return None
+    texts = [source[start:end] for start, end in shape.spans]
+    if any(checker.literal_problem(kind, text) for kind, text in zip(shape.kinds, texts)):
+        return None  # checked in full, for the message and its position
+    nodes = sorted(base.costed.literals, key=lambda node: node.children[0].start_pos or 0)
+    if len(nodes) != len(texts):
+        return None
+    return _limited(base.type, [], cost.estimate(base.costed, {id(n): t for n, t in zip(nodes, texts)}))
+
+
+def _checked(expression: CompiledExpression, scope: Scope) -> tuple[Type, list[TypeError_], int]:
+    reads_object = "object" in expression.variables or "oldObject" in expression.variables
+    reads_params = "params" in expression.variables
+    found = _analyse(expression.program.ast, scope, reads_object, reads_params)
+    if found.errors:  # the tree may be parse.py's template of the text's shape: positions from a parse of its own
+        found = _analyse(_PARSER.compile(expression.source), scope, reads_object, reads_params)
+    shape = parse.shape_of(expression.source)
+    if shape is not None and found.costed is not None and not found.costed.sensitive:
+        if len(_SHAPES) >= _CACHED:
+            _SHAPES.clear()
+        _SHAPES.setdefault((shape.key, scope), found)
+    return _limited(found.type, found.errors, cost.estimate(found.costed) if found.costed else 0)
+
+
+def _limited(result: Type, errors: list[TypeError_], most: int) -> tuple[Type, list[TypeError_], int]:
+    if most > cost.PER_EXPRESSION:
+        errors = errors + [TypeError_(
+            f"estimated cost {most:,} exceeds the limit of {cost.PER_EXPRESSION:,} per expression "
+            f"({most / cost.PER_EXPRESSION:.1f}x; the API server's limit for a CRD rule): "
+            "iterate over fewer values, e.g. filter first, and do not nest loops over large lists")]
+    return result, errors, most
+
+
+def _analyse(tree: lark.Tree, scope: Scope, reads_object: bool, reads_params: bool) -> _Analysis:
     variables = dict(scope.variables)
     job = job_type() if "job" in scope.names else None
     homogeneous = scope.kind != "patch"  # a JSON patch is written as maps of mixed values (MAP has structs)
     as_vap = checker.check(tree, declared.environment(scope.names, DYN, DYN, job, variables, homogeneous))
     errors = [_error(issue) for issue in as_vap.issues] + _result_errors(as_vap.type, scope.kind)
-    typed = [checker.check(tree, declared.environment(scope.names, declared.kind_type(kind), scope.params, job, variables,
-                                                      homogeneous))
-             for kind in (scope.kinds if reads_object else scope.kinds[:1])]
+    if reads_object or (reads_params and scope.params != DYN):
+        typed = [checker.check(tree, declared.environment(scope.names, declared.kind_type(kind), scope.params, job,
+                                                          variables, homogeneous), literals=False)
+                 for kind in (scope.kinds if reads_object else scope.kinds[:1])]
+    else:  # nothing it reads is typed otherwise: VAP's environment is the typed one
+        typed = [as_vap]
     if not errors and all(found.issues for found in typed):
         errors = [_error(issue) for issue in typed[0].issues]
-    result = {found.type for found in typed if not found.issues}
-    most = 0 if errors else max(cost.estimate(found) for found in typed if not found.issues)
-    if most > cost.PER_EXPRESSION:
-        errors.append(TypeError_(f"estimated cost {most:,} exceeds the limit of {cost.PER_EXPRESSION:,} per expression "
-                                 f"({most / cost.PER_EXPRESSION:.1f}x; the API server's limit for a CRD rule): "
-                                 "iterate over fewer values, e.g. filter first, and do not nest loops over large lists"))
-    return (result.pop() if len(result) == 1 else DYN), errors, most
+    fine = [found for found in typed if not found.issues]
+    result = {found.type for found in fine}
+    costed = None if errors else max(fine, key=cost.estimate)
+    costed = costed if costed is None or not as_vap.sensitive else replace(costed, sensitive=True)
+    return _Analysis(result.pop() if len(result) == 1 else DYN, errors, costed)
 
 
 def _error(issue: checker.Issue) -> TypeError_:
-    return TypeError_(issue.message + hint(issue.message), issue.line, issue.column)
+    return TypeError_(issue.text + hint(issue.message), issue.line, issue.column)
 
 
 def _result_errors(found: Type, kind: str) -> list[TypeError_]:

@@ -16,14 +16,14 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import lark
 import re2
 
 from . import declarations
 from .types import (BOOL, BYTES, DOUBLE, DURATION, DYN, ERROR, INT, NULL, RESERVED, STRING, TIMESTAMP, TYPE, UINT, Type,
-                    assignable, assignable_list, format_type, is_optional, list_of, map_of, most_general, optional,
+                    assignable, assignable_list, closed_assignable, concrete, format_type, is_optional, list_of, map_of, most_general, optional,
                     param, substitute, type_of, unwrap_optional)
 
 _INT64 = range(-(1 << 63), 1 << 63)
@@ -48,6 +48,11 @@ class Issue:
     message: str
     line: int | None = None
     column: int | None = None
+    more: Optional[Callable[[], str]] = field(default=None, compare=False, repr=False)  # a hint, built when shown
+
+    @property
+    def text(self) -> str:
+        return self.message + (self.more() if self.more else "")
 
 
 @dataclass(frozen=True)
@@ -67,21 +72,29 @@ class Checked:
     types: dict[int, Type] = field(default_factory=dict)  # by id() of each node (below its single-child levels)
     shapes: dict[int, tuple] = field(default_factory=dict)  # what each node computes (policies/cel/cost.py)
     root: Any = None
+    literals: list = field(default_factory=list)  # the literal nodes
+    # Whether a literal's value mattered beyond its own validity (a format string, a regex, a folded
+    # conversion): if not, every expression of the same shape (parse.py) has the same types, issues
+    # but its literals' own, and cost but its strings' lengths.
+    sensitive: bool = False
 
 
 class _Fail(Exception):
     """A construct whose type cannot be told (e.g. a parse node this checker does not know)."""
 
 
-def check(tree: lark.Tree, environment: Environment) -> Checked:
+def check(tree: lark.Tree, environment: Environment, literals: bool = True) -> Checked:
+    """``literals``: also validate literals and fold constants (what does not depend on the
+    variables' types: once per expression is enough)."""
     checker = _Checker(environment)
     found = checker.visit(tree)
     result = substitute(checker.mapping, found, True)
     for node, t in checker.types.items():
         checker.types[node] = substitute(checker.mapping, t, True)
-    checker.validate_literals(tree)
+    checker.validate(literals)
     issues = sorted(checker.issues, key=lambda i: (i.line or 0, i.column or 0))
-    return Checked(result, list(dict.fromkeys(issues)), checker.types, checker.shapes, _unwrap(tree))
+    return Checked(result, list(dict.fromkeys(issues)), checker.types, checker.shapes, _unwrap(tree), checker.literals,
+                   checker.sensitive)
 
 
 def _position(node: Any) -> tuple[Optional[int], Optional[int]]:
@@ -98,13 +111,24 @@ def _position(node: Any) -> tuple[Optional[int], Optional[int]]:
     return None, None
 
 
+_LEVELS = frozenset({"expr", "conditionalor", "conditionaland", "relation", "addition", "multiplication", "unary",
+                     "member", "primary", "paren_expr"})
+_UNWRAPPED: dict[int, tuple[Any, Any]] = {}  # id(node) -> (node, below it): a tree is checked several times
+
+
 def _unwrap(node: Any) -> Any:
     """Below the single-child levels of the grammar (expr > conditionalor > ... > primary)."""
-    while (isinstance(node, lark.Tree) and len(node.children) == 1 and isinstance(node.children[0], lark.Tree)
-           and node.data in ("expr", "conditionalor", "conditionaland", "relation", "addition", "multiplication",
-                             "unary", "member", "primary", "paren_expr")):
-        node = node.children[0]
-    return node
+    found = _UNWRAPPED.get(id(node))
+    if found is not None and found[0] is node:
+        return found[1]
+    below = node
+    while (type(below) is lark.Tree and len(below.children) == 1 and type(below.children[0]) is lark.Tree
+           and below.data in _LEVELS):
+        below = below.children[0]
+    if len(_UNWRAPPED) > 100_000:
+        _UNWRAPPED.clear()
+    _UNWRAPPED[id(node)] = (node, below)
+    return below
 
 
 def _ident(node: Any) -> Optional[str]:
@@ -144,14 +168,18 @@ class _Checker:
         self.scopes: list[dict[str, Type]] = []
         self.types: dict[int, Type] = {}
         self.shapes: dict[int, tuple] = {}
+        self.calls: list[tuple[str, Any, list, Any]] = []  # (name, receiver, arguments, node), inner ones first
+        self.literals: list[lark.Tree] = []
+        self.sensitive = False  # validate() read a literal's value (see Checked.sensitive)
         self.visiting: list[Any] = []
         self.counter = 0
 
     # --- helpers ------------------------------------------------------------------------------
 
-    def error(self, node: Any, message: str, at: Optional[tuple] = None) -> Type:
+    def error(self, node: Any, message: str, at: Optional[tuple] = None,
+              more: Optional[Callable[[], str]] = None) -> Type:
         line, column = at if at else _position(node)
-        self.issues.append(Issue(message, line, column))
+        self.issues.append(Issue(message, line, column, more))
         return ERROR
 
     def fresh(self) -> Type:
@@ -248,7 +276,7 @@ class _Checker:
             if target.fields is not None and name in RESERVED and f"__{name}__" in target.fields:
                 name = f"__{name}__"  # a keyword names a field as it is (recognizeKeywordAsFieldName)
             if target.fields is None or name not in target.fields:
-                result = self.error(node, f"undefined field '{name}'{_fields_hint(name, target)}", at)
+                result = self.error(node, f"undefined field '{name}'", at, lambda: _fields_hint(name, target))
             else:
                 result = target.fields[name]
         elif target.kind == "param":
@@ -322,22 +350,34 @@ class _Checker:
         resolved: list[str] = []
         self.shape("call", name, resolved, arg_nodes)
         arg_types = ([self.visit(target)] if target is not None else []) + [self.visit(a) for a in args]
+        self.calls.append((name, target, args, self.visiting[-1]))
         overloads = self.functions.get(name)
         if overloads is None:
             return self.error(node, f"undeclared reference to '{name}' (in container '')", at)
         result: Optional[Type] = None
         member = target is not None
+        closed = all(map(concrete, arg_types))  # no type parameter to bind: nothing to copy the mapping for
         for overload in overloads:
-            if overload.member != member:
+            if overload.member != member or len(overload.args) != len(arg_types):
                 continue
-            fresh = {p: self.fresh() for p in overload.params}
-            candidate = [substitute(fresh, t) for t in overload.args]
-            found = assignable_list(self.mapping, candidate, arg_types)
-            if found is None:
-                continue
-            self.mapping = found
+            if overload.params:
+                fresh = {p: self.fresh() for p in overload.params}
+                found = assignable_list(self.mapping, [substitute(fresh, t) for t in overload.args], arg_types)
+                if found is None:
+                    continue
+                self.mapping = found
+                returned = substitute(self.mapping, substitute(fresh, overload.result))
+            elif closed:
+                if not all(map(closed_assignable, overload.args, arg_types)):
+                    continue
+                returned = overload.result
+            else:
+                found = assignable_list(self.mapping, overload.args, arg_types)
+                if found is None:
+                    continue
+                self.mapping = found
+                returned = substitute(self.mapping, overload.result)
             resolved.append(overload.id)
-            returned = substitute(self.mapping, substitute(fresh, overload.result))
             if result is None:
                 result = returned
             elif result.kind != "dyn" and returned != result:
@@ -357,31 +397,11 @@ class _Checker:
         token = node.children[0]
         kind, text = token.type, str(token)
         self.shape("literal", text)
-        if kind == "INT_LIT":
-            if _int_literal(text) not in _INT64:
-                return self.error(node, f"invalid int literal '{text}'")
-            return INT
-        if kind == "UINT_LIT":
-            if text.startswith("-"):
-                return self.error(node, "found no matching overload for '-_' applied to '(uint)'")
-            if _int_literal(text[:-1]) not in _UINT64:
-                return self.error(node, f"invalid uint literal '{text}'")
-            return UINT
-        if kind == "FLOAT_LIT":
-            if re.search(r"\.(?![0-9])", text):  # cel-go: digits after the point ("1." and "1.e3" do not parse)
-                return self.error(node, f"Syntax error: no viable alternative at input '{text}'")
-            return DOUBLE
-        if kind in ("STRING_LIT", "MLSTRING_LIT"):
-            problem = string_literal_problem(text)
-            return self.error(node, problem) if problem else STRING
-        if kind == "BYTES_LIT":
-            problem = string_literal_problem(text[1:], bytes_literal=True)
-            return self.error(node, problem) if problem else BYTES
-        if kind == "BOOL_LIT":
-            return BOOL
-        if kind == "NULL_LIT":
-            return NULL
-        raise _Fail(kind)
+        self.literals.append(node)
+        if kind not in _LITERAL_TYPES:
+            raise _Fail(kind)
+        problem = literal_problem(kind, text)
+        return self.error(node, problem) if problem else _LITERAL_TYPES[kind]
 
     def node_paren_expr(self, node: lark.Tree) -> Type:
         return self.visit(node.children[0])
@@ -525,32 +545,34 @@ class _Checker:
 
     # --- literal validators (cel.ValidateDurationLiterals, ...; ext.Strings' format checker) ------
 
-    def validate_literals(self, tree: lark.Tree) -> None:
+    def validate(self, literals: bool) -> None:
         """What cel-go finds in literals when the policy is created: its literal validators
         (``duration``/``timestamp`` of a literal evaluated, ``matches`` patterns compiled, format
-        strings against their arguments) and the program planner's folding (a type conversion of
-        a constant evaluated, ``find``/``findAll`` patterns compiled), whose failure refuses the
-        policy. Constants are evaluated by our evaluator, which follows cel-go."""
+        strings against their arguments' types) and the program planner's folding (a type
+        conversion of a constant evaluated, ``find``/``findAll`` patterns compiled), whose failure
+        refuses the policy. Constants are evaluated by our evaluator, which follows cel-go."""
         constant: set[int] = set()
-        for primary in tree.iter_subtrees():  # children before their parents
-            call = primary.children[0] if primary.data == "primary" and primary.children else None
-            if isinstance(call, lark.Tree) and call.data == "ident_arg":
-                self.fold(primary, str(call.children[0]), _args(call, 1), constant)
-        for name, receiver, args in _calls(tree):
-            pattern = _string_literal(args[0]) if args else None
-            if name == "matches" and pattern is not None and _regex_problem(pattern):
-                self.error(args[0], "invalid matches argument")
-            if name in ("find", "findAll") and receiver is not None and pattern is not None and _regex_problem(pattern):
-                self.error(args[0], f"program instantiation failed: error parsing regexp {pattern!r}")
+        for name, receiver, args, node in self.calls:
             if name == "format" and receiver is not None and len(args) == 1:
                 text = _string_literal(receiver)
                 items = _list_items(args[0])
                 if text is not None and items is not None:
+                    self.sensitive = True
                     problem = self.format_problem(text, items)
                     if problem:
                         self.error(receiver, problem)
+            if not literals:
+                continue
+            pattern = _string_literal(args[0]) if args else None
+            self.sensitive |= name in ("matches", "find", "findAll") and pattern is not None
+            if name == "matches" and pattern is not None and _regex_problem(pattern):
+                self.error(args[0], "invalid matches argument")
+            if name in ("find", "findAll") and receiver is not None and pattern is not None and _regex_problem(pattern):
+                self.error(args[0], f"program instantiation failed: error parsing regexp {pattern!r}")
+            if receiver is None and node.data == "ident_arg":
+                self.fold(node, name, args, constant)
 
-    def fold(self, primary: lark.Tree, name: str, args: list, constant: set[int]) -> None:
+    def fold(self, call: lark.Tree, name: str, args: list, constant: set[int]) -> None:
         """A conversion of a constant (a literal, or a conversion of one), as cel-go's planner folds
         it: ``duration(...)`` and ``timestamp(...)`` of a literal are the literal validators'."""
         if name not in _CONVERSIONS or len(args) != 1:
@@ -559,9 +581,10 @@ class _Checker:
         literal = isinstance(arg, lark.Tree) and arg.data == "literal"
         if not (literal or id(arg) in constant):
             return
-        problem = _evaluation_problem(primary)
+        self.sensitive = True
+        problem = _evaluation_problem(lark.Tree("primary", [call]))
         if problem is None:
-            constant.add(id(primary))
+            constant.add(id(call))
         elif literal and name in ("duration", "timestamp"):
             self.error(args[0], f"invalid {name} argument")
         else:
@@ -669,15 +692,6 @@ def _int_literal(text: str) -> int:
     return -value if negative else value
 
 
-def _calls(tree: lark.Tree) -> Iterator[tuple[str, Any, list]]:
-    """Every call: (name, receiver or None, argument nodes)."""
-    for node in tree.iter_subtrees():
-        if node.data == "ident_arg":
-            yield str(node.children[0]), None, _args(node, 1)
-        elif node.data == "member_dot_arg":
-            yield str(node.children[1]), node.children[0], _args(node, 2)
-
-
 def _string_literal(node: Any) -> Optional[str]:
     """The value of a string literal node, else None."""
     node = _unwrap(node)
@@ -696,7 +710,28 @@ def _list_items(node: Any) -> Optional[list]:
     return None
 
 
-# --- string literals (cel-go parser/unescape.go) ------------------------------------------------
+# --- literals (cel-go parser/parser.go, unescape.go) ---------------------------------------------
+
+_LITERAL_TYPES = {"INT_LIT": INT, "UINT_LIT": UINT, "FLOAT_LIT": DOUBLE, "STRING_LIT": STRING, "MLSTRING_LIT": STRING,
+                  "BYTES_LIT": BYTES, "BOOL_LIT": BOOL, "NULL_LIT": NULL}
+
+
+def literal_problem(kind: str, text: str) -> Optional[str]:
+    """Why cel-go refuses a literal of lark's terminal ``kind`` written as ``text``, or None."""
+    if kind == "INT_LIT" and _int_literal(text) not in _INT64:
+        return f"invalid int literal '{text}'"
+    if kind == "UINT_LIT":
+        if text.startswith("-"):
+            return "found no matching overload for '-_' applied to '(uint)'"
+        if _int_literal(text[:-1]) not in _UINT64:
+            return f"invalid uint literal '{text}'"
+    if kind == "FLOAT_LIT" and re.search(r"\.(?![0-9])", text):  # digits after the point: "1." does not parse
+        return f"Syntax error: no viable alternative at input '{text}'"
+    if kind in ("STRING_LIT", "MLSTRING_LIT"):
+        return string_literal_problem(text)
+    if kind == "BYTES_LIT":
+        return string_literal_problem(text[1:], bytes_literal=True)
+    return None
 
 _ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\", "'": "'",
             '"': '"', "`": "`", "?": "?"}

@@ -43,8 +43,8 @@ def _mul(a: float, b: float) -> int:
 
 
 class _Estimate:
-    def __init__(self, checked: Checked):
-        self.checked = checked
+    def __init__(self, checked: Checked, literals: dict[int, str]):
+        self.checked, self.literals = checked, literals
         self.sizes: dict[int, int] = {}
         self.shares: dict[int, float] = {}  # the part of the request a node's value can occupy
         self.locals: list[dict[str, tuple]] = []  # loop variables: (size, share, the range they go over)
@@ -76,7 +76,7 @@ class _Estimate:
         return found
 
     def cost_literal(self, node: Any, text: str) -> int:
-        self.sizes[id(node)] = len(text)
+        self.sizes[id(node)] = len(self.literals.get(id(node), text))
         return 0
 
     def cost_ident(self, node: Any, name: str) -> int:
@@ -207,6 +207,7 @@ class _Estimate:
         return _add(range_cost, _mul(count, _add(overhead, body_cost)), result)
 
 
-def estimate(checked: Checked) -> int:
-    """The most the checked expression costs, in cel-go's units."""
-    return _Estimate(checked).cost(checked.root)
+def estimate(checked: Checked, literals: dict[int, str] | None = None) -> int:
+    """The most the checked expression costs, in cel-go's units; ``literals``: the text of some of
+    its literal nodes (by id), when it stands for another expression of its shape."""
+    return _Estimate(checked, literals or {}).cost(checked.root)

@@ -277,21 +277,11 @@ class Overload:
     member: bool  # called as receiver.name(args): the receiver is args[0]
     args: tuple[Type, ...]
     result: Type
+    params: frozenset[str] = frozenset()  # the names of the type parameters in its signature
 
-    @property
-    def params(self) -> frozenset[str]:
-        """The names of the type parameters in its signature."""
-        found: set[str] = set()
 
-        def walk(t: Type) -> None:
-            if t.kind == "param":
-                found.add(t.name)
-            for p in t.params:
-                walk(p)
-
-        for t in (*self.args, self.result):
-            walk(t)
-        return frozenset(found)
+def _type_params(t: Type) -> set[str]:
+    return ({t.name} if t.kind == "param" else set()).union(*(_type_params(p) for p in t.params))
 
 
 def _generated() -> list[str]:
@@ -331,7 +321,9 @@ def _parse(line: str) -> tuple[str, Overload]:
     types_ = [parse_type(a, named) for a in _split(args)] if args.strip() else []
     if receiver is not None:
         types_.insert(0, parse_type(receiver, named))
-    return name, Overload(overload_id.strip(), receiver is not None, tuple(types_), parse_type(result, named))
+    returned = parse_type(result, named)
+    params = frozenset().union(*(_type_params(t) for t in (*types_, returned)))
+    return name, Overload(overload_id.strip(), receiver is not None, tuple(types_), returned, params)
 
 
 def _split(text: str) -> list[str]:

@@ -45,6 +45,11 @@ class Shape:
     key: str
     spans: tuple[tuple[int, int], ...]  # where each literal is in the text
 
+    @property
+    def kinds(self) -> list[str]:
+        """The terminal of each literal (INT_LIT, STRING_LIT, ...), in the order of ``spans``."""
+        return re.findall(f"{_MARK}(\\w+){_MARK}", self.key)
+
 
 def parse(text: str, lark_parse: Callable[[str], lark.Tree]) -> tuple[lark.Tree, Any]:
     """The tree ``lark_parse(text)`` gives (its errors included), from a template when one fits,

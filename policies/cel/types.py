@@ -28,6 +28,7 @@ class Type:
     kind: str
     name: str = ""
     params: tuple["Type", ...] = ()
+    key: str = field(default="", repr=False)  # tells apart structs of one name with other fields
     fields: Mapping[str, "Type"] | None = field(default=None, compare=False, hash=False, repr=False)
     size: int | None = field(default=None, compare=False, hash=False, repr=False)  # most elements (cost)
 
@@ -35,7 +36,7 @@ class Type:
         return format_type(self)
 
     def sized(self, size: int | None) -> "Type":
-        return Type(self.kind, self.name, self.params, self.fields, size)
+        return Type(self.kind, self.name, self.params, self.key, self.fields, size)
 
     @property
     def is_dyn_or_error(self) -> bool:
@@ -77,9 +78,10 @@ def type_of(value: Type) -> Type:
     return Type("type", params=(value,))
 
 
-def struct(name: str, fields: Mapping[str, Type] | None = None) -> Type:
-    """A struct: an object with declared fields (None: a library's object type, no fields)."""
-    return Type("struct", name, fields=dict(fields or {}))
+def struct(name: str, fields: Mapping[str, Type] | None = None, key: str = "") -> Type:
+    """A struct: an object with declared fields (None: a library's object type, no fields).
+    Structs compare by name and ``key``: give a key where one name may have other fields."""
+    return Type("struct", name, key=key, fields=dict(fields or {}))
 
 
 def format_type(t: Type) -> str:
@@ -116,7 +118,7 @@ def substitute(m: Mapping_, t: Type, params_to_dyn: bool = False) -> Type:
     if t.kind == "param":
         return DYN if params_to_dyn else t
     if t.kind in ("list", "map", "opaque", "type") and t.params:
-        return Type(t.kind, t.name, tuple(substitute(m, p, params_to_dyn) for p in t.params), t.fields, t.size)
+        return Type(t.kind, t.name, tuple(substitute(m, p, params_to_dyn) for p in t.params), t.key, t.fields, t.size)
     return t
 
 
@@ -204,6 +206,16 @@ def _assignable(m: Mapping_, t1: Type, t2: Type) -> bool:
     if t1.kind == "struct":
         return t2.kind == "struct" and t1.name == t2.name
     return t1.kind == t2.kind
+
+
+def closed_assignable(t1: Type, t2: Type) -> bool:
+    """Assignability of two types without type parameters (there is nothing to bind)."""
+    return _assignable({}, t1, t2)
+
+
+def concrete(t: Type) -> bool:
+    """No type parameter anywhere in ``t``."""
+    return t.kind != "param" and all(map(concrete, t.params))
 
 
 def assignable(m: Mapping_, t1: Type, t2: Type) -> Optional[Mapping_]:
@@ -406,5 +418,5 @@ def value_type(value: object, name: str) -> Type:
         return list_of(kinds.pop() if len(kinds) == 1 else DYN)
     if isinstance(value, dict):
         fields = {k: value_type(v, f"{name}.{k}") for k, v in value.items() if isinstance(k, str)}
-        return struct(name, fields)
+        return struct(name, fields, key=repr(sorted((k, t, t.key) for k, t in fields.items())))
     return DYN
