@@ -25,7 +25,7 @@ from .ast import (
     AND, CONDITIONAL, NEGATE, NOT, OR, Call, CelSyntaxError, Comprehension, Has, Ident, Index, ListLit, Literal,
     MapLit, MessageLit, Node, OptionalMacro, Select,
 )
-from .functions import Registry, dispatcher
+from .functions import Registry, dispatcher, exact_type
 from .stdlib import CONVERSIONS, compile_regex
 from .strings import check_format
 from .values import (
@@ -359,8 +359,29 @@ class _Compiler:
                 except ValueError as exc:
                     raise CelSyntaxError(f"invalid {name} argument: {exc}", tree.line, tree.column) from None
         call = dispatcher(name, candidates)
+        sized = any(_may_be_sized(o.result) for o in candidates)
+        exact = [exact_type(t) for t in candidates[0].args] if len(candidates) == 1 else None
         if len(args) == 1:
             (only,) = args
+            by_type = {}
+            for candidate in reversed(candidates):  # the first of equal types wins, as in cel-go's order
+                by_type[exact_type(candidate.args[0])] = candidate.impl
+            if None not in by_type:  # each overload known by its argument's class: a lookup, then the call
+
+                def direct(env: dict, budget: Any) -> Any:
+                    budget.left -= 1
+                    if budget.left < 0:
+                        budget.settle()
+                    value = only(env, budget)
+                    impl = by_type.get(type(value))
+                    if impl is not None:
+                        try:
+                            return impl(value)
+                        except _FAILURES as exc:
+                            return _failure(exc)
+                    return _guarded(call, value)
+
+                return self.sized(direct) if sized else direct
 
             def unary(env: dict, budget: Any) -> Any:
                 budget.left -= 1
@@ -368,9 +389,25 @@ class _Compiler:
                     budget.settle()
                 return _guarded(call, only(env, budget))
 
-            return self.sized(unary)
+            return self.sized(unary) if sized else unary
         if len(args) == 2:
             first, second = args
+            if exact is not None and exact[0] is not None and exact[1] is not None:
+                impl, kind_a, kind_b = candidates[0].impl, exact[0], exact[1]
+
+                def direct_binary(env: dict, budget: Any) -> Any:
+                    budget.left -= 1
+                    if budget.left < 0:
+                        budget.settle()
+                    a, b = first(env, budget), second(env, budget)
+                    if type(a) is kind_a and type(b) is kind_b:
+                        try:
+                            return impl(a, b)
+                        except _FAILURES as exc:
+                            return _failure(exc)
+                    return _guarded(call, a, b)
+
+                return self.sized(direct_binary) if sized else direct_binary
 
             def binary(env: dict, budget: Any) -> Any:
                 budget.left -= 1
@@ -378,7 +415,7 @@ class _Compiler:
                     budget.settle()
                 return _guarded(call, first(env, budget), second(env, budget))
 
-            return self.sized(binary)
+            return self.sized(binary) if sized else binary
 
         def variadic(env: dict, budget: Any) -> Any:
             budget.left -= 1
@@ -386,7 +423,7 @@ class _Compiler:
                 budget.settle()
             return _guarded(call, *[a(env, budget) for a in args])
 
-        return self.sized(variadic)
+        return self.sized(variadic) if sized else variadic
 
     def optional_default(self, tree: Call) -> Closure:
         """``opt.or(other)`` and ``opt.orValue(value)``: the argument is evaluated only when the
@@ -630,13 +667,25 @@ def _literal_kind(node: Node) -> Maybe[str]:
     return None
 
 
+_FAILURES = (ValueError, TypeError, AttributeError, KeyError, IndexError, OverflowError, ArithmeticError)
+
+
 def _guarded(call: Callable, *args: Any) -> Any:
     """A library function's result; a Python failure inside one (a bug, or input it did not
     expect) is an evaluation error, never a crash and never a value."""
     try:
         return call(*args)
-    except (ValueError, TypeError, AttributeError, KeyError, IndexError, OverflowError, ArithmeticError) as exc:
-        return Err(f"{type(exc).__name__}: {exc}")
+    except _FAILURES as exc:
+        return _failure(exc)
+
+
+def _failure(exc: Exception) -> Err:
+    return Err(f"{type(exc).__name__}: {exc}")
+
+
+def _may_be_sized(result: str) -> bool:
+    """Whether a function declared to give ``result`` may build a string, bytes, a list or a map."""
+    return not (result in ("bool", "int", "uint", "double", "null_type") or result.startswith(("optional_type", "type(")))
 
 
 def _failing(closure: Closure, error: Err) -> Closure:

@@ -72,6 +72,17 @@ def register_type(name: str, cls: type) -> None:
     LIBRARY_TYPES[name] = cls
 
 
+def exact_type(type_text: str) -> Maybe[type]:
+    """The one Python class a value of ``type_text`` has, where that class is all its guard tests
+    (``string``: str; ``list(A)``: list), or None (dyn, a type parameter, a list of a given type)."""
+    text = type_text.strip()
+    if text.startswith("list(") and guard(text[5:-1]) is None:
+        return list
+    if text.startswith("map(") and all(guard(part) is None for part in _split_types(text[4:-1])):
+        return dict
+    return _PRIMITIVES.get(text) or LIBRARY_TYPES.get(text)
+
+
 def guard(type_text: str) -> Maybe[Callable[[Any], bool]]:
     """A predicate for values of ``type_text`` as cel-go's IsAssignableRuntimeType judges them;
     None for dyn and type parameters (anything goes)."""
