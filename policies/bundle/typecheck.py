@@ -15,21 +15,20 @@ Results are cached by text and environment: a reload checks nothing twice.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Optional
 
-import celpy
 import lark
 
-from ..cel import checker, cost, declared, parse
+from ..cel import ast, checker, cost, declared, parse
 from ..cel.environment import CompiledExpression
+from ..cel.library import REGISTRY
 from ..cel.types import BOOL, DYN, NULL, STRING, Type, format_type, value_type
 from ..job.celtype import job_type
 
 # What each kind of site must give (VAP's ReturnTypes), None for anything
 RESULTS: dict[str, Optional[tuple[Type, ...]]] = {
     "condition": (BOOL,), "message": (STRING,), "value": (STRING, NULL), "variable": None, "patch": None}
-_PARSER = celpy.Environment()  # positions of a tree parse.py rebuilt from a template are the template's
 
 
 @dataclass(frozen=True)
@@ -103,22 +102,23 @@ def _by_shape(source: str, scope: Scope) -> Optional[tuple[Type, list[TypeError_
     if base is None or base.errors or base.costed is None:
         return None
     texts = [source[start:end] for start, end in shape.spans]
-    if any(checker.literal_problem(kind, text) for kind, text in zip(shape.kinds, texts)):
-        return None  # checked in full, for the message and its position
-    nodes = sorted(base.costed.literals, key=lambda node: node.children[0].start_pos or 0)
+    nodes = sorted(base.costed.literals, key=lambda n: (n.line or 0, n.column or 0))  # in the order of the text
     if len(nodes) != len(texts):
         return None
-    return _limited(base.type, [], cost.estimate(base.costed, {id(n): t for n, t in zip(nodes, texts)}))
+    lengths = {id(n): len(ast.literal(lark.Token(kind, text))) for n, kind, text in zip(nodes, shape.kinds, texts)
+               if isinstance(n.value, (str, bytes))}
+    return _limited(base.type, [], cost.estimate(base.costed, lengths))
 
 
 def _checked(expression: CompiledExpression, scope: Scope) -> tuple[Type, list[TypeError_], int]:
     reads_object = "object" in expression.variables or "oldObject" in expression.variables
     reads_params = "params" in expression.variables
-    found = _analyse(expression.program.ast, scope, reads_object, reads_params)
+    found = _analyse(expression.tree, scope, reads_object, reads_params)
     if found.errors:  # the tree may be parse.py's template of the text's shape: positions from a parse of its own
-        found = _analyse(_PARSER.compile(expression.source), scope, reads_object, reads_params)
+        own = ast.build(parse.lark_parse(expression.source), REGISTRY.has_global)
+        found = _analyse(own, scope, reads_object, reads_params)
     shape = parse.shape_of(expression.source)
-    if shape is not None and found.costed is not None and not found.costed.sensitive:
+    if shape is not None and found.costed is not None and not found.costed.formats:
         if len(_SHAPES) >= _CACHED:
             _SHAPES.clear()
         _SHAPES.setdefault((shape.key, scope), found)
@@ -134,7 +134,7 @@ def _limited(result: Type, errors: list[TypeError_], most: int) -> tuple[Type, l
     return result, errors, most
 
 
-def _analyse(tree: lark.Tree, scope: Scope, reads_object: bool, reads_params: bool) -> _Analysis:
+def _analyse(tree: ast.Node, scope: Scope, reads_object: bool, reads_params: bool) -> _Analysis:
     variables = dict(scope.variables)
     job = job_type() if "job" in scope.names else None
     homogeneous = scope.kind != "patch"  # a JSON patch is written as maps of mixed values (MAP has structs)
@@ -142,7 +142,7 @@ def _analyse(tree: lark.Tree, scope: Scope, reads_object: bool, reads_params: bo
     errors = [_error(issue) for issue in as_vap.issues] + _result_errors(as_vap.type, scope.kind)
     if reads_object or (reads_params and scope.params != DYN):
         typed = [checker.check(tree, declared.environment(scope.names, declared.kind_type(kind), scope.params, job,
-                                                          variables, homogeneous), literals=False)
+                                                          variables, homogeneous))
                  for kind in (scope.kinds if reads_object else scope.kinds[:1])]
     else:  # nothing it reads is typed otherwise: VAP's environment is the typed one
         typed = [as_vap]
@@ -151,7 +151,6 @@ def _analyse(tree: lark.Tree, scope: Scope, reads_object: bool, reads_params: bo
     fine = [found for found in typed if not found.issues]
     result = {found.type for found in fine}
     costed = None if errors else max(fine, key=cost.estimate)
-    costed = costed if costed is None or not as_vap.sensitive else replace(costed, sensitive=True)
     return _Analysis(result.pop() if len(result) == 1 else DYN, errors, costed)
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from .ast import (AND, CONDITIONAL, OR, Call, Comprehension, Has, Ident, Index, ListLit, Literal, MapLit, MessageLit,
+                  Node, OptionalMacro, Select)
 from .checker import Checked
 from .types import Type
 
@@ -43,16 +45,16 @@ def _mul(a: float, b: float) -> int:
 
 
 class _Estimate:
-    def __init__(self, checked: Checked, literals: dict[int, str]):
+    def __init__(self, checked: Checked, literals: dict[int, int]):
         self.checked, self.literals = checked, literals
         self.sizes: dict[int, int] = {}
         self.shares: dict[int, float] = {}  # the part of the request a node's value can occupy
         self.locals: list[dict[str, tuple]] = []  # loop variables: (size, share, the range they go over)
 
-    def type(self, node: Any) -> Optional[Type]:
+    def type(self, node: Node) -> Optional[Type]:
         return self.checked.types.get(id(node))
 
-    def bound(self, node: Any, share: float) -> int:
+    def bound(self, node: Node, share: float) -> int:
         """The most elements (characters of a string) a node's value of its declared type holds."""
         t = self.type(node)
         kind = t.kind if t is not None else "dyn"
@@ -63,75 +65,80 @@ class _Estimate:
             return max(1, min(declared, MAX_LIST, int(MAX_VALUES * share)))
         return 0
 
-    def size(self, node: Any) -> int:
+    def size(self, node: Node) -> int:
         return self.sizes.get(id(node), self.bound(node, self.shares.get(id(node), 1.0)))
 
-    def cost(self, node: Any) -> int:
-        """The node's cost; records its size and share for the nodes above it."""
-        shape = self.checked.shapes.get(id(node))
-        if shape is None:
-            return 1
-        found = getattr(self, f"cost_{shape[0]}")(node, *shape[1:])
-        self.shares.setdefault(id(node), 1.0)
-        return found
+    def share(self, node: Node) -> float:
+        return self.shares.get(id(node), 1.0)
 
-    def cost_literal(self, node: Any, text: str) -> int:
-        self.sizes[id(node)] = len(self.literals.get(id(node), text))
+    def cost(self, node: Node) -> int:
+        """The node's cost; records its size and share for the nodes above it."""
+        return getattr(self, "cost_" + type(node).__name__)(node)
+
+    def cost_Literal(self, node: Literal) -> int:
+        if isinstance(node.value, (str, bytes)):
+            self.sizes[id(node)] = self.literals.get(id(node), len(node.value))
         return 0
 
-    def cost_ident(self, node: Any, name: str) -> int:
+    def cost_Ident(self, node: Ident) -> int:
         for scope in reversed(self.locals):
-            if name in scope:
-                size, share, _ = scope[name]
+            if node.name in scope:
+                size, share, _ = scope[node.name]
                 self.shares[id(node)] = share
                 if size is not None:
                     self.sizes[id(node)] = size
                 break
         return 1
 
-    def cost_select(self, node: Any, operand: Any) -> int:
-        found = self.cost(operand)
-        self.shares[id(node)] = self.shares.get(id(operand), 1.0)
-        kind = getattr(self.type(operand), "kind", "dyn")
+    def cost_Select(self, node: Select) -> int:
+        found = self.cost(node.target)
+        self.shares[id(node)] = self.share(node.target)
+        kind = getattr(self.type(node.target), "kind", "dyn")
         return _add(found, 1 if kind in ("map", "struct", "param") else 0)
 
-    def cost_has(self, node: Any, operand: Any) -> int:
-        return self.cost(operand)  # PresenceTestHasCost(false), as Kubernetes configures it
+    def cost_Has(self, node: Has) -> int:
+        return self.cost(node.target)  # PresenceTestHasCost(false), as Kubernetes configures it
 
-    def cost_logical(self, node: Any, args: list) -> int:
-        return _add(*(self.cost(a) for a in args))
+    def cost_MessageLit(self, node: MessageLit) -> int:
+        return _add(_MAP_BASE, *(self.cost(v) for _, v in node.fields))
 
-    def cost_list(self, node: Any, items: list) -> int:
-        self.sizes[id(node)] = len(items)
-        return _add(_LIST_BASE, *(self.cost(i) for i in items))
+    def cost_ListLit(self, node: ListLit) -> int:
+        self.sizes[id(node)] = len(node.elements)
+        return _add(_LIST_BASE, *(self.cost(i) for i in node.elements))
 
-    def cost_map(self, node: Any, items: list) -> int:
-        self.sizes[id(node)] = len(items) // 2
-        return _add(_MAP_BASE, *(self.cost(i) for i in items))
+    def cost_MapLit(self, node: MapLit) -> int:
+        self.sizes[id(node)] = len(node.entries)
+        return _add(_MAP_BASE, *(self.cost(part) for k, v, _ in node.entries for part in (k, v)))
 
-    def cost_call(self, node: Any, name: str, overloads: list[str], args: list) -> int:
+    def cost_Index(self, node: Index) -> int:
+        costs = _add(self.cost(node.target), self.cost(node.index))
+        self.shares[id(node)] = self.index_share(node.target, node.index)
+        return _add(costs, 1)
+
+    def cost_Call(self, node: Call) -> int:
+        args = ([node.target] if node.target is not None else []) + list(node.args)
         costs = [self.cost(a) for a in args]
-        if name == "_?_:_":
+        name = node.function
+        if name == CONDITIONAL:
             self.sizes[id(node)] = max(self.size(args[1]), self.size(args[2]))
             return _add(costs[0], max(costs[1], costs[2]))
-        if name == "_[_]":
-            self.shares[id(node)] = self.index_share(args[0], args[1])
+        if name in (AND, OR):
+            return _add(*costs)
         if name == "dyn":
             self.sizes[id(node)] = self.size(args[0])
-        return _add(self.function(node, name, set(overloads), args), *costs)
+        return _add(self.function(node, name, set(self.checked.overloads.get(id(node), ())), args), *costs)
 
-    def index_share(self, container: Any, key: Any) -> float:
+    def index_share(self, container: Node, key: Node) -> float:
         """``m[k]`` in a loop of ``k`` over ``m`` is one of its elements, as the loop variable of a
         loop over the values would be; any other index may be the largest element."""
-        shape = self.checked.shapes.get(id(key))
-        if shape is not None and shape[0] == "ident":
+        if isinstance(key, Ident):
             for scope in reversed(self.locals):
-                if shape[1] in scope:
-                    _, share, over = scope[shape[1]]
-                    if over == container:
+                if key.name in scope:
+                    _, share, over = scope[key.name]
+                    if over is not None and _same(over, container):
                         return share
                     break
-        return self.shares.get(id(container), 1.0)
+        return self.share(container)
 
     def function(self, node: Any, name: str, overloads: set[str], args: list) -> int:
         """The call's own cost (cel-go functionCost, Kubernetes' EstimateCallCost)."""
@@ -178,36 +185,49 @@ class _Estimate:
     def _string(self, node: Any) -> bool:
         return getattr(self.type(node), "kind", "") == "string"
 
-    def cost_comprehension(self, node: Any, name: str, target: Any, names: list[str], body: list) -> int:
-        """cel-go costComprehension of the macro's expansion: the range, then per element the loop
-        condition and step (the body and the accumulator's own work), then the result."""
-        range_cost = self.cost(target)
-        if name in ("optMap", "optFlatMap"):
-            self.locals.append({names[0]: (None, self.shares.get(id(target), 1.0), None)})
-            try:
-                return _add(range_cost, 4, *(self.cost(b) for b in body))
-            finally:
-                self.locals.pop()
-        count = self.size(target)
-        share = self.shares.get(id(target), 1.0) / max(count, 1)
-        scope = {n: (None, share, target) for n in names}
-        if len(names) == 2:
-            scope[names[0]] = (0, share, target)  # an index or a key: no size to speak of
-        self.locals.append(scope)
+    def cost_OptionalMacro(self, node: OptionalMacro) -> int:
+        range_cost = self.cost(node.target)
+        self.locals.append({node.variable: (None, self.share(node.target), None)})
         try:
-            body_cost = _add(*(self.cost(b) for b in body))
+            return _add(range_cost, 4, self.cost(node.body))
         finally:
             self.locals.pop()
-        overhead = {"all": 3, "exists": 3, "exists_one": 2, "existsOne": 2, "filter": 13, "map": 12,
-                    "transformList": 12, "transformMap": 3, "transformMapEntry": 2, "sortBy": 12}[name]
-        if name in ("map", "filter", "transformList", "transformMap", "transformMapEntry", "sortBy"):
+
+    def cost_Comprehension(self, node: Comprehension) -> int:
+        """cel-go costComprehension of the macro's expansion: the range, then per element the loop
+        condition and step (the body and the accumulator's own work), then the result."""
+        range_cost = self.cost(node.range)
+        count = self.size(node.range)
+        share = self.share(node.range) / max(count, 1)
+        scope = {n: (None, share, node.range) for n in node.variables}
+        if len(node.variables) == 2:
+            scope[node.variables[0]] = (0, share, node.range)  # an index or a key: no size to speak of
+        self.locals.append(scope)
+        try:
+            body_cost = _add(*(self.cost(arg) for arg in node.args))
+        finally:
+            self.locals.pop()
+        overhead = {"all": 3, "exists": 3, "exists_one": 2, "filter": 13, "map": 12, "transformList": 12,
+                    "transformMap": 3, "transformMapEntry": 2, "sortBy": 12}[node.macro]
+        if node.macro in ("map", "filter", "transformList", "transformMap", "transformMapEntry", "sortBy"):
             self.sizes[id(node)] = count
-            self.shares[id(node)] = self.shares.get(id(target), 1.0)  # built from the range's elements
-        result = count if name == "sortBy" else 2
+            self.shares[id(node)] = self.share(node.range)  # built from the range's elements
+        result = count if node.macro == "sortBy" else 2
         return _add(range_cost, _mul(count, _add(overhead, body_cost)), result)
 
 
-def estimate(checked: Checked, literals: dict[int, str] | None = None) -> int:
-    """The most the checked expression costs, in cel-go's units; ``literals``: the text of some of
-    its literal nodes (by id), when it stands for another expression of its shape."""
+def _same(a: Node, b: Node) -> bool:
+    """The same expression written twice (``m`` of ``m.all(k, m[k] ...)``)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, Ident):
+        return a.name == b.name
+    if isinstance(a, Select):
+        return a.field == b.field and a.optional == b.optional and _same(a.target, b.target)
+    return False
+
+
+def estimate(checked: Checked, literals: dict[int, int] | None = None) -> int:
+    """The most the checked expression costs, in cel-go's units; ``literals``: the length of some
+    of its string literals (by id), when it stands for another expression of its shape."""
     return _Estimate(checked, literals or {}).cost(checked.root)

@@ -11,8 +11,7 @@ from importlib import resources
 from typing import Any, Mapping, Optional
 
 from .checker import Environment
-from .declarations import LIBRARY_TYPES
-from .types import BOOL, DYN, INT, STRING, TIMESTAMP, Type, list_of, map_of, schema_type, struct
+from .types import BOOL, DYN, INT, LIBRARY_TYPES, STRING, TIMESTAMP, Type, list_of, map_of, schema_type, struct
 
 KINDS = ("TrainJob", "MPIJob")  # the kinds a bundle matches, each typed by its CRD
 
@@ -108,8 +107,8 @@ def environment(names: tuple[str, ...], object_type: Type = DYN, params: Type = 
         elif name == "variables":
             declared[name] = struct("kubernetes.variables", dict(variables or {}))
         elif name == "authorizer":
-            declared[name] = LIBRARY_TYPES["Authorizer"]
-            declared["authorizer.requestResource"] = LIBRARY_TYPES["ResourceCheck"]
+            declared[name] = LIBRARY_TYPES["kubernetes.authorization.Authorizer"]
+            declared["authorizer.requestResource"] = LIBRARY_TYPES["kubernetes.authorization.ResourceCheck"]
         else:
             declared[name] = DYN
     return Environment(declared, homogeneous)

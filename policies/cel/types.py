@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional
 
+from .ast import RESERVED
+
 PRIMITIVES = ("int", "uint", "double", "bool", "string", "bytes", "null_type", "google.protobuf.Duration",
               "google.protobuf.Timestamp", "dyn")
 UNBOUNDED = 3 * 1024 * 1024 - 2  # what a request can hold: k8s.io/apiserver/pkg/apis/cel MaxRequestSizeBytes - 2
@@ -232,16 +234,21 @@ def assignable_list(m: Mapping_, l1: Iterable[Type], l2: Iterable[Type]) -> Opti
     return copy if all(_assignable(copy, a, b) for a, b in zip(l1, l2)) else None
 
 
-# ---- type expressions of the declaration table --------------------------------------------------
+# ---- type expressions of the function registry (policies/cel/functions.py) -----------------------
 
-_NAMED = {name: _primitive(name) for name in PRIMITIVES} | {
-    "duration": DURATION, "timestamp": TIMESTAMP, "null": NULL, "type": TYPE}
+# Kubernetes' object and opaque types (k8s.io/apiserver/pkg/cel/*.go, library/authz.go)
+LIBRARY_TYPES: dict[str, Type] = {name: struct(name) for name in (
+    "kubernetes.Quantity", "kubernetes.URL", "kubernetes.Semver", "kubernetes.NamedFormat",
+    "kubernetes.authorization.Authorizer", "kubernetes.authorization.PathCheck",
+    "kubernetes.authorization.GroupCheck", "kubernetes.authorization.ResourceCheck",
+    "kubernetes.authorization.Decision")} | {name: Type("opaque", name) for name in ("net.IP", "net.CIDR")}
+_NAMED = {name: _primitive(name) for name in PRIMITIVES} | {"type": TYPE} | LIBRARY_TYPES
 _TOKEN = re.compile(r"\s*([\w.@]+|[(),])")
 
 
 def parse_type(text: str, named: Mapping[str, Type] = _NAMED) -> Type:
-    """``int``, ``list(A)``, ``map(K, V)``, ``optional(V)``, ``type(A)``, a single capital letter
-    or a name starting with ``_`` as a type parameter, or a name in ``named``."""
+    """cel-go's type strings: ``int``, ``list(A)``, ``map(K, V)``, ``optional_type(V)``,
+    ``type(A)``, a single capital letter as a type parameter, or a name in ``named``."""
     tokens = _TOKEN.findall(text)
     position = 0
 
@@ -261,11 +268,11 @@ def parse_type(text: str, named: Mapping[str, Type] = _NAMED) -> Type:
             return list_of(*args)
         if name == "map":
             return map_of(*args)
-        if name == "optional":
+        if name == "optional_type":
             return optional(*args)
         if name == "type" and args:
             return type_of(*args)
-        if re.fullmatch(r"[A-Z]|_\w+", name):
+        if re.fullmatch(r"[A-Z]", name):
             return param(name)
         return named[name]
 
@@ -275,15 +282,22 @@ def parse_type(text: str, named: Mapping[str, Type] = _NAMED) -> Type:
     return found
 
 
+# identifiers that name types, as values (cel-go's standard types, optional_type, the library's)
+TYPE_NAMES: dict[str, Type] = {
+    "bool": type_of(BOOL), "bytes": type_of(BYTES), "double": type_of(DOUBLE), "int": type_of(INT),
+    "uint": type_of(UINT), "string": type_of(STRING), "null_type": type_of(NULL), "type": type_of(TYPE),
+    "google.protobuf.Duration": type_of(DURATION), "google.protobuf.Timestamp": type_of(TIMESTAMP),
+    "list": type_of(list_of(param("A"))), "map": type_of(map_of(param("A"), param("B"))),
+    "optional_type": type_of(optional(param("V"))),
+} | {name: type_of(t) for name, t in LIBRARY_TYPES.items()}
+
+
 # ---- declared types from OpenAPI schemas (k8s.io/apiserver/pkg/cel/common/schemas.go) -----------
 
 MIN_STRING_SIZE = 2  # k8s.io/apiserver/pkg/cel MinStringSize: ""
 _MIN_SIZES = {"int": 1, "double": 1, "bool": 4, "google.protobuf.Timestamp": 4, "google.protobuf.Duration": 4,
               "dyn": 1}
 _ESCAPE = re.compile(r"[^a-zA-Z0-9_]")
-RESERVED = frozenset({"true", "false", "null", "in", "as", "break", "const", "continue", "else", "for", "function",
-                      "if", "import", "let", "loop", "package", "namespace", "return", "var", "void", "while"})
-
 
 def escape_field(name: str) -> Optional[str]:
     """The name a CRD property has in CEL (k8s.io/apiserver/pkg/cel/escaping.go), or None when it

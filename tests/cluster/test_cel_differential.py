@@ -45,13 +45,14 @@ def test_the_api_server_and_our_engine_agree_on_every_expression(control_plane, 
     assert stored.get("kind") == "TrainJob", "the dry run no policy matches was refused"
     user = celdiff.User(whoami["username"], tuple(whoami.get("groups", ())), whoami.get("uid", ""))
     namespace_object, runtime = get_json("namespace", namespace), get_json("clustertrainingruntime", celcorpus.RUNTIME)
-    ours = celdiff.Ours(stored, namespace_object, runtime, user).judge(cases)
+    access = celdiff.Access(api)
+    ours = celdiff.Ours(stored, namespace_object, runtime, user, access).judge(cases)
 
     rows = celdiff.compare(cases, apiserver, ours, celdiff.exceptions(DOC))
     text = celdiff.report(rows)
     REPORT.write_text(text)
     REPORT.with_suffix(".json").write_text(json.dumps({  # what both sides saw and said, to work on ours between runs
-        "stored": stored, "namespace": namespace_object, "runtime": runtime, "user": vars(user),
+        "stored": stored, "namespace": namespace_object, "runtime": runtime, "user": vars(user), "access": access.answers,
         "verdicts": {c.id: {"case": c.describe(), "apiserver": vars(apiserver[c.id]), "ours": vars(ours[c.id])}
                      for c in cases}}, indent=1))
     print("\n" + celdiff.table(rows) + f"\n(disagreements in {REPORT})")

@@ -1291,18 +1291,19 @@ def cases() -> list[CelCase]:
 
 
 def admin_guide_cases() -> list[CelCase]:
-    """docs/admin-guide.md's CEL examples table rows as ``(expression) == value``, its helper
-    table's examples (``[example].size() == 1``: evaluated, whatever their type), and the rules of
-    its bundle examples, where they read nothing VAP lacks."""
+    """docs/admin-guide.md's CEL examples table rows and its function table's examples, as
+    ``(expression) == value``, and the rules of its bundle examples, where they read nothing VAP
+    lacks."""
     text = (DOCS / "admin-guide.md").read_text()
     found: list[tuple[str, str | None, tuple[tuple[str, str], ...]]] = []
-    for chapter, wrap in (("### CEL examples", _example_row), ("### Kubernetes CEL helpers", _helper_row)):
-        section = text.split(chapter, 1)[1].split("\n#", 1)[0]
-        for line in section.splitlines():
-            cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("| `") else []
-            expression = wrap(cells) if cells else None
-            if expression:
-                found.append((expression, None, ()))
+    for line in _section(text, "### CEL examples"):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        expression, value = (c.strip("`") for c in cells[:2])
+        if value:
+            found.append((f"({expression}) == {value}", None, ()))
+    for line in _section(text, "### CEL functions"):
+        example = line.strip().strip("|").split(" | ")[-1]
+        found += [(f"({expression}) == {value}", None, ()) for expression, value in _EXAMPLE.findall(example)]
     for document in _bundle_documents(text):
         spec = document.get("spec") or {}
         variables = tuple((v["name"], v["expression"]) for v in spec.get("variables") or ())
@@ -1313,18 +1314,13 @@ def admin_guide_cases() -> list[CelCase]:
     return [CelCase(f"admin-guide-{i:03d}", "admin-guide", e, m, v) for i, (e, m, v) in enumerate(usable)]
 
 
-def _example_row(cells: list[str]) -> str | None:
-    expression, value = (c.strip("`") for c in cells[:2])
-    return f"({expression}) == {value}" if value else None
+_EXAMPLE = re.compile(r"`([^`]+)` is `([^`]+)`")
 
 
-def _helper_row(cells: list[str]) -> str | None:
-    example = cells[1] if len(cells) > 1 else ""
-    shown = re.match(r"`([^`]+)`(?: is `([^`]+)`)?", example)
-    if not shown:
-        return None
-    expression, value = shown.groups()
-    return f"({expression}) == {value}" if value else f"[{expression}].size() == 1"
+def _section(text: str, chapter: str) -> list[str]:
+    """The table rows of a chapter of the guide."""
+    return [line for line in text.split(chapter, 1)[1].split("\n#", 1)[0].splitlines() if line.startswith("| ")
+            and not line.startswith("| expression") and not line.startswith("| function")]
 
 
 def _bundle_documents(text: str) -> list[dict]:

@@ -32,9 +32,11 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from trainjob_admission.policies.bundle.compile import BundleError, compile_document
+from trainjob_admission.policies.cel.authz import AccessCheck, AccessError
 from trainjob_admission.policies.decide.decision import Result
 from trainjob_admission.policies.decide.engine import AdmissionInput, evaluate
 from trainjob_admission.policies.k8s.clusterstate import ClusterState
+from trainjob_admission.webhook.admission.access import review_body
 
 from .celcorpus import CASE_LABEL, STATIC_MESSAGE, CelCase, trainjob
 
@@ -223,12 +225,35 @@ class User:
     uid: str = ""
 
 
+class Access:
+    """The CEL ``authorizer``'s answers as the server gets them (webhook/admission/access.py): a
+    SubjectAccessReview per question, asked of the API server when ``api`` is given, else from the
+    answers of a past run; ``answers`` keeps them (by the question, as text) for a replay."""
+
+    def __init__(self, api: Api | None = None, answers: dict[str, list] | None = None):
+        self.api, self.answers = api, dict(answers or {})
+
+    def __call__(self, check: AccessCheck) -> tuple[bool, str]:
+        key = repr(check)
+        if key not in self.answers:
+            if self.api is None:
+                raise AccessError(f"no recorded answer to {key}")
+            status, body = self.api.call("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", review_body(check))
+            if status != 201:
+                raise AccessError(f"the SubjectAccessReview failed: HTTP {status}")
+            answer = body.get("status") or {}
+            self.answers[key] = [bool(answer.get("allowed")), str(answer.get("reason", ""))]
+        allowed, reason = self.answers[key]
+        return allowed, reason
+
+
 class Ours:
     """Our verdicts: each case as a bundle rule, judged by the engine on ``stored`` (the object the
-    API server built for the dry run), with the namespace and runtime the cluster has."""
+    API server built for the dry run), with the namespace and runtime the cluster has, and
+    ``access`` answering the authorizer's questions."""
 
-    def __init__(self, stored: dict, namespace_object: dict, runtime: dict, user: User):
-        self.stored, self.user = stored, user
+    def __init__(self, stored: dict, namespace_object: dict, runtime: dict, user: User, access: Access):
+        self.stored, self.user, self.access = stored, user, access
         self.state = ClusterState.from_objects([namespace_object, runtime])
 
     def judge(self, cases: Iterable[CelCase]) -> dict[str, Verdict]:
@@ -242,7 +267,7 @@ class Ours:
         obj = json.loads(json.dumps(self.stored))
         obj["metadata"].setdefault("labels", {})[CASE_LABEL] = case.id
         request = AdmissionInput(obj, username=self.user.username, groups=list(self.user.groups),
-                                 user_uid=self.user.uid, dry_run=True)
+                                 user_uid=self.user.uid, dry_run=True, access=self.access)
         decision = evaluate(request, [bundle], self.state, mutate=False)
         result = next((r for r in decision.results if r.rule == "case"), None)
         if result is None:
@@ -347,10 +372,11 @@ def replay(path: Path) -> list[Row]:
     from .celcorpus import cases as all_cases
 
     saved = json.loads(path.read_text())
-    cases = [c for c in all_cases() if c.id in saved["verdicts"]]
+    judged = {v["case"]: Verdict(**v["apiserver"]) for v in saved["verdicts"].values()}
+    cases = [c for c in all_cases() if c.describe() in judged]  # the cases of then that are still in the corpus
     user = User(saved["user"]["username"], tuple(saved["user"]["groups"]), saved["user"]["uid"])
-    ours = Ours(saved["stored"], saved["namespace"], saved["runtime"], user).judge(cases)
-    apiserver = {c.id: Verdict(**saved["verdicts"][c.id]["apiserver"]) for c in cases}
+    ours = Ours(saved["stored"], saved["namespace"], saved["runtime"], user, Access(answers=saved["access"])).judge(cases)
+    apiserver = {c.id: judged[c.describe()] for c in cases}
     docs = Path(__file__).resolve().parents[2] / "docs" / "cel-conformance.md"
     return compare(cases, apiserver, ours, exceptions(docs))
 
