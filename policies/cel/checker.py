@@ -352,8 +352,8 @@ class _Checker:
             if len(types) == 2:
                 self.condition(args[0], types[0], list_of(types[1]))
             return list_of(types[-1])
-        if macro == "sortBy":
-            return list_of(element)
+        if macro == "sortBy":  # @sortByAssociatedKeys: on a dyn range its overloads' results differ, so dyn
+            return list_of(element) if element.kind not in ("dyn", "error") else DYN
         if macro == "transformMap":
             if len(types) == 2:
                 self.condition(args[0], types[0], map_of(key, types[1]))

@@ -15,10 +15,13 @@ import yaml
 
 from trainjob_admission.policies.bundle.compile import BundleError, compile_document
 from trainjob_admission.policies.bundle.load import load_bundles
-from trainjob_admission.policies.cel.types import Type, format_type
+from trainjob_admission.policies.cel import checker
+from trainjob_admission.policies.cel.environment import VARIABLES, CelCompileError, compile_expression
+from trainjob_admission.policies.cel.types import DYN, Type, format_type
 from trainjob_admission.policies.job import effective_job
 from trainjob_admission.policies.job.celtype import job_type
-from tests.support import corpus, crdtypes, upstream
+from tests.support import celcorpus, celgo, corpus, crdtypes, upstream
+from tests.unit.test_cel_oracle import corpus as oracle_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -146,6 +149,32 @@ def test_the_crd_schema_table_is_generated_from_the_module_cache():
     _module("trainer")
     assert (ROOT / "policies/k8s/crdschemas.json").read_text() == crdtypes.text(), (
         "regenerate: .venv/bin/python -m tests.support.crdtypes > policies/k8s/crdschemas.json")
+
+
+def test_the_checker_refuses_what_cel_gos_checker_refuses_and_types_alike():
+    """cel-go's own checker (tests/support/celgo, every variable dyn) on the unit oracle's corpus and
+    the differential's: what it refuses when checking, the checker refuses (what cel-go refuses
+    without types, the compiler does), and the output types agree."""
+    texts = [t for t in dict.fromkeys(oracle_corpus() + [t for c in celcorpus.cases()
+                                                         for t in (c.expression, c.message_expression) if t])
+             if "authorizer" not in t]  # the oracle declares no authorizer
+    try:
+        results = celgo.evaluate([(text, {}) for text in texts])
+    except upstream.UpstreamMissing as exc:
+        pytest.skip(str(exc))
+    dynamic = checker.Environment({name: DYN for name in VARIABLES})
+    differ, checked = [], 0
+    for text, theirs in zip(texts, results):
+        try:
+            tree = compile_expression(text).tree
+        except CelCompileError:
+            continue  # refused before types (test_cel_oracle.py judges those)
+        found, checked = checker.check(tree, dynamic), checked + 1
+        if (theirs.get("stage") == "check") != bool(found.issues):
+            differ.append((text, theirs.get("compile_error"), [i.message for i in found.issues]))
+        elif "type" in theirs and theirs["type"] != format_type(found.type):
+            differ.append((text, theirs["type"], format_type(found.type)))
+    assert checked > 1000 and not differ, differ[:20]
 
 
 # --- job: the declared type follows the model ----------------------------------------------------
