@@ -338,9 +338,9 @@ def exceptions(conformance_doc: Path) -> dict[str, str]:
     section = text.split("## Differential exceptions", 1)[1].split("\n## ", 1)[0]
     found = {}
     for line in section.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
         if len(cells) >= 2 and cells[0].startswith("`") and cells[0].endswith("`"):
-            found[cells[0][1:-1].replace("\\|", "|")] = cells[-1]
+            found[cells[0][1:-1]] = cells[-1]
     return found
 
 
