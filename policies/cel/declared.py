@@ -11,7 +11,8 @@ from importlib import resources
 from typing import Any, Mapping, Optional
 
 from .checker import Environment
-from .types import BOOL, DYN, INT, LIBRARY_TYPES, STRING, TIMESTAMP, Type, list_of, map_of, schema_type, struct
+from .types import (BOOL, DYN, INT, LIBRARY_TYPES, STRING, TIMESTAMP, Type, list_of, map_of, map_schema, schema_type,
+                    struct)
 
 KINDS = ("TrainJob", "MPIJob")  # the kinds a bundle matches, each typed by its CRD
 
@@ -56,17 +57,7 @@ def _schemas() -> dict[str, Any]:
     defs = table["defs"]
 
     def resolve(schema: Any) -> Any:
-        if not isinstance(schema, dict):
-            return schema
-        if "$ref" in schema:
-            return resolve(defs[schema["$ref"]])
-        out = dict(schema)
-        if "properties" in out:
-            out["properties"] = {k: resolve(v) for k, v in out["properties"].items()}
-        for key in ("items", "additionalProperties"):
-            if key in out:
-                out[key] = resolve(out[key])
-        return out
+        return resolve(defs[schema["$ref"]]) if "$ref" in schema else map_schema(schema, resolve)
 
     return {name: resolve(root) for name, root in table["roots"].items()}
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Optional
+from typing import Callable, Iterable, Mapping, Optional
 
 from .ast import RESERVED
 
@@ -329,6 +329,18 @@ def escape_field(name: str) -> Optional[str]:
 class _Sized:
     type: Type
     min_size: int
+
+
+def map_schema(schema: Mapping, fn: Callable[[Mapping], object]) -> dict:
+    """A copy of an OpenAPI schema with ``fn`` applied to each of its direct sub-schemas
+    (properties, items, additionalProperties)."""
+    out = dict(schema)
+    if "properties" in out:
+        out["properties"] = {name: fn(sub) for name, sub in out["properties"].items()}
+    for key in ("items", "additionalProperties"):
+        if isinstance(out.get(key), Mapping):
+            out[key] = fn(out[key])
+    return out
 
 
 def schema_type(schema: Mapping, name: str, resource_root: bool = False) -> Optional[Type]:

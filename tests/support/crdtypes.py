@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from trainjob_admission.policies.cel.types import map_schema
+
 from . import upstream
 
 KEEP = ("type", "format", "required", "maxItems", "maxLength", "maxProperties", "enum", "default",
@@ -45,25 +47,17 @@ def _object_meta() -> dict:
             if name in seen:
                 return {"type": "object"}
             return resolve(schemas[name], seen | {name})
-        out = dict(schema)
-        if "properties" in out:
-            out["properties"] = {k: resolve(v, seen) for k, v in out["properties"].items()}
-        for key in ("items", "additionalProperties"):
-            if isinstance(out.get(key), dict):
-                out[key] = resolve(out[key], seen)
-        return out
+        return map_schema(schema, lambda sub: resolve(sub, seen))
 
     return resolve(schemas[OBJECT_META], frozenset({OBJECT_META}))
 
 
 def _strip(schema: dict) -> dict:
-    out: dict[str, Any] = {k: schema[k] for k in KEEP if k in schema}
-    if "properties" in schema:
-        out["properties"] = {name: _strip(sub) for name, sub in sorted(schema["properties"].items())}
-    for key in ("items", "additionalProperties"):
-        if isinstance(schema.get(key), dict):
-            out[key] = _strip(schema[key])
-    return out
+    kept = map_schema({k: schema[k] for k in (*KEEP, "properties", "items", "additionalProperties") if k in schema},
+                      _strip)
+    if "properties" in kept:
+        kept["properties"] = dict(sorted(kept["properties"].items()))
+    return {k: v for k, v in kept.items() if k != "additionalProperties" or isinstance(v, dict)}
 
 
 def _resource(schema: dict, meta: dict) -> dict:
@@ -103,13 +97,7 @@ def _share(roots: dict[str, dict]) -> dict:
                 defs[name] = None  # type: ignore[assignment]
                 defs[name] = replace(schema, top=True)
             return {"$ref": name}
-        out = dict(schema)
-        if "properties" in out:
-            out["properties"] = {k: replace(v) for k, v in out["properties"].items()}
-        for name in ("items", "additionalProperties"):
-            if name in out:
-                out[name] = replace(out[name])
-        return out
+        return map_schema(schema, replace)
 
     shared_roots = {name: replace(root, top=True) for name, root in roots.items()}
     return {"defs": dict(sorted(defs.items())), "roots": shared_roots}
