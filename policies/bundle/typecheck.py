@@ -21,6 +21,7 @@ from typing import Any, Optional
 import lark
 
 from ..cel import ast, checker, cost, declared, parse
+from ..cel import environment
 from ..cel.environment import CompiledExpression
 from ..cel.library import REGISTRY
 from ..cel.types import BOOL, DYN, NULL, STRING, Type, format_type, value_type
@@ -90,8 +91,9 @@ class _Analysis:
 
 
 # By parse.py's shape and scope: the analysis of the first expression of that shape, reused for
-# the others when no literal value mattered to it (checker.Checked.sensitive).
+# the others when no literal value mattered to it (checker.Checked.formats).
 _SHAPES: dict[tuple[str, Scope], _Analysis] = {}
+environment.CACHES += [_CACHE.clear, _SHAPES.clear]
 
 
 def _by_shape(source: str, scope: Scope) -> Optional[tuple[Type, list[TypeError_], int]]:
