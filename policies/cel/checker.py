@@ -117,6 +117,8 @@ class _Checker:
         self.counter = 0
 
     def error(self, node: Node, message: str, more: Optional[Callable[[], str]] = None) -> Type:
+        if isinstance(node, Call) and node.target is None and len(node.args) == 2 and node.function.startswith("_"):
+            node = _start(node.args[1])  # an operator: where its right operand starts (the tree keeps no operator)
         self.issues.append(Issue(message, node.line, node.column, more))
         return ERROR
 
@@ -420,6 +422,13 @@ def _kind(t: Type) -> Optional[str]:
     if t.kind == "dyn":
         return None
     return t.name if t.kind in ("opaque", "struct") else t.kind
+
+
+def _start(node: Node) -> Node:
+    """The node where an expression's text starts: the innermost receiver of its selections."""
+    while isinstance(node, (Select, Index)) or (isinstance(node, Call) and node.target is not None):
+        node = node.target
+    return node
 
 
 def _qualified(node: Node) -> Optional[str]:

@@ -76,12 +76,14 @@ class AdmissionInput:
         if self.dry_run:
             options["dryRun"] = ["All"]
         known = self.context
-        user = {"username": self.username, "uid": self.user_uid, "groups": list(self.groups),
-                "extra": known.get("extra")}
+        # username and groups kept even when empty (a review offline may name none; every request to
+        # the API server has them), uid and extra left out when empty, as the JSON leaves them out
+        user = {"username": self.username, "groups": list(self.groups)} | {
+            k: v for k, v in (("uid", self.user_uid), ("extra", known.get("extra"))) if v}
         request = {"uid": self.uid, "kind": known.get("kind") or kind, "resource": known.get("resource") or resource,
                    "requestKind": known.get("requestKind") or kind,
                    "requestResource": known.get("requestResource") or resource,
-                   "operation": self.operation, "userInfo": {k: v for k, v in user.items() if v},
+                   "operation": self.operation, "userInfo": user,
                    "dryRun": self.dry_run, "options": known.get("options") or options}
         optional = {"name": (self.object.get("metadata") or {}).get("name", ""), "namespace": self.namespace,
                     "subResource": known.get("subResource"), "requestSubResource": known.get("requestSubResource")}
