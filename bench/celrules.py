@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -157,8 +158,15 @@ ROOT = Path(__file__).resolve().parents[1]
 def child(tree: str | None, seconds: float) -> None:
     """Measure in this process (the packages of ``tree`` ahead of this one's) and print JSON."""
     from bench.engine import base_objects, sample_jobs
+    rule_bundle(1)  # what a process pays once (imports, tables) is not the compile's
+    environment.clear_caches()
+    times = []
+    for _ in range(2):  # a first compile of the rules (no text or shape seen), then a reload
+        t0 = time.perf_counter()
+        rule_bundle(RULE_COUNTS[-1])
+        times.append((time.perf_counter() - t0) * 1e3)
     samples = measure(sample_jobs(), ClusterState.from_objects(base_objects()), seconds)
-    json.dump({str(count): value for count, value in samples.items()}, sys.stdout)
+    json.dump({"compile": times} | {str(count): value for count, value in samples.items()}, sys.stdout)
 
 
 def unpack(revision: str, scratch: str) -> str:
@@ -176,10 +184,12 @@ def side_by_side(revision: str, rounds: int, seconds: float) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-celrules-") as scratch:
         sides = {"this tree": None, revision: unpack(revision, scratch)}
         merged: dict = {side: {count: {"wall": [], "cpu": []} for count in RULE_COUNTS} for side in sides}
+        compiles: dict = {side: [] for side in sides}
         for _ in range(rounds):
             for side, tree in sides.items():
                 argv = [sys.executable, __file__, "--child", "--seconds", str(seconds)] + (["--tree", tree] if tree else [])
                 found = json.loads(subprocess.run(argv, cwd=ROOT, check=True, capture_output=True, text=True).stdout)
+                compiles[side].append(found["compile"])
                 for count in RULE_COUNTS:
                     for key in ("wall", "cpu"):
                         merged[side][count][key] += found[str(count)][key]
@@ -196,6 +206,11 @@ def side_by_side(revision: str, rounds: int, seconds: float) -> None:
         mine, theirs = (cpu[side] for side in sides)
         print(f"{count:>5} | {cells[0]} | {cells[1]} | {theirs / mine:>5.2f}")
     print("(us/rule from CPU time, the 0-rule review taken off; ratio: the committed tree's CPU time over this one's)")
+    first, reload = ({side: statistics.median(t[i] for t in compiles[side]) for side in sides} for i in (0, 1))
+    mine, theirs = sides
+    print(f"compile {RULE_COUNTS[-1]} rules, median ms: first {first[mine]:.0f} here, {first[theirs]:.0f} {theirs} "
+          f"({first[mine] / first[theirs]:.2f}x); reload {reload[mine]:.0f} here, {reload[theirs]:.0f} {theirs} "
+          f"({reload[mine] / reload[theirs]:.2f}x)")
 
 
 def main() -> int:

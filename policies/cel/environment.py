@@ -192,11 +192,16 @@ def compile_expression(source: str, variables: tuple[str, ...] = VARIABLES) -> C
     return _compile(source, variables)
 
 
+CACHES: list[Callable[[], None]] = []  # what else keeps results per text (policies/bundle/typecheck.py)
+
+
 def clear_caches() -> None:
     """Forget compiled texts and parsed shapes, as a fresh process starts (bench/celrules.py times
     a first compile with it)."""
     _compile.cache_clear()
     parse.clear()
+    for clear in CACHES:
+        clear()
 
 
 @lru_cache(maxsize=1024)  # a reload recompiles the same texts; what is compiled is never changed

@@ -47,6 +47,11 @@ class Shape:
     key: str
     spans: tuple[tuple[int, int], ...]  # where each literal is in the text
 
+    @property
+    def kinds(self) -> list[str]:
+        """The terminal of each literal (INT_LIT, STRING_LIT, ...), in the order of ``spans``."""
+        return re.findall(f"{_MARK}(\\w+){_MARK}", self.key)
+
 
 def lark_parse(text: str) -> lark.Tree:
     """lark's parse of ``text`` with our parser (policies/cel/tables.py); a syntax error is a

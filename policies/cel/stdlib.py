@@ -5,6 +5,8 @@ accessors. Operators are compiled.py's; their declarations are here for the regi
 """
 from __future__ import annotations
 
+import re
+
 from functools import lru_cache
 from typing import Any
 
@@ -27,10 +29,15 @@ CACHED_TEXT = 256  # a search on a longer text is not remembered
 def compile_regex(pattern: str) -> Any:
     """RE2, as Go's regexp (linear time; Python's re backtracks and one crafted value held the
     interpreter for seconds). Raises ValueError with Go's wording for a bad pattern."""
+    if _ANY_BYTE.search(pattern):
+        raise ValueError(r"error parsing regexp: invalid escape sequence: `\C`")  # RE2 has \C, Go's regexp not
     try:
         return re2.compile(pattern, _OPTIONS)
     except re2.error as exc:
         raise ValueError(f"error parsing regexp: {exc}") from None
+
+
+_ANY_BYTE = re.compile(r"(?<!\\)(?:\\\\)*\\C")
 
 
 @lru_cache(maxsize=4096)

@@ -12,7 +12,8 @@ from trainjob_admission.policies.cel.environment import (
 from trainjob_admission.policies.decide import limits
 from trainjob_admission.policies.decide.decision import Effect, Result
 
-ENV_PAIRS = "object.spec.trainer.env.all(e, object.spec.trainer.env.exists(f, f.name == e.name))"
+# every entry against every other; comparing sizes, not names, keeps its estimated cost under lint's limit
+ENV_PAIRS = "object.spec.trainer.env.all(e, object.spec.trainer.env.exists(f, size(f.name) == size(e.name)))"
 
 
 def env(count: int) -> list[dict]:
