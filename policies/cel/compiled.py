@@ -427,7 +427,8 @@ class _Compiler:
 
     def optional_default(self, tree: Call) -> Closure:
         """``opt.or(other)`` and ``opt.orValue(value)``: the argument is evaluated only when the
-        optional is empty (cel-go evaluates them so: an error there does not matter otherwise)."""
+        optional is empty (an error there does not matter otherwise), and a receiver that is no
+        optional is the answer itself, as cel-go's evalOptionalOr evaluates them."""
         target, fallback = self.node(tree.target), self.node(tree.args[0])
         unwrap = tree.function == "orValue"
 
@@ -437,13 +438,10 @@ class _Compiler:
                 budget.settle()
             value = target(env, budget)
             if type(value) is not Optional:
-                return no_such_overload(value)
+                return value  # cel-go's evalOptionalOr: what is not an optional is the answer itself
             if value.present:
                 return value.value if unwrap else value
-            other = fallback(env, budget)
-            if not unwrap and type(other) is not Optional:
-                return no_such_overload(other)
-            return other
+            return fallback(env, budget)
 
         return run
 
@@ -646,8 +644,8 @@ class _Compiler:
         return run
 
 
-_KEY_TYPES = frozenset({str, int, UInt, bool, float})
-_QUALIFIERS = _KEY_TYPES  # the constant indexes cel-go plans: string, int, uint, bool, double
+_QUALIFIERS = frozenset({str, int, UInt, bool, float})  # the constant indexes cel-go plans
+_KEY_TYPES = _QUALIFIERS | {type(None)}  # a map literal's keys: those, and null
 _ARITHMETIC = {"_+_": operators.add, "_-_": operators.subtract, "_*_": operators.multiply,
                "_/_": operators.divide, "_%_": operators.modulo}
 _ORDER = {"_<_": lambda c: c < 0, "_<=_": lambda c: c <= 0, "_>_": lambda c: c > 0, "_>=_": lambda c: c >= 0}

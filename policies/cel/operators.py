@@ -261,8 +261,26 @@ def _list_position(index: Any, size: int) -> Any:
     return position
 
 
+_QUALIFIERS = frozenset({str, int, UInt, bool, float})
+
+
+def _bad_qualifier(key: Any) -> Any:
+    """A key cel-go cannot index with at all (interpreter/attributes.go newQualifier), or None."""
+    if type(key) in _QUALIFIERS:
+        return None
+    if type(key) is Err:
+        return key
+    return Err(f"invalid qualifier type: {type_name(key)}")
+
+
 def index(target: Any, key: Any) -> Any:
     """``target[key]``: a list element (an int, uint or integral double, in range) or a map entry."""
+    if type(target) is Optional:
+        return index_optional(target, key)
+    if type(target) is not Err:
+        bad = _bad_qualifier(key)
+        if bad is not None:
+            return bad
     if isinstance(target, list):
         position = _list_position(key, len(target))
         if type(position) is Err:
@@ -288,14 +306,15 @@ def index(target: Any, key: Any) -> Any:
 
 def index_optional(target: Any, key: Any) -> Any:
     """``target[?key]`` (and ``optional[key]``): optional.of the element or entry, or none."""
-    if type(target) is Optional:
-        if not target.present:
-            return NONE
-        target = target.value
     if type(target) is Err:
         return target
-    if type(key) is Err:
-        return key
+    if type(target) is Optional and not target.present:
+        return NONE
+    bad = _bad_qualifier(key)
+    if bad is not None:
+        return bad
+    if type(target) is Optional:
+        target = target.value
     if isinstance(target, list):
         position = _list_position(key, len(target))
         if type(position) is Err:
@@ -304,7 +323,7 @@ def index_optional(target: Any, key: Any) -> Any:
     if isinstance(target, dict):
         value = map_find(target, key)
         return NONE if value is ABSENT else Optional(value)
-    return NO_OVERLOAD
+    return NONE  # nothing to index (a number, a string, null): empty, as cel-go's optional qualifier
 
 
 def key_text(key: Any) -> str:

@@ -615,7 +615,9 @@ def parse_duration(text: str) -> Maybe[Duration]:
     return Duration(sign * total)
 
 
-_RFC3339 = re.compile(r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(?:(Z)|([+-])(\d{2}):(\d{2}))")
+# Go's layout parser (time.Parse falls back to it from its strict RFC 3339 path): a one-digit hour,
+# a comma before the fraction and offsets up to 24:00 (or 23:60) are accepted.
+_RFC3339 = re.compile(r"(\d{4})-(\d{2})-(\d{2})T(\d{1,2}):(\d{2}):(\d{2})(?:[.,](\d+))?(?:(Z)|([+-])(\d{2}):(\d{2}))")
 
 
 @lru_cache(maxsize=1024)
@@ -632,7 +634,7 @@ def parse_timestamp(text: str) -> Any:
         return None
     offset = 0
     if not zulu:
-        if int(off_h) > 23 or int(off_m) > 59:
+        if int(off_h) > 24 or int(off_m) > 60:
             return None
         offset = (int(off_h) * 3600 + int(off_m) * 60) * (1 if sign == "+" else -1)
     days = _days_from_civil(year, month, day)

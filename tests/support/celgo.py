@@ -16,6 +16,7 @@ import functools
 import hashlib
 import json
 import os
+import resource
 import subprocess
 from pathlib import Path
 from typing import Any, Iterable
@@ -25,6 +26,7 @@ from .upstream import UpstreamMissing
 
 SOURCE = Path(__file__).with_name("celgo")
 BUILD_TIMEOUT = 900  # a cold build compiles cel-go and the apiserver's CEL packages: about 70 s here
+MEMORY = 4 << 30  # the oracle's address space: cel-go builds some values before it counts their cost
 
 
 @functools.cache
@@ -53,8 +55,13 @@ def binary() -> Path:
 def evaluate(cases: Iterable[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
     """What cel-go gives for each (expression, variables) case, in order."""
     lines = "".join(json.dumps({"expr": expr, "vars": variables}) + "\n" for expr, variables in cases)
-    result = subprocess.run([str(binary())], input=lines, capture_output=True, text=True, timeout=600, check=True)
+    result = subprocess.run([str(binary())], input=lines, capture_output=True, text=True, timeout=600, check=True,
+                            preexec_fn=_limit_memory)
     return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def _limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
 
 
 @functools.cache

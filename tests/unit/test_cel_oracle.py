@@ -134,8 +134,9 @@ def corpus() -> list[str]:
 
 def listed_exception(mine: tuple, go: tuple) -> bool:
     """docs/cel-conformance.md "Exceptions of ours": a list, map or optional as a map key is an
-    error here where cel-go builds the map (fail-closed)."""
-    return mine[0] == "error" and mine[1].startswith("unsupported key type") and go[0] == "value"
+    error here where cel-go builds the map (fail-closed; where cel-go then refuses the expression
+    for using that map as an index, we refuse it when it runs)."""
+    return mine[0] == "error" and mine[1].startswith("unsupported key type") and go[0] in ("value", "compile_error")
 
 
 def differences(expressions: list[str], data: dict = DATA) -> tuple[list[str], list[str]]:
@@ -177,7 +178,7 @@ def test_the_corpus_agrees_with_cel_go(oracle) -> None:
 
 LITERALS = ["0", "1", "-1", "2", "7", "9223372036854775807", "-9223372036854775808", "1u", "0u",
             "18446744073709551615u", "1.5", "0.0", "-2.5", "1e300", "'a'", "''", "'ab'", '"b"', "r'\\d'", "b'ab'",
-            "true", "false", "null", "[]", "{}", "[1, 2, 3]", "['a', 'b']", "{'a': 1}", "{'a': 1, 'b': 'x'}",
+            "true", "false", "null", "[]", "{}", "[1, 2, 3]", "['a', 'b']", "{'a': 1}",
             "[1.0, 2.5]", "duration('1h')", "timestamp(0)", "optional.of(1)", "optional.none()"]
 FIELDS = ["object", "object.a", "object.b", "object.n", "object.s", "object.l", "object.m", "object.m.a",
           "object.m.l", "object.f", "object.u", "params", "params.a", "params.l", "job.a.b.n", "object.?a",
@@ -186,9 +187,12 @@ BINARY = ["+", "-", "*", "/", "%", "==", "!=", "<", "<=", ">", ">=", "&&", "||",
 METHODS = ["contains", "startsWith", "endsWith", "matches", "lowerAscii", "upperAscii", "split", "join", "indexOf",
            "size", "charAt", "substring", "replace", "trim", "lastIndexOf", "orValue", "hasValue", "value", "sum",
            "min", "max", "isSorted", "reverse", "distinct", "sort", "flatten", "first", "last", "find", "findAll"]
+# not lists.range: cel-go builds lists.range(9223372036854775807) before it counts the cost (VAP refuses a
+# constant one when the policy is created, by its estimated cost; the corpus has small ones)
 FUNCTIONS = ["size", "int", "uint", "double", "string", "bool", "type", "dyn", "bytes", "quantity", "isQuantity",
-             "optional.of", "optional.ofNonZeroValue", "lists.range", "strings.quote"]
+             "optional.of", "optional.ofNonZeroValue", "strings.quote"]
 MACROS = ["all", "exists", "exists_one", "map", "filter"]
+LISTS = ["object.l", "object.m.l", "params.l", "object.u", "[1, 2, 3]", "['a', 'b']", "[]", "[1.0, 2.5]"]
 GENERATED_DATA = [
     {"object": {"a": 1, "b": "x", "n": -7, "s": "AbÄ/01", "l": [3, 1, 2], "m": {"a": 2, "l": ["b", "a"]},
                 "f": 2.5, "u": [1, 2.0]}, "params": {"a": "a", "l": [1, "a", None]}, "job": {"a": {"b": {"n": 4}}}},
@@ -220,10 +224,10 @@ def generate(rng: random.Random, depth: int = 0, bound: tuple[str, ...] = ()) ->
         return f"[{', '.join(inner() for _ in range(rng.randrange(4)))}]"
     if choice == 7:
         return f"({inner()})[{inner()}]"
-    if choice == 8:
+    if choice == 8:  # over lists only: cel-go iterates a map in no fixed order
         variable = "x" if "x" not in bound else "y"
         body = generate(rng, depth + 1, (*bound, variable))
-        return f"({inner()}).{rng.choice(MACROS)}({variable}, {body})"
+        return f"({rng.choice(LISTS)}).{rng.choice(MACROS)}({variable}, {body})"
     return f"{{{inner()}: {inner()}}}"
 
 
