@@ -232,11 +232,13 @@ class _Checker:
         """Every overload whose arguments the actual types are assignable to; their result (dyn
         when they differ), or an error naming the argument types."""
         arg_types = ([self.visit(target)] if target is not None else []) + [self.visit(a) for a in args]
+        return self.resolve(node, name, target is not None, arg_types)
+
+    def resolve(self, node: Node, name: str, member: bool, arg_types: list[Type]) -> Type:
         overloads = self.functions.get(name)
         if overloads is None:
             return self.error(node, f"undeclared reference to '{name}' (in container '')")
         result: Optional[Type] = None
-        member = target is not None
         closed = all(map(concrete, arg_types))  # no type parameter to bind: nothing to copy the mapping for
         matched: list[str] = []
         for overload in overloads:
@@ -354,8 +356,9 @@ class _Checker:
             if len(types) == 2:
                 self.condition(args[0], types[0], list_of(types[1]))
             return list_of(types[-1])
-        if macro == "sortBy":  # @sortByAssociatedKeys: on a dyn range its overloads' results differ, so dyn
-            return list_of(element) if element.kind not in ("dyn", "error") else DYN
+        if macro == "sortBy":  # range.@sortByAssociatedKeys(range.map(x, key)): keys of a comparable type
+            return self.resolve(node, "@sortByAssociatedKeys", True,
+                                [self.types[id(node.range)], list_of(types[0])])
         if macro == "transformMap":
             if len(types) == 2:
                 self.condition(args[0], types[0], map_of(key, types[1]))
