@@ -31,6 +31,10 @@ from .types import (BOOL, BYTES, DOUBLE, DURATION, DYN, ERROR, INT, NULL, RESERV
                     most_general, optional, param, parse_type, substitute, unwrap_optional)
 from .values import UInt
 
+# the key types @sortByAssociatedKeys has overloads for (ext.Lists: comparable types)
+_SORTABLE = frozenset({"int", "uint", "double", "bool", "google.protobuf.Duration", "google.protobuf.Timestamp",
+                       "string", "bytes"})
+
 
 @dataclass(frozen=True)
 class Issue:
@@ -42,6 +46,7 @@ class Issue:
     @property
     def text(self) -> str:
         return self.message + (self.more() if self.more else "")
+
 
 
 @dataclass(frozen=True)
@@ -355,6 +360,10 @@ class _Checker:
                 self.condition(args[0], types[0], list_of(types[1]))
             return list_of(types[-1])
         if macro == "sortBy":  # @sortByAssociatedKeys: on a dyn range its overloads' results differ, so dyn
+            keys = substitute(self.mapping, types[0])
+            if keys.kind not in ("dyn", "error", "param") and format_type(keys) not in _SORTABLE:
+                return self.error(node, "found no matching overload for '@sortByAssociatedKeys' applied to "
+                                        f"'{format_type(list_of(element))}.(list({format_type(keys)}))'")
             return list_of(element) if element.kind not in ("dyn", "error") else DYN
         if macro == "transformMap":
             if len(types) == 2:
