@@ -44,6 +44,7 @@ class Issue:
         return self.message + (self.more() if self.more else "")
 
 
+
 @dataclass(frozen=True)
 class Environment:
     """The declared variables (a qualified name like ``authorizer.requestResource`` may be one).

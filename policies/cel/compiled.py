@@ -778,10 +778,10 @@ def _items(values: Any, two: bool) -> Any:
     return None
 
 
-def _loop(source: Closure, variables: tuple[str, ...], steps: int,
-          fold: Callable[[Any, Callable[[], None], Callable[[Any], None], Any], Any]) -> Closure:
-    """The shared frame: the range evaluated, a scope per evaluation with the iteration variables
-    set per item, each iteration charged; ``fold(items, charge, bind, budget)`` does the rest."""
+def _loop(source: Closure, variables: tuple[str, ...], steps: int, fold: Callable[..., Any]) -> Closure:
+    """The shared frame: the range evaluated, a scope per evaluation (a copy of the variables), then
+    ``fold(items, scope, two, first, second, budget, steps)``, which sets the iteration variables
+    and charges each iteration itself (inline: a call per iteration costs as much as the work)."""
     two = len(variables) == 2
     first, second = variables[0], variables[-1]
 
@@ -795,14 +795,7 @@ def _loop(source: Closure, variables: tuple[str, ...], steps: int,
         items = _items(values, two)
         if items is None:
             return no_such_overload(values)
-        scope = dict(env)
-        if two:
-            def bind(item: Any) -> None:
-                scope[first], scope[second] = item
-        else:
-            def bind(item: Any) -> None:
-                scope[first] = item
-        return fold(items, scope, bind, budget, steps)
+        return fold(items, dict(env), two, first, second, budget, steps)
 
     return run
 
@@ -810,18 +803,25 @@ def _loop(source: Closure, variables: tuple[str, ...], steps: int,
 def _all_or_exists(decisive: bool) -> Callable:
     def build(source: Closure, variables: tuple[str, ...], bodies: list[Closure], steps: int) -> Closure:
         (predicate,) = bodies
+        other = not decisive
 
-        def fold(items: Any, scope: dict, bind: Callable, budget: Any, steps: int) -> Any:
+        def fold(items: Any, scope: dict, two: bool, first: str, second: str, budget: Any, steps: int) -> Any:
             error = None
             for item in items:
-                _spend(budget, steps)
-                bind(item)
+                budget.left -= steps
+                budget._ticks -= 1
+                if budget.left < 0 or budget._ticks <= 0:
+                    budget.settle()
+                if two:
+                    scope[first], scope[second] = item
+                else:
+                    scope[first] = item
                 value = predicate(scope, budget)
                 if value is decisive:
                     return decisive
-                if value is not (not decisive) and error is None:
+                if value is not other and error is None:
                     error = value if type(value) is Err else _NO_OVERLOAD
-            return error if error is not None else not decisive
+            return error if error is not None else other
 
         return _loop(source, variables, steps, fold)
     return build
@@ -830,11 +830,14 @@ def _all_or_exists(decisive: bool) -> Callable:
 def _exists_one(source: Closure, variables: tuple[str, ...], bodies: list[Closure], steps: int) -> Closure:
     (predicate,) = bodies
 
-    def fold(items: Any, scope: dict, bind: Callable, budget: Any, steps: int) -> Any:
+    def fold(items: Any, scope: dict, two: bool, first: str, second: str, budget: Any, steps: int) -> Any:
         count = 0
         for item in items:
             _spend(budget, steps)
-            bind(item)
+            if two:
+                scope[first], scope[second] = item
+            else:
+                scope[first] = item
             value = predicate(scope, budget)
             if value is True:
                 count += 1
@@ -851,13 +854,18 @@ def _mapping(kind: str) -> Callable:
     def build(source: Closure, variables: tuple[str, ...], bodies: list[Closure], steps: int) -> Closure:
         condition = bodies[0] if len(bodies) == 2 or kind == "filter" else None
         transform = bodies[-1] if kind != "filter" else None
-        key_name = variables[0]
 
-        def fold(items: Any, scope: dict, bind: Callable, budget: Any, steps: int) -> Any:
+        def fold(items: Any, scope: dict, two: bool, first: str, second: str, budget: Any, steps: int) -> Any:
             out: Any = {} if kind in ("transformMap", "transformMapEntry") else []
             for item in items:
-                _spend(budget, steps)
-                bind(item)
+                budget.left -= steps
+                budget._ticks -= 1
+                if budget.left < 0 or budget._ticks <= 0:
+                    budget.settle()
+                if two:
+                    scope[first], scope[second] = item
+                else:
+                    scope[first] = item
                 if condition is not None:
                     keep = condition(scope, budget)
                     if keep is False:
@@ -871,7 +879,7 @@ def _mapping(kind: str) -> Callable:
                 if type(value) is Err:
                     return value
                 if kind == "transformMap":
-                    out[scope[key_name]] = value
+                    out[scope[first]] = value
                 elif kind == "transformMapEntry":
                     if not isinstance(value, dict):
                         return no_such_overload(value)

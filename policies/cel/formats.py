@@ -71,22 +71,22 @@ def _dns1123_label(value: str) -> list[str]:
     return errors
 
 
-def _dns1123_subdomain(value: str, unit: str = "characters") -> list[str]:
+def _bounded_pattern(value: str, limit: str, pattern: str, message: str, *examples: str) -> list[str]:
+    """The usual validator: at most ``limit`` ("253 characters"), matching ``pattern``."""
     errors = []
-    if _size(value) > 253:
-        errors.append(f"must be no more than 253 {unit}")
-    if not _matches(_SUBDOMAIN, value):
-        errors.append(_regex_error(_SUBDOMAIN_MESSAGE, _SUBDOMAIN, "example.com"))
+    if _size(value) > int(limit.split()[0]):
+        errors.append(f"must be no more than {limit}")
+    if not _matches(pattern, value):
+        errors.append(_regex_error(message, pattern, *examples))
     return errors
+
+
+def _dns1123_subdomain(value: str, unit: str = "characters") -> list[str]:
+    return _bounded_pattern(value, f"253 {unit}", _SUBDOMAIN, _SUBDOMAIN_MESSAGE, "example.com")
 
 
 def _dns1035_label(value: str) -> list[str]:
-    errors = []
-    if _size(value) > 63:
-        errors.append("must be no more than 63 characters")
-    if not _matches(_DNS1035, value):
-        errors.append(_regex_error(_DNS1035_MESSAGE, _DNS1035, "my-name", "abc-123"))
-    return errors
+    return _bounded_pattern(value, "63 characters", _DNS1035, _DNS1035_MESSAGE, "my-name", "abc-123")
 
 
 def _masked(validate: Callable[[str], list[str]]) -> Callable[[str], list[str]]:
@@ -123,12 +123,7 @@ def _qualified_name(value: str) -> list[str]:
 
 
 def _label_value(value: str) -> list[str]:
-    errors = []
-    if _size(value) > 63:
-        errors.append("must be no more than 63 bytes")
-    if not _matches(_VALUE, value):
-        errors.append(_regex_error(_VALUE_MESSAGE, _VALUE, "MyValue", "my_value", "12345"))
-    return errors
+    return _bounded_pattern(value, "63 bytes", _VALUE, _VALUE_MESSAGE, "MyValue", "my_value", "12345")
 
 
 def _uri(value: str) -> list[str]:

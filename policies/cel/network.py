@@ -126,22 +126,20 @@ def _loopback(ip: IP) -> bool:
     return int(address) == 1
 
 
-def _contains_ip(cidr: CIDR, other: Any) -> Any:
-    ip = _to_ip(other) if type(other) is str else other
-    if type(ip) is Err:
-        return ip
-    if type(ip.address) is not type(cidr.address):
-        return False
-    return ip.address in cidr.network()
+def _containment(parse: Any, test: Any) -> Any:
+    """containsIP / containsCIDR: the argument parsed when it is a string; another family is not
+    contained."""
+    def contains(cidr: CIDR, other: Any) -> Any:
+        inner = parse(other) if type(other) is str else other
+        if type(inner) is Err:
+            return inner
+        return type(inner.address) is type(cidr.address) and test(cidr, inner)
+    return contains
 
 
-def _contains_cidr(cidr: CIDR, other: Any) -> Any:
-    inner = _to_cidr(other) if type(other) is str else other
-    if type(inner) is Err:
-        return inner
-    if type(inner.address) is not type(cidr.address):
-        return False
-    return cidr.network().overlaps(inner.network()) and cidr.bits <= inner.bits
+_contains_ip = _containment(_to_ip, lambda cidr, ip: ip.address in cidr.network())
+_contains_cidr = _containment(_to_cidr,
+                              lambda cidr, inner: cidr.network().overlaps(inner.network()) and cidr.bits <= inner.bits)
 
 
 def _is_canonical(text: str) -> Any:

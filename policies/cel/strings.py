@@ -33,14 +33,21 @@ def _char_at(text: str, index: int) -> Any:
     return text[index] if index < len(text) else ""
 
 
-def _index_of(text: str, sub: str, offset: int = 0) -> Any:
+def _offset_answer(text: str, sub: str, offset: int) -> Any:
+    """What indexOf and lastIndexOf answer before searching (ext/strings.go): the offset itself for
+    an empty search, an error below 0, -1 at or past the end; None: search."""
     if sub == "":
         return offset
     if offset < 0:
         return _out_of_range(offset)
     if offset >= len(text):
         return -1
-    return text.find(sub, offset)
+    return None
+
+
+def _index_of(text: str, sub: str, offset: int = 0) -> Any:
+    early = _offset_answer(text, sub, offset)
+    return early if early is not None else text.find(sub, offset)
 
 
 def _last_index_of(text: str, sub: str, offset: Maybe[int] = None) -> Any:
@@ -50,12 +57,9 @@ def _last_index_of(text: str, sub: str, offset: Maybe[int] = None) -> Any:
         if len(text.encode()) < len(sub.encode()):
             return -1
         offset = len(text) - 1
-    if sub == "":
-        return offset
-    if offset < 0:
-        return _out_of_range(offset)
-    if offset >= len(text):
-        return -1
+    early = _offset_answer(text, sub, offset)
+    if early is not None:
+        return early
     start = min(offset, len(text) - len(sub))
     if start < 0:
         return -1

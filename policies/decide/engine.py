@@ -14,7 +14,6 @@ from ..capacity import clusterqueues, objectcounts, quotascope
 from ..job import effective_job, queueing
 from ..k8s import redaction
 from . import exceptions, injections, limits, mutations
-from celpy.celtypes import MapType
 
 from ..bundle.compile import Bundle, CompiledRule, Conditions, accelerators
 from ..bundle.schema import Injections, Mutations, merged
@@ -131,7 +130,7 @@ class _Activation:
             if name not in self._values:
                 self._values[name] = self._sources[name]()
             value = self._values[name]  # a CEL value already (the authorizer) is used as it is
-            self._cache[key] = value if isinstance(value, MapType) else to_cel(prune(value, fields))
+            self._cache[key] = value if isinstance(value, authz.Authorizer) else to_cel(prune(value, fields))
         return self._cache[key]
 
     def for_bundle(self, reads: dict[str, Fields]) -> dict[str, Any]:

@@ -74,5 +74,17 @@ def functions() -> list[tuple[str, str, bool, tuple[str, ...], str]]:
         if cells[0] == "macro":
             rows.append(("macro", cells[1], cells[3] == "true", (cells[2],), ""))
         else:
-            rows.append((cells[0], cells[1], cells[2] == "true", tuple(filter(None, cells[3].split(", "))), cells[4]))
+            rows.append((cells[0], cells[1], cells[2] == "true", _types(cells[3]), cells[4]))
     return rows
+
+
+def _types(text: str) -> tuple[str, ...]:
+    """``map(K, V), K`` -> ("map(K, V)", "K"): commas inside parentheses belong to the type."""
+    found, depth, start = [], 0, 0
+    for i, c in enumerate(text + ","):
+        depth += {"(": 1, ")": -1}.get(c, 0)
+        if c == "," and depth == 0:
+            if text[start:i].strip():
+                found.append(text[start:i].strip())
+            start = i + 1
+    return tuple(found)
