@@ -4,10 +4,10 @@ isSorted, sum, min, max, indexOf, lastIndexOf) and cel-go's lists extension at v
 lists.range), as kube-apiserver v1.36 enables them (environment/base.go)."""
 from __future__ import annotations
 
-from functools import cmp_to_key
 from typing import Any, Callable
 
 from .functions import Overload, overload
+from .gosort import sort_indices
 from .operators import add
 from .values import Duration, Err, Timestamp, UInt, compare, equals, no_such_overload
 
@@ -108,11 +108,11 @@ def sort_by_associated_keys(values: list, keys: list) -> Any:
     if len(keys) > 1 and any(type(k) is not first for k in keys):
         return Err("list elements must have the same type")
 
-    def order(i: int, j: int) -> int:
-        result = compare(keys[i], keys[j])
-        return 0 if type(result) is Err else result
+    def less(i: int, j: int) -> bool:
+        result = compare(keys[i], keys[j])  # an error (NaN) is not less, as Compare(...) == IntNegOne in Go
+        return type(result) is int and result == -1
 
-    return [values[i] for i in sorted(range(len(values)), key=cmp_to_key(order))]
+    return [values[i] for i in sort_indices(len(values), less)]
 
 
 _COMPARERS = frozenset({int, UInt, float, bool, str, bytes, Duration, Timestamp})

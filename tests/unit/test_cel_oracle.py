@@ -241,3 +241,31 @@ def test_generated_expressions_agree_with_cel_go(oracle) -> None:
         found, _ = differences(expressions, data)
         wrong += found
     assert not wrong, f"{len(wrong)} disagree:\n" + "\n".join(wrong[:40])
+
+
+def sort_cases() -> list[str]:
+    """sortBy over lists with many equal keys, in the shapes that take each path of Go's pdqsort:
+    short (insertion sort), sorted and reversed runs (partial insertion sort, reversal), few distinct
+    keys (equal partitions), shuffled (ninther pivots, pattern breaking)."""
+    rng = random.Random(2027)
+    shapes = {
+        "shuffled": lambda n: [rng.randrange(max(1, n // 4)) for _ in range(n)],
+        "few keys": lambda n: [rng.randrange(3) for _ in range(n)],
+        "ascending": lambda n: sorted(rng.randrange(n) for _ in range(n)),
+        "descending": lambda n: sorted((rng.randrange(n) for _ in range(n)), reverse=True),
+        "organ pipe": lambda n: [min(i, n - i) // 2 for i in range(n)],
+        "one swap": lambda n: [i // 3 for i in range(n)][::-1][:2] + [i // 3 for i in range(n)][2:],
+    }
+    expressions = []
+    for n in (5, 12, 13, 20, 49, 50, 64, 100, 257):
+        for make in shapes.values():
+            pairs = ", ".join(f"[{key}, {i}]" for i, key in enumerate(make(n)))
+            expressions.append(f"[{pairs}].sortBy(p, p[0]).map(p, p[1])")
+    return expressions
+
+
+def test_sort_orders_equal_keys_as_go_does(oracle) -> None:
+    """cel-go sorts with Go's sort.Slice, which is not stable: equal keys end where pdqsort puts them."""
+    expressions = sort_cases()
+    wrong, _ = differences(expressions)
+    assert not wrong, f"{len(wrong)} of {len(expressions)} disagree:\n" + "\n".join(wrong[:3])
