@@ -69,6 +69,12 @@ def problems(document: dict) -> list[str]:
     ("job.podSets.filter(p, p.count).size() == 1", "found no matching overload for '_?_:_' applied to '(int, "),
     ("object.spec.trainer.numNodes.x == 1", "type 'int' does not support field selection"),
     ("object.spec.trainer.image.all(c, c == 'a')", "expression of type 'string' cannot be range of a comprehension"),
+    # sortBy is range.@sortByAssociatedKeys(keys): keys of a type with no ordering are refused, and the
+    # result keeps the range's element type
+    ("[[1], [2]].sortBy(x, x).size() == 2",
+     "found no matching overload for '@sortByAssociatedKeys' applied to 'list(list(int)).(list(list(int)))'"),
+    ("object.spec.trainer.env.sortBy(e, e).size() == 1", "found no matching overload for '@sortByAssociatedKeys'"),
+    ("object.spec.trainer.env.sortBy(e, e.name)[0].nme == 'A'", "undefined field 'nme' (did you mean 'name'?"),
 ])
 def test_what_the_api_server_refuses_never_loads(rule, expected):
     found = problems(bundle("true", rule))
@@ -104,6 +110,8 @@ def test_a_type_error_is_located_at_its_file_line_and_column(tmp_path):
     "sets.contains(['a', 'b'], job.images)",
     "object.spec.trainer.resourcesPerNode.limits.all(k, v, isQuantity(v))",
     "optional.of(1).orValue(2) == 1",
+    "object.spec.trainer.env.sortBy(e, e.name)[0].name == 'A'",
+    "[2, 1].sortBy(x, -x)[0] == 2",
 ])
 def test_what_the_api_server_accepts_loads(rule):
     assert problems(bundle(rule)) == []
