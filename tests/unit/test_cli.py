@@ -94,7 +94,10 @@ def test_review_allowed_json_has_the_istio_and_queue_patch(cli):
     result = cli["allowed-json"]
     assert result.returncode == 0, out(result)
     body = json.loads(result.stdout)  # only JSON on stdout
-    assert set(body) == {"allowed", "decision", "messages", "warnings", "patch", "injections", "job", "unchecked"}
+    assert set(body) == {"object", "source", "allowed", "decision", "messages", "warnings", "patch", "injections", "job",
+                         "unchecked"}
+    assert body["object"] == {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "namespace": "team-a",
+                              "name": "resnet-allreduce"} and body["source"] == "examples/jobs/allowed.yaml"
     assert body["unchecked"] == []
     assert body["allowed"] is True and body["decision"] == "allow" and body["messages"] == []
     ops = {op["path"]: op for op in body["patch"]}

@@ -13,8 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import EXIT_INVALID, EXIT_NOT_FOUND, CliError
 from . import settings
+from .errors import EXIT_INVALID, EXIT_NOT_FOUND, CliError
+from .sampledata import help_samples
 
 if TYPE_CHECKING:
     from ..decisionlog import Anchors, Filters, VerifyReport
@@ -216,8 +217,8 @@ def register_server_commands(commands: argparse._SubParsersAction) -> None:
     serve = commands.add_parser(
         "serve", help="run the HTTPS admission webhook",
         description="Serve /validate, /mutate, /healthz, /readyz and /metrics over TLS 1.2+.",
-        epilog="examples:\n"
-               "  # state and PolicyBundles from the cluster (kubectl apply -f examples/bundles/production.yaml):\n"
+        epilog="examples:\n" + help_samples() +
+               "  # state and PolicyBundles from the cluster (kubectl apply -f $S/bundles/production.yaml):\n"
                "  trainjob-admission serve --cert-dir ./tls --kubeconfig ~/.kube/config\n"
                "  # only the PolicyBundles labelled for this server, plus a bundle file:\n"
                "  trainjob-admission serve --cert-dir ./tls --kubeconfig ~/.kube/config "
