@@ -232,7 +232,7 @@ def test_gpu_on_launcher(build, launcher_as_node, allow, denied):
 # --- shape ------------------------------------------------------------------------------------
 
 def test_shape_max_workers(example_job, example_state):
-    job = effective(example_job("too-many-workers"), example_state)
+    job = effective(example_job("too-many-nodes"), example_state)
     (finding,) = shape.check(CheckContext(job), ShapeCheck(maxWorkers=64))
     assert finding.message == "job has 65 workers; the limit is 64"
     assert "set spec.trainer.numNodes to 64 or less" in finding.remediation

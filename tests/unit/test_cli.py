@@ -23,7 +23,7 @@ CALLS: dict[str, list[str]] = {
     "allowed": ["review", "-f", "examples/jobs/allowed.yaml", *STATE],
     "allowed-json": ["review", "-f", "examples/jobs/allowed.yaml", *STATE, "-o", "json"],
     "too-many-gpus": ["review", "-f", "examples/jobs/too-many-gpus.yaml", *STATE],
-    "too-many-workers": ["review", "-f", "examples/jobs/too-many-workers.yaml", *STATE],
+    "too-many-nodes": ["review", "-f", "examples/jobs/too-many-nodes.yaml", *STATE],
     "privileged": ["review", "-f", "examples/jobs/privileged.yaml", *PRIVILEGED],
     "over-quota": ["review", "-f", "examples/jobs/over-quota.yaml", *STATE],
     "over-quota-json": ["review", "-f", "examples/jobs/over-quota.yaml", *STATE, "-o", "json"],
@@ -144,7 +144,7 @@ def test_strict_makes_missing_state_exit_2(cli):
 
 @pytest.mark.parametrize("name, rule, numbers", [
     ("too-many-gpus", "default/gpu-limits", ["9 nvidia.com/gpu", "the limit is 8 per worker", "to 8 or less"]),
-    ("too-many-workers", "default/job-shape", ["job has 65 workers; the limit is 64", "numNodes to 64 or less"]),
+    ("too-many-nodes", "default/job-shape", ["job has 65 workers; the limit is 64", "numNodes to 64 or less"]),
     ("privileged", "default/pod-security", ["spec.containers[node].securityContext.privileged",
                                             "remove privileged: true"]),
     ("over-quota", "default/quota", ["32 nvidia.com/gpu", "allows 32 and 24 are in use",

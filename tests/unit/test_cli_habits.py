@@ -138,10 +138,10 @@ def test_cluster_state_may_be_a_directory(tmp_path: Path) -> None:
 
 def test_a_bundle_given_offline_says_it_replaces_the_default() -> None:
     """Issue 31: `review --bundle mine.yaml` silently dropped the default bundle's checks."""
-    alone = run("review", "-f", "examples/jobs/too-many-workers.yaml", *STATE, "--bundle",
+    alone = run("review", "-f", "examples/jobs/too-many-nodes.yaml", *STATE, "--bundle",
                 "examples/bundles/audit-rollout.yaml")
     assert "note: --bundle replaces the default bundle" in alone.stderr and "--bundle builtin:default" in alone.stderr
-    both = run("review", "-f", "examples/jobs/too-many-workers.yaml", *STATE, "--bundle",
+    both = run("review", "-f", "examples/jobs/too-many-nodes.yaml", *STATE, "--bundle",
                "examples/bundles/audit-rollout.yaml", "--bundle", "builtin:default")
     assert "replaces" not in both.stderr and both.returncode == 1 and "default/job-shape" in both.stdout
 

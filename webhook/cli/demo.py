@@ -27,7 +27,7 @@ from ..decisionlog.checkpoint import KEY_FILE, PUBLIC_KEY_FILE, create_key_pair
 from ..kube.resources import JOB_RESOURCES
 from .sampledata import sample_job, sample_state
 
-SAMPLES = ["allowed.yaml", "over-quota.yaml", "too-many-gpus.yaml", "too-many-workers.yaml", "privileged.yaml",
+SAMPLES = ["allowed.yaml", "over-quota.yaml", "too-many-gpus.yaml", "too-many-nodes.yaml", "privileged.yaml",
            "legacy-mpijob.yaml"]
 PATCH_VALUE_SHOWN = 160  # characters of a patch value's JSON on one line; the rest is marked as cut
 
