@@ -106,8 +106,8 @@ def _nevers(context: CheckContext, settings: SchedulabilityCheck, phases: list[l
         if problem is not None:
             finding = _never(job, pod_sets, fits, problem)
             if settings.nodesMayBeAdded:
-                finding = replace(finding, message=f"{finding.message}; it runs only if the cluster adds cluster nodes "
-                                                   "that take it", severity="warn")
+                finding = replace(finding, message=f"{finding.message}; it runs only if cluster nodes that take it "
+                                                   "are added", severity="warn")
             # The job already exists on UPDATE: refusing the change frees nothing, so advise.
             if problem.kind == "packing" or context.operation != "CREATE":
                 finding = replace(finding, severity="warn")

@@ -310,22 +310,21 @@ def _checks(bundle: Bundle, context: CheckContext, found: Found) -> list[RuleRes
 
 
 def _agree_on_nodes(job: EffectiveJob, found: Found, audit: set[str]) -> None:
-    """One count of nodes in every fix of the decision: the least of the refusals' bounds
-    (Finding.nodes_at_most), which satisfies every quota, limit, cluster node and queue at once
-    (each bound holds for any smaller count: fewer nodes never ask for more). A warning's fix
-    keeps its own bound when that is lower; an audit bundle's findings (warnings once audited)
-    bound nothing but themselves."""
-    refusing = [f.nodes_at_most for r, fs in found if r.effect is Effect.DENY and r.bundle not in audit
-                for f in fs if f.nodes_at_most is not None]
-    needed = min(refusing, default=None)
+    """One count of nodes in every fix of the decision: the least of the findings' bounds
+    (Finding.nodes_at_most), which satisfies every quota, limit, cluster node and queue at once,
+    and lets the job start now where a warning says it would wait (each bound holds for any
+    smaller count: fewer nodes never ask for more). An audit bundle's findings bound nothing but
+    themselves."""
+    bounds = [f.nodes_at_most for r, fs in found if r.bundle not in audit for f in fs if f.nodes_at_most is not None]
+    agreed = min(bounds, default=None)
     for result, findings in found:
-        result.remediations = [_fix(job, f, needed) for f in findings]
+        result.remediations = [_fix(job, f, agreed) for f in findings]
 
 
-def _fix(job: EffectiveJob, finding: Finding, refusals_need: int | None) -> str:
+def _fix(job: EffectiveJob, finding: Finding, agreed: int | None) -> str:
     """The finding's fix with the count of nodes stated: "set spec.trainer.numNodes to 2, or ..."
     for a refusal; "...; to start sooner, set ..." for a warning."""
-    bounds = [b for b in (finding.nodes_at_most, refusals_need) if b is not None]
+    bounds = [b for b in (finding.nodes_at_most, agreed) if b is not None]
     if finding.nodes_at_most is None or job.workers is None \
             or not 1 <= min(bounds) < vocabulary.field_value(job, job.workers.count):
         return finding.remediation

@@ -86,7 +86,7 @@ def test_review_allowed(cli):
     result = cli["allowed"]
     assert result.returncode == 0, out(result)
     assert result.stdout.startswith("ALLOWED  TrainJob team-a/resnet-allreduce")
-    assert "4 pods (3 node + 1 launcher), 4 nvidia.com/gpu" in result.stdout
+    assert "4 pods (4 nodes, the launcher among them), 4 nvidia.com/gpu" in result.stdout
     assert "inject: Secret resnet-allreduce-mpi-ssh-auth (keyType=ecdsa-p521)" in result.stdout
 
 
@@ -143,12 +143,13 @@ def test_strict_makes_missing_state_exit_2(cli):
 
 
 @pytest.mark.parametrize("name, rule, numbers", [
-    ("too-many-gpus", "default/gpu-limits", ["9 nvidia.com/gpu", "the limit is 8 per worker", "to 8 or less"]),
-    ("too-many-nodes", "default/job-shape", ["job has 65 workers; the limit is 64", "numNodes to 64 or less"]),
+    ("too-many-gpus", "default/gpu-limits", ["9 nvidia.com/gpu", "the limit is 8 per node", "to 8 or less"]),
+    ("too-many-nodes", "default/job-shape", ["job has 65 nodes (spec.trainer.numNodes); the limit is 64",
+                                             "set spec.trainer.numNodes to 64,"]),
     ("privileged", "default/pod-security", ["spec.containers[node].securityContext.privileged",
                                             "remove privileged: true"]),
     ("over-quota", "default/quota", ["32 nvidia.com/gpu", "allows 32 and 24 are in use",
-                                     "reduce spec.trainer.numNodes to 2"]),
+                                     "set spec.trainer.numNodes to 2"]),
 ])
 def test_review_denials_exit_1_with_numbers_and_fix(cli, name, rule, numbers):
     result = cli[name]

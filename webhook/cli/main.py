@@ -77,11 +77,12 @@ def _review_bundles(args: argparse.Namespace) -> list:
     if args.context and not args.kubeconfig:
         raise CliError(f"--context {args.context} selects a context of a kubeconfig: use it with --kubeconfig")
     if not args.kubeconfig:
+        bundles = _bundles(args.bundle)
         if args.bundle and DEFAULT_BUNDLE not in args.bundle:
             print(f"note: --bundle replaces the default bundle: deciding with {', '.join(args.bundle)} only; add "
                   f"--bundle {DEFAULT_BUNDLE} to keep the default's checks too, as a cluster running both would",
                   file=sys.stderr)
-        return _bundles(args.bundle)
+        return bundles
     if args.bundle:
         _bundles(args.bundle)  # the files' problems, with their exit codes, before any API call
     from ..loops.clusterbundles import (  # the Kubernetes client: only with --kubeconfig (start-up time)
