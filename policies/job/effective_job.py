@@ -375,13 +375,13 @@ def _drop(pod_spec: dict, refused: list[tuple[str, str]]) -> None:
     ``containers[name=x].resources.limits.nvidia.com/gpu``, ``resources.requests.cpu``,
     ``priorityClassName``), so the rest of the job can still be judged. Only pods of this job's
     model are changed: they are its own clones."""
-    for field, _ in refused:
-        in_container = _CONTAINER_REFUSAL.fullmatch(field)
+    for path, _ in refused:
+        in_container = _CONTAINER_REFUSAL.fullmatch(path)
         where = pod_spec
         if in_container:
-            key, name, field = in_container.groups()
+            key, name, path = in_container.groups()
             where = next((c for c in pod_spec.get(key) or [] if isinstance(c, dict) and c.get("name") == name), {})
-        head, _, rest = field.partition(".")
+        head, _, rest = path.partition(".")
         if head != "resources":
             where.pop(head, None)
             continue
