@@ -212,6 +212,9 @@ def test_demo_runs_from_a_wheel_without_the_source_tree(tmp_path: Path) -> None:
     assert none == "None" and installed.startswith(site)
     assert "--- too-many-gpus.yaml: TrainJob" in result.stdout and "-> DENIED" in result.stdout
     assert "chain intact" in result.stdout
+    # a patch value too long for one line is cut with a mark, not mid-JSON without one (issue 31)
+    (runtime_patch,) = [line for line in result.stdout.splitlines() if "patch: add /spec/runtimePatches = " in line]
+    assert re.search(r"\.\.\.\[\+\d+ chars\]$", runtime_patch), runtime_patch
     # Issue 31: the --help examples name files this install has (they named the repository's
     # examples/, which a wheel lacks), and they run as printed
     script = str(tmp_path / "venv" / "bin" / "trainjob-admission")
@@ -291,3 +294,12 @@ def test_every_command_teaches_with_an_example_and_explains_every_argument():
         bare = [a.option_strings or [a.dest] for a in parser._actions
                 if not a.help and a.help != argparse.SUPPRESS and not isinstance(a, argparse._HelpAction)]
         assert not bare, f"`{' '.join(words)} --help` lists {bare} without saying what they do"
+
+
+def test_a_demo_patch_value_is_cut_with_a_mark() -> None:
+    from trainjob_admission.webhook.cli.demo import PATCH_VALUE_SHOWN, shown_value
+
+    value = {"labels": {"k": "v" * 400}}
+    text = json.dumps(value)
+    assert shown_value(value) == f"{text[:PATCH_VALUE_SHOWN]}...[+{len(text) - PATCH_VALUE_SHOWN} chars]"
+    assert shown_value({"k": "v"}) == '{"k": "v"}'
