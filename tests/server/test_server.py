@@ -43,7 +43,7 @@ def test_over_quota_denied_with_numbers_and_fix(webhook_server):
     assert response["status"]["code"] == 403
     message = response["status"]["message"]
     assert "job needs 32 nvidia.com/gpu" in message and "24 are in use" in message
-    assert "reduce spec.trainer.numNodes to 2" in message
+    assert "set spec.trainer.numNodes to 2, or ask your admin to raise the quota" in message
 
 
 def test_privileged_runtime_denied(webhook_server):
