@@ -125,10 +125,20 @@ def test_a_newcomer_installs_as_printed(doc: str, node, pushed, on_the_real_node
             if problems:
                 break  # the steps build on each other: the first that fails says what is wrong
     finally:
-        logs = cluster.kubectl("logs", "-n", "trainjob-admission", "-l", "app.kubernetes.io/name=trainjob-admission",
-                               "--tail=20", check=False).stdout if problems else ""
+        seen = diagnostics() if problems else ""
         uninstall(work, before, namespace)
-    assert not problems, "\n".join(problems) + "\n--- the service's log ---\n" + logs
+    assert not problems, "\n".join(problems) + seen
+
+
+def diagnostics() -> str:
+    """What the install left to read when a step failed: the service's objects, events and log."""
+    def kc(*args: str) -> str:
+        p = cluster.kubectl(*args, check=False)
+        return p.stdout + p.stderr
+    return ("\n--- objects ---\n" + kc("get", "deploy,rs,pods,endpointslices", "-n", "trainjob-admission", "-o", "wide")
+            + "\n--- events ---\n" + kc("get", "events", "-n", "trainjob-admission", "--sort-by=.lastTimestamp")[-3000:]
+            + "\n--- the service's log ---\n" + kc("logs", "-n", "trainjob-admission", "-l",
+                                                  "app.kubernetes.io/name=trainjob-admission", "--tail=20"))
 
 
 def test_every_doc_that_installs_is_run() -> None:

@@ -210,7 +210,10 @@ def run(argvs: list[list[str]], cwd: Path, env: dict[str, str], timeout: float =
     data: bytes | None = None
     output, code = "", 0
     for argv in argvs:
-        result = subprocess.run(argv, cwd=cwd, env=env, input=data, capture_output=True, timeout=timeout)
+        try:
+            result = subprocess.run(argv, cwd=cwd, env=env, input=data, capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:  # a problem of this command, reported with what it printed
+            return -1, (exc.stdout or b"").decode(errors="replace") + f"\n(timed out after {timeout:g} s)"
         data, code = result.stdout, result.returncode
         output += result.stderr.decode(errors="replace")
     return code, data.decode(errors="replace") + output if data is not None else output
