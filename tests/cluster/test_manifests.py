@@ -363,7 +363,7 @@ def test_component_client_auth_requires_the_api_servers_certificate(tmp_path):
     from trainjob_admission.webhook.cli.main import build_parser
 
     args = build_parser().parse_args(c["args"])
-    assert (args.client_ca, args.probe_port) == ("/client-ca/ca.crt", 8444)
+    assert (args.clientCA, args.probePort) == ("/client-ca/ca.crt", 8444)
 
 
 def test_components_fail_open_and_monitoring(tmp_path):
