@@ -471,7 +471,9 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
     budget = budget or Budget()
     obj = request.object
     namespace = state.namespace(request.namespace)
-    runtime_name = str(((obj.get("spec") or {}).get("runtimeRef") or {}).get("name", ""))
+    spec = obj.get("spec")
+    ref = spec.get("runtimeRef") if isinstance(spec, dict) else None  # ill-typed: the job model refuses it below
+    runtime_name = str(ref.get("name", "")) if isinstance(ref, dict) else ""
     active = [b for b in bundles if matches(b, request, namespace, runtime_name)]
     shared = _Activation({"oldObject": lambda: request.old_object, "request": request.as_cel_request,
                           "namespaceObject": lambda: namespace, "authorizer": request.authorizer})

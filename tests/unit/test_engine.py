@@ -62,6 +62,17 @@ def test_privileged_needs_its_runtime(example_job, build, default, review):
     assert "ClusterTrainingRuntime 'mpi-privileged' not found" in message["message"]
 
 
+@pytest.mark.parametrize("spec", [["a list"], {"runtimeRef": ["a list"]}, {"runtimeRef": "mpi-openmpi"}])
+def test_an_ill_typed_spec_is_refused_with_a_message_not_an_exception(example_job, example_state, default, review, spec):
+    """Bundle matching reads spec.runtimeRef.name before the job model checks the types: a spec or
+    runtimeRef of the wrong type is the job model's refusal, not an evaluation failure."""
+    job = example_job("allowed")
+    job["spec"] = spec
+    decision = review(job, default, example_state)
+    assert not decision.allowed and decision.decision == "deny"
+    assert [m["rule"] for m in decision.messages] == ["default/job-model"], decision.messages
+
+
 def test_legacy_mpijob_is_allowed_with_a_deprecation_warning(example_job, example_state, default, review):
     decision = review(example_job("legacy-mpijob"), default, example_state)
     assert decision.allowed and decision.decision == "warn"
