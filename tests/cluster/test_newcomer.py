@@ -65,7 +65,11 @@ def pushed(node):
 @pytest.fixture(scope="module")
 def on_the_real_node(node):
     """Pods created in namespace trainjob-admission get the real node's nodeSelector and toleration."""
-    selector, toleration = node["placement"]["nodeSelector"], node["placement"]["tolerations"][0]
+    placement = node["placement"]
+    # JSONPatch, not ApplyConfiguration: server-side apply may not change nodeSelector and tolerations,
+    # which are atomic; JSON objects are CEL map literals
+    expression = (f"[JSONPatch{{op: 'add', path: '/spec/nodeSelector', value: {json.dumps(placement['nodeSelector'])}}}, "
+                  f"JSONPatch{{op: 'add', path: '/spec/tolerations', value: {json.dumps(placement['tolerations'])}}}]")
     policy = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicy",
               "metadata": {"name": PLACEMENT},
               "spec": {"matchConstraints": {
@@ -73,11 +77,7 @@ def on_the_real_node(node):
                                      "resources": ["pods"]}],
                   "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "trainjob-admission"}}},
                   "failurePolicy": "Fail", "reinvocationPolicy": "Never",
-                  "mutations": [{"patchType": "ApplyConfiguration", "applyConfiguration": {"expression": (
-                      f"Object{{spec: Object.spec{{nodeSelector: {json.dumps(selector)}, tolerations: "
-                      f"[Object.spec.tolerations{{key: {json.dumps(toleration['key'])}, operator: "
-                      f"{json.dumps(toleration['operator'])}, value: {json.dumps(toleration['value'])}, "
-                      f"effect: {json.dumps(toleration['effect'])}}}]}}}}")}}]}}
+                  "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": expression}}]}}
     binding = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicyBinding",
                "metadata": {"name": PLACEMENT}, "spec": {"policyName": PLACEMENT}}
     cluster.apply_objects([policy, binding])
