@@ -17,9 +17,13 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter("trainjob_admission_requests", "AdmissionReviews by endpoint, decision and kind",
-                                ["endpoint", "decision", "kind"], registry=self.registry)
-        self.rule_results = Counter("trainjob_admission_rule_results", "Rules that failed, by bundle, rule and effect",
+        # One count per answer, as its decision record says it: /mutate's are allow (or error), so
+        # endpoint="validate" counts submissions (operation CREATE, UPDATE) and deletions (DELETE) once
+        self.requests = Counter("trainjob_admission_requests",
+                                "AdmissionReviews answered, by endpoint, decision, kind and operation",
+                                ["endpoint", "decision", "kind", "operation"], registry=self.registry)
+        self.rule_results = Counter("trainjob_admission_rule_results",
+                                    "Rules that failed, by bundle, rule and effect (once per submission: /validate)",
                                     ["bundle", "rule", "effect"], registry=self.registry)
         self.latency = Histogram("trainjob_admission_request_duration_seconds", "Time to decide and log one review",
                                  ["endpoint"], registry=self.registry,

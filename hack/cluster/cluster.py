@@ -107,7 +107,7 @@ COMPONENTS = {
 DEFAULT_PORTS = {
     "etcd-client": 23790,
     "etcd-peer": 23800,
-    "apiserver": 26443,
+    "apiserver": 6443,  # kubeadm's: the port base's NetworkPolicy lets the service's pods reach (docs/deploy.md)
     "controller-manager": 26257,
     "scheduler": 26259,
     "kwok": 26247,

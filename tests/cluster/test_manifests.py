@@ -166,7 +166,7 @@ def test_base_deployment_is_restricted_and_highly_available(base):
 def test_base_webhooks(base):
     paths = {"MutatingWebhookConfiguration": "/mutate", "ValidatingWebhookConfiguration": "/validate"}
     for kind, path in paths.items():
-        (hook,) = find(base, kind, "trainjob-admission")["webhooks"]
+        hook = find(base, kind, "trainjob-admission")["webhooks"][0]
         assert hook["clientConfig"] == {"service": {"name": "trainjob-admission", "namespace": NS,
                                                     "path": path, "port": 443}}
         assert {(r["apiGroups"][0], r["apiVersions"][0], r["resources"][0]) for r in hook["rules"]} == {
@@ -181,6 +181,14 @@ def test_base_webhooks(base):
         assert exprs["trainjob-admission.io/ignore"] == {"key": "trainjob-admission.io/ignore", "operator": "NotIn",
                                                          "values": ["true"]}
     assert find(base, "Namespace", NS)["metadata"]["labels"]["trainjob-admission.io/ignore"] == "true"
+    # deletions: a second validating entry that records them and never stands in their way
+    (mutate,) = find(base, "MutatingWebhookConfiguration", "trainjob-admission")["webhooks"]
+    submit, delete = find(base, "ValidatingWebhookConfiguration", "trainjob-admission")["webhooks"]
+    assert delete["name"] == "audit-delete.trainjob-admission.io" and delete["clientConfig"] == submit["clientConfig"]
+    assert [(r["resources"], r["operations"]) for r in delete["rules"]] == [(["trainjobs"], ["DELETE"]),
+                                                                            (["mpijobs"], ["DELETE"])]
+    assert (delete["failurePolicy"], delete["timeoutSeconds"], delete["sideEffects"]) == ("Ignore", 3, "None")
+    assert delete["namespaceSelector"] == submit["namespaceSelector"] == mutate["namespaceSelector"]
 
 
 def test_base_rbac_is_least_privilege(base):
@@ -297,9 +305,9 @@ def test_local_ca_overlay_fills_secret_and_ca_bundle(tmp_path):
     for key in secret["data"]:
         assert base64.b64decode(secret["data"][key]) == (tls / key).read_bytes()
     for kind in WEBHOOK_KINDS:
-        (hook,) = find(docs, kind, "trainjob-admission")["webhooks"]
-        assert base64.b64decode(hook["clientConfig"]["caBundle"]) == (tls / "ca.crt").read_bytes()
-        assert "".join(hook["clientConfig"]["caBundle"].split()) == (tls / "ca-bundle.b64").read_text().strip()
+        for hook in find(docs, kind, "trainjob-admission")["webhooks"]:
+            assert base64.b64decode(hook["clientConfig"]["caBundle"]) == (tls / "ca.crt").read_bytes()
+            assert "".join(hook["clientConfig"]["caBundle"].split()) == (tls / "ca-bundle.b64").read_text().strip()
     dep = find(docs, "Deployment", "trainjob-admission")
     assert {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}["tls"]["secret"]["secretName"] \
         == secret["metadata"]["name"]
@@ -364,8 +372,8 @@ def test_components_fail_open_and_monitoring(tmp_path):
         "resources": ["../manifests/overlays/local-ca"],
         "components": ["../manifests/components/fail-open", "../manifests/components/monitoring"]})
     docs = kustomize(overlay)
-    for kind in WEBHOOK_KINDS:
-        assert [h["failurePolicy"] for h in find(docs, kind, "trainjob-admission")["webhooks"]] == ["Ignore"]
+    for kind in WEBHOOK_KINDS:  # the deletions' entry is Ignore already
+        assert {h["failurePolicy"] for h in find(docs, kind, "trainjob-admission")["webhooks"]} == {"Ignore"}
     svc = find(docs, "Service", "trainjob-admission")
     monitor = find(docs, "ServiceMonitor", "trainjob-admission")["spec"]
     assert monitor["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
@@ -444,11 +452,13 @@ def test_installed_service_runs_two_restricted_replicas(installed, kubectl, get_
 def test_installed_webhooks_and_default_bundle(installed, get_json):
     ca = (installed.tls / "ca.crt").read_bytes()
     for kind in WEBHOOK_KINDS:
-        (hook,) = get_json(kind.lower(), "trainjob-admission")["webhooks"]
+        hooks = get_json(kind.lower(), "trainjob-admission")["webhooks"]
+        hook = hooks[0]
         assert hook["sideEffects"] == "NoneOnDryRun" and hook["timeoutSeconds"] == 10
         assert hook["failurePolicy"] == "Fail" and hook["matchPolicy"] == "Equivalent"
-        assert base64.b64decode(hook["clientConfig"]["caBundle"]) == ca
-        assert hook["namespaceSelector"] == {"matchLabels": {TEST_LABEL: installed.run}}
+        for each in hooks:  # the deletions' entry too
+            assert base64.b64decode(each["clientConfig"]["caBundle"]) == ca
+            assert each["namespaceSelector"] == {"matchLabels": {TEST_LABEL: installed.run}}
     bundle = get_json("policybundle", "default")
     source = yaml.safe_load((REPO / "policies" / "bundle" / "builtin" / "default.yaml").read_text())
     source["spec"]["match"]["namespaces"] = [f"nowhere-{installed.run}"]

@@ -77,7 +77,7 @@ class Running:
         return body["response"]
 
     def records(self) -> list[dict]:
-        return [json.loads(line) for line in self.log_path.read_text().splitlines() if line.strip()]
+        return [json.loads(line) for line in self.log_path.read_text().split("\n") if line.strip()]
 
 
 def decode_patch(response: dict) -> list[dict]:

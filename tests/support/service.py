@@ -15,11 +15,13 @@ tier's conftest uses the same one).
 """
 from __future__ import annotations
 
+import base64
 import contextlib
 import importlib.util
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -75,16 +77,37 @@ def start_service(workdir: Path, kubeconfig: Path, cert: tuple[Path, Path, bytes
 
 def register(svc: Serve, name: str, namespaces: list[str], *, timeout_seconds: int = 10,
              failure_policy: str = "Fail") -> list:
-    """Register the service for TrainJobs and MPIJobs (CREATE, UPDATE) in `namespaces` only."""
+    """Register the service for TrainJobs and MPIJobs in `namespaces` only: CREATE and UPDATE
+    (mutating and validating), and DELETE through the entry manifests/base/webhooks.yaml has for it
+    (configuration `<name>-deletions`)."""
     selector = {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In",
                                       "values": sorted(namespaces)}]}
-    return cluster.register_webhook(name, svc.url, svc.ca_pem, rules=RULES, side_effects="NoneOnDryRun",
+    made = cluster.register_webhook(name, svc.url, svc.ca_pem, rules=RULES, side_effects="NoneOnDryRun",
                                     failure_policy=failure_policy, timeout_seconds=timeout_seconds,
-                                    namespace_selector=selector)
+                                    namespace_selector=selector, settle_seconds=0)
+    deletions = {**deletion_webhook(), "name": f"audit-delete.{name}.admission.test", "namespaceSelector": selector,
+                 "clientConfig": {"url": svc.url + "/validate", "caBundle": base64.b64encode(svc.ca_pem).decode()}}
+    cluster.apply_objects([{"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+                            "metadata": {"name": f"{name}-deletions",
+                                         "labels": {"app.kubernetes.io/managed-by": "trainjob-admission-tests"}},
+                            "webhooks": [deletions]}])
+    time.sleep(1.0)  # the API server picks up new webhook configurations asynchronously
+    return [*made, ("ValidatingWebhookConfiguration", f"{name}-deletions")]
+
+
+def deletion_webhook() -> dict:
+    """The entry of manifests/base/webhooks.yaml that records deletions."""
+    import yaml
+
+    documents = yaml.safe_load_all((REPO / "manifests" / "base" / "webhooks.yaml").read_text())
+    validating = next(d for d in documents if d["kind"] == "ValidatingWebhookConfiguration")
+    return next(hook for hook in validating["webhooks"] if hook["rules"][0]["operations"] == ["DELETE"])
 
 
 def unregister(name: str) -> None:
     cluster.unregister_webhook(name)
+    cluster.kubectl("delete", "validatingwebhookconfiguration", f"{name}-deletions", "--ignore-not-found",
+                    "--wait=true", check=False)
 
 
 READER, INJECTOR = "trainjob-admission-reader", "trainjob-admission-injector"  # manifests/base/rbac.yaml

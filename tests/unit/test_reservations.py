@@ -194,10 +194,10 @@ def test_the_second_of_two_jobs_that_fit_alone_but_not_together_is_refused_with_
     reservations.admitted(effective(first, state), first)
     (finding,), facts = judge(state, job(build, "train-b", nodes=4))  # 16 GPUs; 32 - 24 leaves 8
     assert finding.message == (
-        'job needs 16 nvidia.com/gpu (3 workers x 4 + 1 launcher x 4); quota "team-quota" in team-a allows 32 '
+        'job needs 16 nvidia.com/gpu (4 nodes x 4); quota "team-quota" in team-a allows 32 '
         'nvidia.com/gpu; 0 in use and 24 reserved by jobs whose pods do not exist yet (train-a: 24)')
-    assert finding.remediation == ("wait for train-a to start or finish, reduce spec.trainer.numNodes to 2 "
-                                   "or ask your admin to raise the quota")
+    assert finding.remediation == "wait for train-a to start or finish or ask your admin to raise the quota"
+    assert finding.nodes_at_most == 2
     assert facts == {"reservations": [{"namespace": "team-a", "quota": "team-quota", "key": f"requests.{GPU}",
                                        "reserved": 24, "jobs": {"train-a": 24}}]}
     assert judge(state, job(build, "train-b", nodes=2))[0] == []  # 8 GPUs fit beside the reservation

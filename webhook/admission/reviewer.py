@@ -135,8 +135,10 @@ class Reviewer:
             if exc.uid:  # an AdmissionReview we can answer: refuse it in its own terms
                 return 200, protocol.denied(exc.uid, decision_id, f"invalid AdmissionReview: {exc}", code=400)
             return 400, {"error": str(exc), "decisionId": decision_id}
-        if parsed.passthrough:
-            await self._record(DecisionRecord.passthrough(decision_id, endpoint, parsed), started)
+        if parsed.passthrough:  # a deletion's record says who deleted the job and where it stood
+            record = (DecisionRecord.deleted if parsed.deletion else DecisionRecord.passthrough)(decision_id, endpoint,
+                                                                                                   parsed)
+            await self._record(record, started, required=not parsed.deletion)
             return 200, protocol.allowed(parsed.uid, decision_id)
         mutate = endpoint == "mutate"
         if not mutate and parsed.request.operation == "CREATE" and not parsed.request.dry_run:
@@ -180,7 +182,8 @@ class Reviewer:
                 [f"{i['kind']} {i['namespace']}/{i['name']} {i['reason']}" for i in injected if i["status"] == "kept"]
             ).with_denial(*EXISTING_OBJECTS, [f"{i['kind']} {i['namespace']}/{i['name']} {i['reason']}" for i in refused],
                           [i["fix"] for i in refused])
-        await self._record_decision(decision_id, endpoint, started, parsed, decision, injected)
+        self._count_rules(decision)
+        await self._record(DecisionRecord.decided(decision_id, parsed, decision, injected), started)
         if decision.allowed and decision.job is not None and not parsed.request.dry_run \
                 and self.state.reservations is not None:
             # Counts until the TrainJob watch shows it (policies/capacity/reservations.py): the next review may come first.
@@ -211,14 +214,13 @@ class Reviewer:
                         and (caller.authenticated or self.creations.take(caller.address)))
         tag = early.tag(decision.mutated if decision.allowed else request.object,
                         decision_id if starting else None) if request.operation == "CREATE" else []
-        if decision.allowed:
-            decision = replace(decision, patch=decision.patch + tag)
+        patch = decision.patch + tag if decision.allowed else tag
         begun = [{"kind": p["kind"], "name": p["name"], "namespace": decision.job.namespace, "status": "started"}
                  for p in decision.injections] if starting else []
-        await self._record_decision(decision_id, "mutate", started, parsed, decision, begun)
+        await self._record(DecisionRecord.mutated(decision_id, parsed, decision, patch, begun), started)
         if starting:
-            self.injections.start(decision, decision_id, early.owner(request))
-        return 200, protocol.allowed(parsed.uid, decision_id, patch=decision.patch if decision.allowed else tag)
+            self.injections.start(replace(decision, patch=patch), decision_id, early.owner(request))
+        return 200, protocol.allowed(parsed.uid, decision_id, patch=patch)
 
     async def _with_snapshot(self, request: AdmissionInput) -> ClusterState:
         """The state with the job's runtime snapshot, when an UPDATE's job has one (policies/job/snapshot.py
@@ -343,12 +345,12 @@ class Reviewer:
                                                            message=message, injected=skipped), started)
         return 200, protocol.failure_mode(parsed.uid, decision_id, message, allow=allow, warnings=decision.warnings)
 
-    async def _record_decision(self, decision_id: str, endpoint: str, started: float, parsed: protocol.ParsedReview,
-                               decision: Decision, injected: list[dict]) -> None:
+    def _count_rules(self, decision: Decision) -> None:
+        """The rules that did not pass, once per submission: its /validate decision (the /mutate
+        evaluation of the same job would count them twice)."""
         for result in decision.results:
             if result.result is not Result.PASS:
                 self.metrics.rule_results.labels(result.bundle, result.rule, result.effect).inc()
-        await self._record(DecisionRecord.decided(decision_id, endpoint, parsed, decision, injected), started)
 
     async def _record(self, record: DecisionRecord, started: float, *, required: bool = True) -> None:
         """Log ``record`` before its answer leaves. When the file cannot take it, :class:`Unrecorded`
@@ -368,4 +370,5 @@ class Reviewer:
         fields = record.as_log_fields()
         await asyncio.get_running_loop().run_in_executor(
             self._log_writers, functools.partial(self.log.append, fields, required=required))
-        self.metrics.requests.labels(record.endpoint, record.decision, fields.get("kind", "")).inc()
+        self.metrics.requests.labels(record.endpoint, record.decision, fields.get("kind", ""),
+                                     fields.get("operation", "")).inc()
