@@ -74,13 +74,15 @@ def start_service(workdir: Path, kubeconfig: Path, cert: tuple[Path, Path, bytes
 
 
 def register(svc: Serve, name: str, namespaces: list[str], *, timeout_seconds: int = 10,
-             failure_policy: str = "Fail") -> list:
-    """Register the service for TrainJobs and MPIJobs (CREATE, UPDATE) in `namespaces` only."""
+             failure_policy: str = "Fail", condition: str | None = None) -> list:
+    """Register the service for TrainJobs and MPIJobs (CREATE, UPDATE) in `namespaces` only;
+    ``condition``: a CEL matchCondition the request must meet too (replicas splitting the requests)."""
     selector = {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In",
                                       "values": sorted(namespaces)}]}
     return cluster.register_webhook(name, svc.url, svc.ca_pem, rules=RULES, side_effects="NoneOnDryRun",
                                     failure_policy=failure_policy, timeout_seconds=timeout_seconds,
-                                    namespace_selector=selector)
+                                    namespace_selector=selector,
+                                    match_conditions=[{"name": "replica", "expression": condition}] if condition else None)
 
 
 def unregister(name: str) -> None:
@@ -134,16 +136,35 @@ def service_as_installed(workdir: Path, name: str, namespaces: list[str], select
     """The service as the install runs it, for one test module: its own user holding only the
     manifests' roles (service_kubeconfig), serving the PolicyBundles labelled ``selector``,
     registered as webhook ``name`` for ``namespaces``; unregistered, stopped and unbound after."""
-    svc, bindings = None, []
+    with replicas_as_installed(workdir, name, namespaces, selector, [None]) as (svc,):
+        yield svc
+
+
+@contextlib.contextmanager
+def replicas_as_installed(workdir: Path, name: str, namespaces: list[str], selector: str,
+                          conditions: list[str | None]) -> Iterator[list[Serve]]:
+    """One replica of the service as installed (see service_as_installed: one user, the manifests'
+    roles) per entry of ``conditions``, each in its own process and registered as its own webhook
+    whose CEL matchCondition is that entry (None: every request), so the API server splits the
+    requests between the replicas as a Service would. Webhook ``name`` for a single replica,
+    ``name-<i>`` for several."""
+    replicas: list[Serve] = []
+    hooks = [name] if len(conditions) == 1 else [f"{name}-{i}" for i in range(len(conditions))]
+    bindings: list[str] = []
     try:
         kubeconfig, bindings = service_kubeconfig(workdir, f"{name}-webhook", namespaces)
-        svc = start_service(workdir, kubeconfig, cluster.issue_serving_cert(workdir / "certs", name=name),
-                            namespaces=namespaces, args=("--bundle-selector", selector))
-        register(svc, name, namespaces)
-        yield svc
+        cert = cluster.issue_serving_cert(workdir / "certs", name=name)
+        for hook, condition in zip(hooks, conditions):
+            own = workdir / hook if len(hooks) > 1 else workdir
+            own.mkdir(exist_ok=True)
+            replicas.append(start_service(own, kubeconfig, cert, namespaces=namespaces,
+                                          args=("--bundle-selector", selector)))
+            register(replicas[-1], hook, namespaces, condition=condition)
+        yield replicas
     finally:
-        unregister(name)
-        if svc:
+        for hook in hooks:
+            unregister(hook)
+        for svc in replicas:
             svc.stop()
         delete_bindings(bindings)
 
