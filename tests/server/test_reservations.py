@@ -5,12 +5,16 @@ the first one named; the decision log and /metrics show the reservation."""
 from __future__ import annotations
 
 import json
+import threading
+import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.support.objects import example_job
 from tests.support.serve import Serve
+from trainjob_admission.webhook.admission.ledger import ANNOTATION as LEDGER_ANNOTATION
 from trainjob_admission.webhook.cli.demo import admission_review
 
 from .conftest import serving_cert
@@ -130,44 +134,101 @@ def test_concurrent_validates_on_one_namespace_admit_exactly_what_fits(tmp_path)
         assert fact["path"] == "replica" and fact["reserved"]["compute"]["requests.nvidia.com/gpu"] == 2, fact
 
 
-def test_a_job_refused_after_its_decision_gives_its_reservation_back_at_once(tmp_path):
-    """team-a's 8 free GPUs are taken by a job whose injections then fail (the API is a closed
-    port): the failure mode refuses it, and its reservation goes with the answer, so a dry run of
-    an 8-GPU job right after fits."""
-    import asyncio
-    import threading
+def stored(obj: dict) -> dict:
+    """As /validate sees a CREATE: the API server has given the job its uid."""
+    obj["metadata"]["uid"] = str(uuid.uuid4())
+    return obj
 
-    import kubernetes.client
 
+def lease_entries(memory_api) -> dict[str, dict]:
+    lease = memory_api.objects[("leases", "team-a", "trainjob-admission-reservations")]
+    return {e["job"]: e for e in json.loads(lease["metadata"]["annotations"][LEDGER_ANNOTATION])["entries"]}
+
+
+def burst(replicas: list, names: list[str]) -> dict[str, dict]:
+    """One /validate per name, all at once, spread over ``replicas`` in turn; name -> response."""
+    start = threading.Barrier(len(names))
+    answers: dict[str, dict] = {}
+
+    def submit(i: int, name: str) -> None:
+        obj = stored(small(name))
+        start.wait()
+        answers[name] = replicas[i % len(replicas)].review(obj)
+
+    threads = [threading.Thread(target=submit, args=(i, n)) for i, n in enumerate(names)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return answers
+
+
+def test_two_replicas_sharing_the_ledger_admit_exactly_what_fits(injecting_server, memory_api):
+    """Two replicas, each seeing only its own admissions and the namespace's ledger (no watch
+    here), split a burst of 16: a write to the ledger names the version it was decided against,
+    so the second writer of a version decides again with the first one's entry counted."""
+    replicas = [injecting_server(ledger="memory"), injecting_server(ledger="memory")]
+    answers = burst(replicas, [f"burst-{i:02d}" for i in range(16)])
+    admitted = sorted(name for name, answer in answers.items() if answer["allowed"])
+    assert len(answers) == 16 and len(admitted) == 4, admitted
+    assert sorted(lease_entries(memory_api)) == admitted
+    refused = [a["status"]["message"] for a in answers.values() if not a["allowed"]]
+    assert all("8 reserved by jobs whose pods do not exist yet" in m for m in refused), refused
+    facts = [r["facts"]["reservation"] for running in replicas for r in running.records()
+             if r.get("endpoint") == "validate" and r.get("allowed")]
+    assert {f["path"] for f in facts} == {"ledger"} and all(f["ledger"].startswith("Lease team-a/") for f in facts)
+    writes = sum(int(float(line.rsplit(" ", 1)[1])) for running in replicas for line in running.get("/metrics")[1].splitlines()
+                 if line.startswith('trainjob_admission_reservation_writes_total{result="written"}'))
+    assert writes == 4, "one write per admitted job"
+
+
+def test_a_job_refused_after_its_decision_gives_its_reservation_back_at_once(injecting_server, memory_api):
+    """train-a takes team-a's 8 free GPUs, then is refused anyway (a planted Secret of its name):
+    its entry leaves the ledger with the answer, so train-b, which needs the same 8, is admitted."""
+    running = injecting_server(ledger="memory")
+    memory_api.put("secrets", {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/ssh-auth",
+                               "metadata": {"name": "train-a-mpi-ssh-auth", "namespace": "team-a"}, "data": {}})
+    first = running.review(stored(job("train-a")))
+    assert first["allowed"] is False and "existing-objects" in first["status"]["message"]
+    second = running.review(stored(job("train-b")))
+    assert second["allowed"] is True, second.get("status")
+    deadline = time.monotonic() + 10
+    while sorted(lease_entries(memory_api)) != ["train-b"]:
+        assert time.monotonic() < deadline, lease_entries(memory_api)
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("failure_mode", ["deny", "allow"])
+def test_an_unreachable_ledger_is_answered_by_the_failure_mode(injecting_server, memory_api, failure_mode):
     from tests.support.net import free_port
-    from trainjob_admission.policies.capacity.reservations import Reservations
-    from trainjob_admission.webhook.admission.server import ServerConfig, WebhookServer
-    from trainjob_admission.webhook.cli.demo import sample_state
-    from trainjob_admission.webhook.inject.injector import Injector
-    from trainjob_admission.webhook.inject.provenance import Provenance
-    from trainjob_admission.webhook.kube.client import KubeApi
 
-    from .conftest import Running
+    running = injecting_server(ledger=f"http://127.0.0.1:{free_port()}", failure_mode=failure_mode)
+    answer = running.review(stored(job("train-a")))
+    assert answer["allowed"] is (failure_mode == "allow")
+    if failure_mode == "deny":
+        message = answer["status"]["message"]
+        assert ("its quota reservation could not be taken (could not read Lease "
+                "team-a/trainjob-admission-reservations: the API server did not answer") in message, message
+        assert "failure mode is deny" in message
+    assert 'trainjob_admission_reservation_failures_total{reason="unreachable"} 1.0' in running.get("/metrics")[1]
+    assert not memory_api.objects, "nothing created for a job that was not decided"
 
-    configuration = kubernetes.client.Configuration()
-    configuration.host, configuration.verify_ssl, configuration.retries = f"https://127.0.0.1:{free_port()}", False, 0
-    ca = serving_cert(tmp_path / "tls")
-    config = ServerConfig(host="127.0.0.1", port=0, cert_file=tmp_path / "tls" / "tls.crt",
-                          key_file=tmp_path / "tls" / "tls.key", decision_log=tmp_path / "decisions.jsonl")
-    state = sample_state()
-    state.reservations = Reservations(state)
-    server = WebhookServer(config, state, injector=Injector(KubeApi(configuration), Provenance.ephemeral(), timeout=1))
-    loop = asyncio.new_event_loop()
-    port = loop.run_until_complete(server.start())
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    running = Running(server, port, ca, tmp_path / "decisions.jsonl", loop, tmp_path / "tls")
-    try:
-        first = running.review(job("train-a"))
-        assert first["allowed"] is False and "could not create Secret" in first["status"]["message"]
-        second = running.review(job("train-b"), dryRun=True)
-        assert second["allowed"] is True, second.get("status")
-    finally:
-        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(15)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(15)
+
+def test_a_forged_ledger_entry_can_refuse_and_an_unreadable_ledger_admits_nothing(injecting_server, memory_api):
+    """Whoever may write the Lease (the namespace's editors, in Kubernetes 1.36) can make it claim
+    room: that refuses jobs, naming the claim, for at most an entry's lifetime. Content this
+    version cannot read is the failure mode, never read as empty."""
+    running = injecting_server(ledger="memory")
+    key = ("leases", "team-a", "trainjob-admission-reservations")
+    forged = {"job": "squatter", "uid": "u", "generation": 1, "expires": time.time() + 20, "replica": "",
+              "reserved": {"compute": {"requests.nvidia.com/gpu": 8}}}
+    memory_api.put(key[0], {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "spec": {},
+                            "metadata": {"name": key[2], "namespace": key[1], "annotations": {
+                                LEDGER_ANNOTATION: json.dumps({"format": 1, "entries": [forged]})}}})
+    refused = running.review(stored(job("train-a")))
+    assert refused["allowed"] is False and "8 reserved by jobs whose pods do not exist yet (squatter: 8)" in \
+        refused["status"]["message"], refused["status"]
+    memory_api.objects[key]["metadata"]["annotations"][LEDGER_ANNOTATION] = "[not json"
+    unreadable = injecting_server(ledger="memory").review(stored(job("train-b")))  # a replica reading it first
+    assert unreadable["allowed"] is False
+    assert "annotation trainjob-admission.io/reservations is not JSON" in unreadable["status"]["message"]
