@@ -273,6 +273,8 @@ class Reservations:
             entry.job = None  # its runtime is not known (yet): built again when runtimes change
 
     def _end(self, uid: str) -> None:
+        if not uid:  # a job known by name only (a review without a uid): nothing to match
+            return
         now = self.clock()
         self._ended[uid] = now
         if len(self._ended) > 1024:  # forget what no entry can still name

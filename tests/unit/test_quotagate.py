@@ -56,3 +56,30 @@ def test_a_namespace_waiting_for_its_turn_holds_up_no_other(example_state, examp
 
     asyncio.run(main())
     assert order == ["b-1", "a-dry", "a-1", "a-2"]  # a-2 only after a-1's decision and entry
+
+
+def test_which_path_decides_a_claim_on_the_quota(example_state, example_job):
+    """Kueue reserves the quota of the jobs it queues: those take no turn and no entry; a job
+    suspended by hand holds none until it is resumed, and its resume takes one."""
+    state = example_state
+    state.reservations = Reservations(state)
+    gate = QuotaGate(state, Metrics())
+
+    def job(suspend: bool = False, queue: str | None = None, namespace: str = "team-a") -> dict:
+        obj = example_job("allowed")
+        obj["metadata"]["namespace"] = namespace
+        obj["spec"]["suspend"] = suspend
+        if queue:
+            obj["metadata"].setdefault("labels", {})["kueue.x-k8s.io/queue-name"] = queue
+        return obj
+
+    def path(obj: dict, old: dict | None = None) -> str | None:
+        return gate.path(AdmissionInput(obj, operation="UPDATE" if old else "CREATE", old_object=old))
+
+    assert path(job()) == "replica"  # no ledger here: this replica's entries
+    assert path(job(suspend=True, queue="gpu")) == "kueue"  # Kueue's webhook suspended it
+    assert path(job(queue="gpu"), old=job(suspend=True, queue="gpu")) == "kueue"  # Kueue resumed it
+    assert path(job(suspend=True)) == "suspended"
+    assert path(job(), old=job(suspend=True)) == "replica"  # resumed by hand: it takes room now
+    assert path(job(), old=job()) is None  # a running job changed: it took its room when it started
+    assert path(job(namespace="no-quota")) is None

@@ -80,10 +80,12 @@ class QuotaGate:
                 or request.operation not in ("CREATE", "UPDATE")
                 or (request.operation == "UPDATE" and (old is None or reserving(old)))):
             return None
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        queued = isinstance(labels, dict) and bool(labels.get(QUEUE_LABEL))
+        if runs_elsewhere(obj) or (queued and (not reserving(obj) or request.operation == "UPDATE")):
+            return KUEUE  # created suspended by Kueue's webhook, or resumed by Kueue once it reserved
         if not reserving(obj):
-            labels = (obj.get("metadata") or {}).get("labels") or {}
-            return KUEUE if runs_elsewhere(obj) or (isinstance(labels, dict) and labels.get(QUEUE_LABEL)) else (
-                SUSPENDED if request.operation == "CREATE" else None)
+            return SUSPENDED if request.operation == "CREATE" else None
         return LEDGER if self.ledger is not None and self.ledger.serves(request.namespace) else REPLICA
 
     async def decide(self, request: AdmissionInput, evaluate: Evaluate) -> tuple[Decision, Hold | None]:
@@ -113,11 +115,6 @@ class QuotaGate:
             task = asyncio.get_running_loop().create_task(self._unwrite(hold), context=contextvars.Context())
             self._releases.add(task)
             task.add_done_callback(self._releases.discard)
-
-    async def close(self) -> None:
-        """Let the releases still running finish (each is bounded)."""
-        if self._releases:
-            await asyncio.gather(*self._releases, return_exceptions=True)
 
     # The turn: evaluate, then take the entry.
 

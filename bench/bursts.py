@@ -1,0 +1,215 @@
+"""Bursts of TrainJobs against ResourceQuotas, decided by 1, 2 or 3 replicas of the service, on the
+test control plane (started if it is not up): how many are admitted, how many gangs are left
+half-created, and what a create costs.
+
+Two namespaces, each with a ResourceQuota of 8 GPUs (`requests.nvidia.com/gpu: 8`) and the
+default bundle; each job is 2 pods x 1 GPU (examples/runtimes/mpi-openmpi.yaml), so 4 fit per
+namespace. A burst of B jobs (B/2 per namespace) is released at once from B threads; KWOK keeps
+the pods running so they hold the quota. The replicas run as installed (their own user with the
+manifests' roles) and the API server splits the requests between them by a matchCondition on the
+job name's last digit, as a Service would spread them. After each round the admitted jobs' pods
+are counted (a gang is half-created when it has fewer pods than it needs once the others are
+whole, or after 60 s), then every job is deleted and the round ends when the quotas count
+nothing again.
+
+    flock /work/cluster.lock .venv/bin/python bench/bursts.py [--replicas 1 2 3] [--bursts 16 64] [--rounds 5] [--json]
+
+Each configuration's line: rounds, admitted per round (mean, max; the quotas hold 8), rounds with
+more admitted than fit, half-created gangs in all, and the create latency seen by the client
+(p50, p95, max; refusals included). Not a test: the figures go to docs/architecture.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+from latency import percentile  # bench/, the script's own directory
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.support.objects import edit_binding, runtime, trainjob  # noqa: E402
+from tests.support.service import cluster, default_bundle_for, replicas_as_installed  # noqa: E402
+
+LABEL = "trainjob-admission.io/bench-bursts"
+GPU_KEY = "requests.nvidia.com/gpu"
+QUOTA_GPUS, PODS_PER_JOB = 8, 2
+FITS = QUOTA_GPUS // PODS_PER_JOB  # per namespace
+SETTLE_SECONDS = 60
+WRITES = "trainjob_admission_reservation_writes_total"
+
+
+def split(replicas: int) -> list[str | None]:
+    """A CEL matchCondition per replica: the job name's last digit modulo the replica count."""
+    if replicas == 1:
+        return [None]
+    digit = "int(object.metadata.name.substring(size(object.metadata.name) - 1))"
+    return [f"{digit} % {replicas} == {i}" for i in range(replicas)]
+
+
+def kc(*args):
+    return cluster.kubectl(*args, check=False)
+
+
+def burst(api, jobs: list[tuple[str, str]]) -> dict[tuple[str, str], tuple[bool, float, str]]:
+    """(namespace, name) -> (admitted, create latency in ms, the refusal) for jobs created at once."""
+    from kubernetes.client.exceptions import ApiException
+
+    start = threading.Barrier(len(jobs))
+    results = {}
+
+    def create(ns: str, name: str) -> None:
+        body = trainjob(name, ns, nodes=PODS_PER_JOB, gpus=1, pod_annotations={"kwok.x-k8s.io/run-duration": "600s"})
+        start.wait()
+        t0 = time.perf_counter()
+        try:
+            api.create_namespaced_custom_object("trainer.kubeflow.org", "v1alpha1", ns, "trainjobs", body,
+                                                _request_timeout=60)
+            results[(ns, name)] = (True, (time.perf_counter() - t0) * 1000, "")
+        except ApiException as exc:
+            results[(ns, name)] = (False, (time.perf_counter() - t0) * 1000, str(exc.body)[:300])
+
+    threads = [threading.Thread(target=create, args=job) for job in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return results
+
+
+def pods_per_job(namespaces: list[str]) -> Counter:
+    pods: Counter = Counter()
+    for ns in namespaces:
+        out = kc("get", "pods", "-n", ns, "-l", "jobset.sigs.k8s.io/jobset-name", "-o", "json")
+        for p in json.loads(out.stdout or '{"items": []}')["items"]:
+            pods[(ns, p["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"])] += 1
+    return pods
+
+
+def settle(namespaces: list[str], admitted: list[tuple[str, str]]) -> Counter:
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while True:
+        pods = pods_per_job(namespaces)
+        if all(pods[job] == PODS_PER_JOB for job in admitted) or time.monotonic() > deadline:
+            return pods
+        time.sleep(1)
+
+
+def free(namespaces: list[str]) -> None:
+    for ns in namespaces:
+        kc("delete", "trainjobs", "--all", "-n", ns, "--wait=true", "--timeout=120s")
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        used = [json.loads(kc("get", "resourcequota", "team-quota", "-n", ns, "-o", "json").stdout or "{}")
+                .get("status", {}).get("used", {}).get(GPU_KEY) for ns in namespaces]
+        if not pods_per_job(namespaces) and all(u in ("0", None) for u in used):
+            return
+        time.sleep(1)
+    raise SystemExit("bench/bursts: the quotas did not free within 180 s")
+
+
+def configuration(api, work: Path, replicas: int, bursts: list[int], rounds: int, run: str) -> list[dict]:
+    namespaces = [f"bursts-{run}-r{replicas}-{i}" for i in range(2)]
+    cluster.apply_objects([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {LABEL: run}}}
+                           for ns in namespaces])
+    cluster.apply_objects([obj for ns in namespaces for obj in (
+        {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "team-quota", "namespace": ns},
+         "spec": {"hard": {GPU_KEY: str(QUOTA_GPUS)}}},
+        edit_binding(ns, "alice"), default_bundle_for(ns, LABEL, run))])
+    rows = []
+    (work / f"r{replicas}").mkdir(parents=True)
+    try:
+        with replicas_as_installed(work / f"r{replicas}", f"bursts-{run}-r{replicas}", namespaces, f"{LABEL}={run}",
+                                   split(replicas)) as services:
+            for size in bursts:
+                written, conflicted = (metric(services, f'{WRITES}{{result="{r}"}}') for r in ("written", "conflict"))
+                row = {"replicas": replicas, "burst": size, "rounds": rounds, "admitted": [], "over": 0,
+                       "half_created": 0, "latency_ms": [], "refusals": Counter()}
+                for rnd in range(rounds):
+                    jobs = [(namespaces[i % 2], f"b{size}-{rnd}-{i:03d}") for i in range(size)]
+                    results = burst(api, jobs)
+                    admitted = [job for job, (ok, _, _) in results.items() if ok]
+                    pods = settle(namespaces, admitted)
+                    row["admitted"].append(len(admitted))
+                    row["over"] += any(sum(1 for ns, _ in admitted if ns == n) > FITS for n in namespaces)
+                    row["half_created"] += sum(1 for job in admitted if pods[job] != PODS_PER_JOB)
+                    row["latency_ms"] += [ms for _, ms, _ in results.values()]
+                    row["refusals"].update("quota" if 'quota \\"team-quota\\"' in why or 'quota "team-quota"' in why
+                                           else why[:80] for ok, _, why in results.values() if not ok)
+                    free(namespaces)
+                row.update(ledger_writes=metric(services, f'{WRITES}{{result="written"}}') - written,
+                           conflicts=metric(services, f'{WRITES}{{result="conflict"}}') - conflicted)
+                rows.append(row)
+                print(line(row), flush=True)
+    finally:
+        kc("delete", "namespace", *namespaces, "--wait=false")
+        for ns in namespaces:
+            kc("delete", "policybundle", ns, "--ignore-not-found")
+    return rows
+
+
+def metric(services, prefix: str) -> float:
+    """The sum over the replicas of a counter so far."""
+    total = 0.0
+    for svc in services:
+        _, text = svc.call("/metrics", base=svc.probe_url)
+        total += sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(prefix))
+    return total
+
+
+def line(row: dict) -> str:
+    ms = row["latency_ms"]
+    return (f"  {row['replicas']:>8} {row['burst']:>5} {row['rounds']:>6} {statistics.fmean(row['admitted']):>9.1f} "
+            f"{max(row['admitted']):>4} {row['over']:>9} {row['half_created']:>12} {percentile(ms, 50):>8.0f} "
+            f"{percentile(ms, 95):>8.0f} {max(ms):>8.0f} {row['ledger_writes']:>7.0f} {row['conflicts']:>9.0f}")
+
+
+HEADER = (f"  {'replicas':>8} {'burst':>5} {'rounds':>6} {'admitted':>9} {'max':>4} {'over-runs':>9} "
+          f"{'half-created':>12} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8} {'writes':>7} {'conflicts':>9}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 3], help="replica counts (default 1 2 3)")
+    ap.add_argument("--bursts", type=int, nargs="+", default=[16, 64], help="jobs per burst (default 16 64)")
+    ap.add_argument("--rounds", type=int, default=5, help="bursts per configuration (default 5)")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON at the end")
+    args = ap.parse_args(argv)
+
+    from cluster import ensure_cluster  # bench/cluster.py
+    from kubernetes import client, config
+
+    ensure_cluster()
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(cluster.USER_A_KUBECONFIG), client_configuration=cfg)
+    cfg.connection_pool_maxsize = max(args.bursts) + 4
+    api = client.CustomObjectsApi(client.ApiClient(cfg))
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(runtime()))
+    run = uuid.uuid4().hex[:6]
+    work = Path(tempfile.mkdtemp(prefix="bench-bursts-"))
+    print(f"Bursts of TrainJobs (2 pods x 1 GPU) across 2 namespaces, each quota {QUOTA_GPUS} GPUs ({FITS} jobs fit "
+          f"per namespace, {2 * FITS} in all); per configuration {args.rounds} rounds")
+    print(HEADER)
+    rows = []
+    for replicas in args.replicas:
+        rows += configuration(api, work, replicas, args.bursts, args.rounds, run)
+    print("  admitted: per round, mean and max (quotas hold 8); over-runs: rounds where a namespace got more than "
+          f"{FITS}; half-created: admitted gangs without all their pods after {SETTLE_SECONDS} s; latency: the "
+          "client's create, refusals included; writes, conflicts: reservation ledger writes of all replicas")
+    if args.json:
+        print(json.dumps([{**r, "refusals": dict(r["refusals"]), "latency_ms": None,
+                           "p50": percentile(r["latency_ms"], 50), "p95": percentile(r["latency_ms"], 95)}
+                          for r in rows], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
