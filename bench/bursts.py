@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.support.objects import edit_binding, runtime, trainjob  # noqa: E402
-from tests.support.service import cluster, default_bundle_for, replicas_as_installed  # noqa: E402
+from tests.support.service import cluster, default_bundle_for, ensure_cluster, replicas_as_installed  # noqa: E402
 
 LABEL = "trainjob-admission.io/bench-bursts"
 GPU_KEY = "requests.nvidia.com/gpu"
@@ -184,7 +184,6 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print the rows as JSON at the end")
     args = ap.parse_args(argv)
 
-    from cluster import ensure_cluster  # bench/cluster.py
     from kubernetes import client, config
 
     ensure_cluster()

@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.support.objects import trainjob  # noqa: E402
-from tests.support.service import cluster, register, start_service, unregister  # noqa: E402
+from tests.support.service import cluster, ensure_cluster, register, start_service, unregister  # noqa: E402
 
 import peers as peers_mod  # noqa: E402  (bench/)
 
@@ -61,16 +61,6 @@ SELECTOR_LABEL = "trainjob-admission.io/bench"
 
 def summary(ms: list[float]) -> dict:
     return {"n": len(ms), "p50": percentile(ms, 50), "p95": percentile(ms, 95), "mean": statistics.fmean(ms)}
-
-
-def ensure_cluster() -> None:
-    if cluster.is_up():
-        return
-    if cluster.find_go() is None and not cluster.built():
-        raise SystemExit("bench/cluster: no Go toolchain to build the control plane (set GO= or PATH)")
-    if cluster.cmd_build() != 0:
-        raise SystemExit("bench/cluster: building the control plane failed")
-    cluster.up()
 
 
 def main(argv=None) -> int:

@@ -38,6 +38,17 @@ def _cluster_module():
 
 
 cluster = _cluster_module()
+
+
+def ensure_cluster() -> None:
+    """The control plane up, for a bench: built and started if it is not (SystemExit if it cannot be)."""
+    if cluster.is_up():
+        return
+    if cluster.find_go() is None and not cluster.built():
+        raise SystemExit("no Go toolchain to build the control plane (set GO= or PATH)")
+    if cluster.cmd_build() != 0:
+        raise SystemExit("building the control plane failed")
+    cluster.up()
 # Rules for both kinds the service reviews (cluster.TRAINJOB_RULES: TrainJob + v2beta1 MPIJob).
 RULES = cluster.TRAINJOB_RULES
 
