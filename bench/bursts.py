@@ -36,6 +36,7 @@ from latency import percentile  # bench/, the script's own directory
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.support.install import CRD, CRD_FILE  # noqa: E402
 from tests.support.objects import edit_binding, runtime, trainjob  # noqa: E402
 from tests.support.service import cluster, default_bundle_for, ensure_cluster, replicas_as_installed  # noqa: E402
 
@@ -192,6 +193,8 @@ def main(argv=None) -> int:
     cfg.connection_pool_maxsize = max(args.bursts) + 4
     api = client.CustomObjectsApi(client.ApiClient(cfg))
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(runtime()))
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", CRD_FILE)  # the bundles the replicas serve
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD}")
     run = uuid.uuid4().hex[:6]
     work = Path(tempfile.mkdtemp(prefix="bench-bursts-"))
     print(f"Bursts of TrainJobs (2 pods x 1 GPU) across 2 namespaces, each quota {QUOTA_GPUS} GPUs ({FITS} jobs fit "
