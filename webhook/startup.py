@@ -27,9 +27,10 @@ from trainjob_admission.policies.capacity.reservations import Reservations, stat
 from trainjob_admission.policies.k8s.clusterstate import ClusterState
 
 from .admission.access import SubjectAccessReviews
+from .admission.config import ServerConfig
 from .admission.ledger import CALL_TIMEOUT as LEDGER_TIMEOUT, Ledger
 from .admission.runtimesnapshots import SnapshotReader
-from .admission.server import ServerConfig, WebhookServer
+from .admission.server import WebhookServer
 from .inject.injector import Injector
 from .inject.provenance import Provenance
 from .inject.reconciler import Reconciler

@@ -19,8 +19,9 @@ import yaml
 
 from tests.support.memoryapi import MemoryApi
 from trainjob_admission.policies.capacity.reservations import Reservations
+from trainjob_admission.webhook.admission.config import ServerConfig
 from trainjob_admission.webhook.admission.ledger import CALL_TIMEOUT, Ledger
-from trainjob_admission.webhook.admission.server import ServerConfig, WebhookServer
+from trainjob_admission.webhook.admission.server import WebhookServer
 from trainjob_admission.webhook.cli.demo import admission_review, sample_state
 from trainjob_admission.webhook.decisionlog import DecisionLog
 from trainjob_admission.webhook.inject.injector import Injector

@@ -49,7 +49,7 @@ def test_a_namespace_waiting_for_its_turn_holds_up_no_other(example_state, examp
                                                     deciding(request(example_job, "team-a", "a-dry"))), 5)
         assert other.allowed and dry.allowed and not second.done()  # team-b and a dry run did not wait
         gate_open.set()
-        (a1, held), (a2, _) = await first, await second
+        (a1, held), _ = await first, await second
         assert a1.allowed and held is not None and held.entry.job == "a-1"
         assert a1.facts["reservation"]["path"] == "replica"
         assert dry.facts["reservation"] == {"path": "replica", "dryRun": True}  # decided, nothing taken
