@@ -25,8 +25,6 @@ import json
 import statistics
 import sys
 import tempfile
-import threading
-import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -36,95 +34,22 @@ from latency import percentile  # bench/, the script's own directory
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.support.bursts import (  # noqa: E402
+    FITS, PODS_PER_JOB, QUOTA, QUOTA_GPUS, SETTLE_SECONDS, burst, free, gangs, namespace_objects, split, user_api,
+)
 from tests.support.install import CRD, CRD_FILE  # noqa: E402
-from tests.support.objects import edit_binding, runtime, trainjob  # noqa: E402
+from tests.support.objects import runtime  # noqa: E402
 from tests.support.service import cluster, default_bundle_for, ensure_cluster, replicas_as_installed  # noqa: E402
 
 LABEL = "trainjob-admission.io/bench-bursts"
-GPU_KEY = "requests.nvidia.com/gpu"
-QUOTA_GPUS, PODS_PER_JOB = 8, 2
-FITS = QUOTA_GPUS // PODS_PER_JOB  # per namespace
-SETTLE_SECONDS = 60
 WRITES = "trainjob_admission_reservation_writes_total"
-
-
-def split(replicas: int) -> list[str | None]:
-    """A CEL matchCondition per replica: the job name's last digit modulo the replica count."""
-    if replicas == 1:
-        return [None]
-    digit = "int(object.metadata.name.substring(size(object.metadata.name) - 1))"
-    return [f"{digit} % {replicas} == {i}" for i in range(replicas)]
-
-
-def kc(*args):
-    return cluster.kubectl(*args, check=False)
-
-
-def burst(api, jobs: list[tuple[str, str]]) -> dict[tuple[str, str], tuple[bool, float, str]]:
-    """(namespace, name) -> (admitted, create latency in ms, the refusal) for jobs created at once."""
-    from kubernetes.client.exceptions import ApiException
-
-    start = threading.Barrier(len(jobs))
-    results = {}
-
-    def create(ns: str, name: str) -> None:
-        body = trainjob(name, ns, nodes=PODS_PER_JOB, gpus=1, pod_annotations={"kwok.x-k8s.io/run-duration": "600s"})
-        start.wait()
-        t0 = time.perf_counter()
-        try:
-            api.create_namespaced_custom_object("trainer.kubeflow.org", "v1alpha1", ns, "trainjobs", body,
-                                                _request_timeout=60)
-            results[(ns, name)] = (True, (time.perf_counter() - t0) * 1000, "")
-        except ApiException as exc:
-            results[(ns, name)] = (False, (time.perf_counter() - t0) * 1000, str(exc.body)[:300])
-
-    threads = [threading.Thread(target=create, args=job) for job in jobs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    return results
-
-
-def pods_per_job(namespaces: list[str]) -> Counter:
-    pods: Counter = Counter()
-    for ns in namespaces:
-        out = kc("get", "pods", "-n", ns, "-l", "jobset.sigs.k8s.io/jobset-name", "-o", "json")
-        for p in json.loads(out.stdout or '{"items": []}')["items"]:
-            pods[(ns, p["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"])] += 1
-    return pods
-
-
-def settle(namespaces: list[str], admitted: list[tuple[str, str]]) -> Counter:
-    deadline = time.monotonic() + SETTLE_SECONDS
-    while True:
-        pods = pods_per_job(namespaces)
-        if all(pods[job] == PODS_PER_JOB for job in admitted) or time.monotonic() > deadline:
-            return pods
-        time.sleep(1)
-
-
-def free(namespaces: list[str]) -> None:
-    for ns in namespaces:
-        kc("delete", "trainjobs", "--all", "-n", ns, "--wait=true", "--timeout=120s")
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        used = [json.loads(kc("get", "resourcequota", "team-quota", "-n", ns, "-o", "json").stdout or "{}")
-                .get("status", {}).get("used", {}).get(GPU_KEY) for ns in namespaces]
-        if not pods_per_job(namespaces) and all(u in ("0", None) for u in used):
-            return
-        time.sleep(1)
-    raise SystemExit("bench/bursts: the quotas did not free within 180 s")
 
 
 def configuration(api, work: Path, replicas: int, bursts: list[int], rounds: int, run: str) -> list[dict]:
     namespaces = [f"bursts-{run}-r{replicas}-{i}" for i in range(2)]
     cluster.apply_objects([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {LABEL: run}}}
                            for ns in namespaces])
-    cluster.apply_objects([obj for ns in namespaces for obj in (
-        {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "team-quota", "namespace": ns},
-         "spec": {"hard": {GPU_KEY: str(QUOTA_GPUS)}}},
-        edit_binding(ns, "alice"), default_bundle_for(ns, LABEL, run))])
+    cluster.apply_objects([obj for ns in namespaces for obj in (*namespace_objects(ns), default_bundle_for(ns, LABEL, run))])
     rows = []
     (work / f"r{replicas}").mkdir(parents=True)
     try:
@@ -135,25 +60,24 @@ def configuration(api, work: Path, replicas: int, bursts: list[int], rounds: int
                 row = {"replicas": replicas, "burst": size, "rounds": rounds, "admitted": [], "over": 0,
                        "half_created": 0, "latency_ms": [], "refusals": Counter()}
                 for rnd in range(rounds):
-                    jobs = [(namespaces[i % 2], f"b{size}-{rnd}-{i:03d}") for i in range(size)]
-                    results = burst(api, jobs)
-                    admitted = [job for job, (ok, _, _) in results.items() if ok]
-                    pods = settle(namespaces, admitted)
+                    results = burst(api, [(namespaces[i % 2], f"b{size}-{rnd}-{i:03d}") for i in range(size)])
+                    admitted = [job for job, created in results.items() if created.admitted]
+                    pods = gangs(namespaces, admitted)
                     row["admitted"].append(len(admitted))
                     row["over"] += any(sum(1 for ns, _ in admitted if ns == n) > FITS for n in namespaces)
                     row["half_created"] += sum(1 for job in admitted if pods[job] != PODS_PER_JOB)
-                    row["latency_ms"] += [ms for _, ms, _ in results.values()]
-                    row["refusals"].update("quota" if 'quota \\"team-quota\\"' in why or 'quota "team-quota"' in why
-                                           else why[:80] for ok, _, why in results.values() if not ok)
+                    row["latency_ms"] += [created.ms for created in results.values()]
+                    row["refusals"].update("quota" if f'quota "{QUOTA}"' in created.refusal else created.refusal[:80]
+                                           for created in results.values() if not created.admitted)
                     free(namespaces)
                 row.update(ledger_writes=metric(services, f'{WRITES}{{result="written"}}') - written,
                            conflicts=metric(services, f'{WRITES}{{result="conflict"}}') - conflicted)
                 rows.append(row)
                 print(line(row), flush=True)
     finally:
-        kc("delete", "namespace", *namespaces, "--wait=false")
+        cluster.kubectl("delete", "namespace", *namespaces, "--wait=false", check=False)
         for ns in namespaces:
-            kc("delete", "policybundle", ns, "--ignore-not-found")
+            cluster.kubectl("delete", "policybundle", ns, "--ignore-not-found", check=False)
     return rows
 
 
@@ -185,13 +109,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print the rows as JSON at the end")
     args = ap.parse_args(argv)
 
-    from kubernetes import client, config
-
     ensure_cluster()
-    cfg = client.Configuration()
-    config.load_kube_config(config_file=str(cluster.USER_A_KUBECONFIG), client_configuration=cfg)
-    cfg.connection_pool_maxsize = max(args.bursts) + 4
-    api = client.CustomObjectsApi(client.ApiClient(cfg))
+    api = user_api(max(args.bursts))
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(runtime()))
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", CRD_FILE)  # the bundles the replicas serve
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD}")
