@@ -61,7 +61,8 @@ class Metrics:
 
         self.reservation_writes = Counter(
             "trainjob_admission_reservation_writes",
-            "Writes of a namespace's reservation ledger (Lease trainjob-admission-reservations), by result: written, "
+            "Writes of a namespace's reservation ledger (Lease trainjob-admission-reservations), by result: written "
+            "(an admitted job's entry), released (the entry of a job whose answer was not an admission after all), "
             "or conflict (another replica wrote it first: read again, decided again)", ["result"], registry=self.registry)
         self.reservation_failures = Counter(
             "trainjob_admission_reservation_failures",

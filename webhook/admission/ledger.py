@@ -29,7 +29,7 @@ NAME = "trainjob-admission-reservations"
 ANNOTATION = "trainjob-admission.io/reservations"
 FORMAT = 1  # the annotation's {"format": 1, "entries": [...]}; a replica reads no other
 MAX_ENTRIES = 512  # ~100 KiB of the 256 KiB the API server allows a Lease's annotations
-CALL_TIMEOUT = 2.0
+CALL_TIMEOUT = 5.0  # as the injector's: an API server busy with a burst answers in seconds; the deadline bounds it too
 # The calls a ledger makes, in each namespace the service reconciles: the injector ClusterRole in
 # manifests/base/rbac.yaml grants exactly these (get and update on this name only).
 LEDGER_VERBS = ("get", "create", "update")

@@ -240,7 +240,7 @@ class QuotaGate:
                         return
                     written = await self.ledger.write(copy, [e for e in copy.entries
                                                              if (e.job, e.uid) != (hold.entry.job, hold.entry.uid)])
-                    self.metrics.reservation_writes.labels("conflict" if written is None else "written").inc()
+                    self.metrics.reservation_writes.labels("conflict" if written is None else "released").inc()
                     if written is not None:
                         self._adopt(written)
                         return
