@@ -232,3 +232,22 @@ def test_a_forged_ledger_entry_can_refuse_and_an_unreadable_ledger_admits_nothin
     unreadable = injecting_server(ledger="memory").review(stored(job("train-b")))  # a replica reading it first
     assert unreadable["allowed"] is False
     assert "annotation trainjob-admission.io/reservations is not JSON" in unreadable["status"]["message"]
+
+
+def test_a_conflict_storm_until_the_deadline_is_answered_by_the_failure_mode(injecting_server, memory_api):
+    """Every write of the ledger finds another replica's newer version: the replica reads and
+    decides again until the request's deadline is near, then answers the failure mode, saying
+    so; nothing of the job stays in the ledger."""
+    running = injecting_server(ledger="memory")
+    key = ("leases", "team-a", "trainjob-admission-reservations")
+    memory_api.put(key[0], {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "spec": {},
+                            "metadata": {"name": key[2], "namespace": key[1]}})
+    memory_api.conflicts = 10**6
+    answer = running.review(stored(job("train-a")))
+    assert answer["allowed"] is False
+    assert "was written by another replica" in answer["status"]["message"], answer["status"]
+    assert "until the request's deadline" in answer["status"]["message"]
+    metrics = running.get("/metrics")[1]
+    assert 'trainjob_admission_reservation_failures_total{reason="conflict"} 1.0' in metrics
+    memory_api.conflicts = 0
+    assert LEDGER_ANNOTATION not in (memory_api.objects[key]["metadata"].get("annotations") or {})

@@ -27,6 +27,9 @@ class MemoryApi(ThreadingHTTPServer):
         self.requests: list[str] = []
         self.lock = threading.Lock()  # a name is taken once, a version replaced once, however many race
         self.version = 0
+        # That many PUTs find the object changed since it was read, as if another writer always came
+        # first (a conflict storm): each bumps the stored version and answers 409.
+        self.conflicts = 0
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
     def put(self, plural: str, obj: dict) -> None:
@@ -72,6 +75,9 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._body()
         with self.server.lock:
             stored = self.server.objects.get(key)
+            if stored is not None and self.server.conflicts > 0:
+                self.server.conflicts -= 1
+                self.server.put(key[0], stored)
             fresh = stored is not None and (body.get("metadata") or {}).get("resourceVersion") == \
                 stored["metadata"]["resourceVersion"]
             if fresh:
