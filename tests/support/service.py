@@ -49,6 +49,8 @@ def ensure_cluster() -> None:
     if cluster.cmd_build() != 0:
         raise SystemExit("building the control plane failed")
     cluster.up()
+
+
 # Rules for both kinds the service reviews (cluster.TRAINJOB_RULES: TrainJob + v2beta1 MPIJob).
 RULES = cluster.TRAINJOB_RULES
 
