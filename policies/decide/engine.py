@@ -14,7 +14,6 @@ from ..capacity import clusterqueues, objectcounts, quotascope
 from ..job import effective_job, queueing
 from ..k8s import redaction
 from . import exceptions, injections, limits, mutations
-from celpy.celtypes import MapType
 
 from ..bundle.compile import Bundle, CompiledRule, Conditions, accelerators
 from ..bundle.schema import Injections, Mutations, merged
@@ -53,6 +52,9 @@ class AdmissionInput:
     # How the CEL authorizer's checks are answered (policies/cel/authz.py): the server asks the API
     # server (webhook/admission/access.py); offline, review's --authorizer flag or no answer at all.
     access: authz.Access = authz.offline
+    # The rest of the AdmissionReview's request as the API server sent it (kind, resource,
+    # requestKind, requestResource, subResource, options, userInfo.extra); offline, derived.
+    context: dict = field(default_factory=dict)
 
     @property
     def namespace(self) -> str:
@@ -63,15 +65,28 @@ class AdmissionInput:
         return str(self.object.get("kind", ""))
 
     def as_cel_request(self) -> dict:
-        return {
-            "uid": self.uid,
-            "operation": self.operation,
-            "namespace": self.namespace,
-            "name": (self.object.get("metadata") or {}).get("name", ""),
-            "dryRun": self.dry_run,
-            "kind": {"group": str(self.object.get("apiVersion", "")).split("/")[0], "kind": self.kind},
-            "userInfo": {"username": self.username, "groups": list(self.groups), "uid": self.user_uid},
-        }
+        """``request`` as ValidatingAdmissionPolicy has it (admission/plugin/cel/condition.go
+        CreateAdmissionRequest, converted as its JSON is: an empty optional field is left out, so
+        has() is false for it, as there)."""
+        group, _, version = str(self.object.get("apiVersion", "")).rpartition("/")
+        kind = {"group": group, "version": version, "kind": self.kind}
+        resource = {"group": group, "version": version, "resource": self.kind.lower() + "s"}
+        options = {"kind": f"{self.operation.title()}Options", "apiVersion": "meta.k8s.io/v1"}
+        if self.dry_run:
+            options["dryRun"] = ["All"]
+        known = self.context
+        # username and groups kept even when empty (a review offline may name none; every request to
+        # the API server has them), uid and extra left out when empty, as the JSON leaves them out
+        user = {"username": self.username, "groups": list(self.groups)} | {
+            k: v for k, v in (("uid", self.user_uid), ("extra", known.get("extra"))) if v}
+        request = {"uid": self.uid, "kind": known.get("kind") or kind, "resource": known.get("resource") or resource,
+                   "requestKind": known.get("requestKind") or kind,
+                   "requestResource": known.get("requestResource") or resource,
+                   "operation": self.operation, "userInfo": user,
+                   "dryRun": self.dry_run, "options": known.get("options") or options}
+        optional = {"name": (self.object.get("metadata") or {}).get("name", ""), "namespace": self.namespace,
+                    "subResource": known.get("subResource"), "requestSubResource": known.get("requestSubResource")}
+        return request | {k: v for k, v in optional.items() if v}
 
     def authorizer(self) -> authz.Authorizer:
         """The CEL ``authorizer`` for the submitter; ``requestResource`` is the job itself."""
@@ -115,7 +130,7 @@ class _Activation:
             if name not in self._values:
                 self._values[name] = self._sources[name]()
             value = self._values[name]  # a CEL value already (the authorizer) is used as it is
-            self._cache[key] = value if isinstance(value, MapType) else to_cel(prune(value, fields))
+            self._cache[key] = value if isinstance(value, authz.Authorizer) else to_cel(prune(value, fields))
         return self._cache[key]
 
     def for_bundle(self, reads: dict[str, Fields]) -> dict[str, Any]:
@@ -197,14 +212,21 @@ def _conditions_hold(conditions: Conditions, variables: dict[str, Any], budget: 
     return True
 
 
+MAX_MESSAGE_BYTES = 5 * 1024  # k8s.io/apiserver/pkg/apis/cel MaxEvaluatedMessageExpressionSizeBytes
+
+
 def _message(compiled: CompiledRule, variables: dict[str, Any], budget: Budget) -> str:
     """What the submitter reads for a failed rule: its messageExpression, else its message, else
-    a sentence naming the rule; never the rule's CEL text."""
+    a sentence naming the rule; never the rule's CEL text. As ValidatingAdmissionPolicy takes a
+    messageExpression's result (validating/validator.go): trimmed, and not when it fails, is
+    empty, has a line break or is longer than 5 KiB."""
     if compiled.message_expression is not None:
         try:
             rendered = to_python(compiled.message_expression.evaluate(variables, budget))
-            if isinstance(rendered, str) and rendered.strip():
-                return rendered
+            if isinstance(rendered, str):
+                rendered = rendered.strip()
+                if rendered and "\n" not in rendered and len(rendered.encode()) <= MAX_MESSAGE_BYTES:
+                    return rendered
         except CelEvalError:
             pass  # the static message stands, as in ValidatingAdmissionPolicy
     return compiled.rule.message or f"the job fails rule {compiled.rule.name}; ask your admin what it requires"

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from trainjob_admission.policies.bundle.compile import BundleError
 from trainjob_admission.policies.decide.engine import DEPRECATION_WARNING
 from trainjob_admission.policies.offline import render
 from trainjob_admission.policies.offline.cases import Case, load_cases, run_case
@@ -154,20 +155,16 @@ def test_warn_severity_rule_allows_with_warning(example_job, example_state, make
 def test_message_expression_falls_back_to_message(example_job, example_state, make_bundle, review):
     bundle = make_bundle({"validations": [{"name": "r", "expression": "job.workers > 100",
                                            "message": "static text",
-                                           "messageExpression": "'workers: ' + string(object.spec.nosuch)"}]})
+                                           "messageExpression": "'workers: ' + object.metadata.labels['nosuch']"}]})
     assert review(example_job("allowed"), [bundle], example_state).messages[0]["message"] == "static text"
     bundle = make_bundle({"validations": [{"name": "r", "expression": "job.workers > 100"}]})
     message = review(example_job("allowed"), [bundle], example_state).messages[0]["message"]
     assert message == "the job fails rule r; ask your admin what it requires"  # never the CEL text
 
 
-def test_rule_returning_non_bool_is_an_error_that_denies(example_job, example_state, make_bundle, review):
-    bundle = make_bundle({"validations": [{"name": "oops", "expression": "job.totals.gpus", "message": "m"}]})
-    decision = review(example_job("allowed"), [bundle], example_state)
-    assert not decision.allowed
-    result = rule_named(decision, "test/oops")
-    assert result.result == "error" and result.effect == "deny"
-    assert "must evaluate to true or false, got 4" in result.messages[0]
+def test_a_rule_returning_non_bool_never_loads(make_bundle):
+    with pytest.raises(BundleError, match="rule oops: expression: must evaluate to bool but got int"):
+        make_bundle({"validations": [{"name": "oops", "expression": "job.totals.gpus", "message": "m"}]})
 
 
 def test_rule_eval_error_denies_with_readable_message(example_job, example_state, make_bundle, review):
@@ -358,3 +355,49 @@ def test_unchecked_names_missing_state_only_when_asked(build, default):
             "status": {"allocatable": {"cpu": "64", "memory": "256Gi", "pods": "110"}}}
     full = build.state(build.runtime(), build.namespace(), build.quota({"requests.cpu": "100"}), node)
     assert evaluate(AdmissionInput(job), default, full, report_unchecked=True).unchecked == []
+
+
+@pytest.mark.parametrize("message, shown", [
+    ("'  4 nodes  '", "4 nodes"),  # trimmed
+    ("'4\\nnodes'", "static text"),  # a line break: the message instead
+    ("'n=' + dyn(1)", "static text"),  # fails at run time (string + int), past the type check: the message
+    ("'n'.replace('n', 'nnnnnnnnnn').replace('n', 'nnnnnnnnnn').replace('n', 'nnnnnnnnnn').replace('n', 'nnnnnnnnnn')",
+     "static text"),  # 10,000 bytes, over VAP's 5 KiB
+])
+def test_a_message_expression_is_taken_as_vap_takes_it(message, shown, example_job, example_state, make_bundle,
+                                                        review):
+    bundle = make_bundle({"validations": [{"name": "r", "expression": "false", "message": "static text",
+                                           "messageExpression": message}]})
+    assert review(example_job("allowed"), [bundle], example_state).messages[0]["message"] == shown
+
+
+@pytest.mark.parametrize("rule", [
+    "request.kind.version == 'v1alpha1' && request.kind.group == 'trainer.kubeflow.org'",
+    "request.resource.resource == 'trainjobs' && request.requestResource == request.resource",
+    "request.requestKind.kind == 'TrainJob'",
+    "!has(request.userInfo.uid) && !has(request.subResource)",  # empty, so absent, as VAP's JSON leaves them out
+    "request.options.kind == 'CreateOptions' && request.options.dryRun == ['All']",
+    "request.dryRun && request.name == object.metadata.name && request.namespace == 'team-a'",
+])
+def test_request_has_what_validating_admission_policy_gives_it(rule, example_job, example_state, make_bundle, review):
+    bundle = make_bundle({"validations": [{"name": "r", "expression": rule, "message": "m"}]})
+    decision = review(example_job("allowed"), [bundle], example_state, username="alice", dry_run=True)
+    assert rule_named(decision, "test/r").result == "pass", decision.results
+
+
+def test_request_takes_what_the_admission_review_says():
+    from trainjob_admission.webhook.admission import protocol
+
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "u1", "operation": "CREATE", "namespace": "team-a", "name": "j",
+        "kind": {"group": "trainer.kubeflow.org", "version": "v1alpha1", "kind": "TrainJob"},
+        "resource": {"group": "trainer.kubeflow.org", "version": "v1alpha1", "resource": "trainjobs"},
+        "requestKind": {"group": "trainer.kubeflow.org", "version": "v1alpha1", "kind": "TrainJob"},
+        "requestResource": {"group": "trainer.kubeflow.org", "version": "v1alpha1", "resource": "trainjobs"},
+        "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1", "fieldManager": "kubectl-create"},
+        "userInfo": {"username": "alice", "groups": ["team-a"], "extra": {"scopes": ["x"]}},
+        "object": {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": {"name": "j"},
+                   "spec": {"runtimeRef": {"name": "mpi-openmpi"}}}}}
+    request = protocol.parse(json.dumps(review).encode()).request.as_cel_request()
+    assert request["options"]["fieldManager"] == "kubectl-create" and request["userInfo"]["extra"] == {"scopes": ["x"]}
+    assert request["resource"]["resource"] == "trainjobs" and "uid" not in request["userInfo"]

@@ -104,10 +104,16 @@ def parse(body: bytes) -> ParsedReview:
             user_uid=str(user.get("uid", "")),
             dry_run=bool(request.get("dryRun", False)),
             uid=uid,
+            context={key: request[key] for key in _CONTEXT if isinstance(request.get(key), (dict, str))}
+            | ({"extra": user["extra"]} if isinstance(user.get("extra"), dict) else {}),
         ),
         kind_name,
         False,
     )
+
+
+# what CEL's ``request`` carries besides the object and the user (AdmissionInput.as_cel_request)
+_CONTEXT = ("kind", "resource", "subResource", "requestKind", "requestResource", "requestSubResource", "options")
 
 
 def _check_declared(request: dict, obj: dict, group: str, version: str, kind: str, uid: str) -> None:

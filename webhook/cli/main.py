@@ -15,9 +15,6 @@ from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
 import yaml
 
-from trainjob_admission.policies.capacity import reservations
-from trainjob_admission.policies.k8s.clusterstate import TRAINER_GROUP, ClusterState, StateError, load_objects
-
 from trainjob_admission.policies.offline.spreadsheet import csv_text
 from .commands import register_server_commands
 from .errors import (
@@ -28,6 +25,7 @@ from .io_habits import (
 )
 
 if TYPE_CHECKING:
+    from trainjob_admission.policies.k8s.clusterstate import ClusterState
     from trainjob_admission.policies.decide.decision import Decision
     from trainjob_admission.policies.decide.engine import AdmissionInput
 
@@ -81,6 +79,8 @@ def _review_bundles(args: argparse.Namespace) -> list:
 def _objects(path: str) -> list[dict]:
     if not Path(path).exists():
         raise CliError(f"file not found: {path}", EXIT_NOT_FOUND)
+    from trainjob_admission.policies.k8s.clusterstate import StateError, load_objects  # not for --help
+
     try:
         return load_objects(path)
     except StateError as exc:
@@ -115,6 +115,8 @@ def _states(args: argparse.Namespace) -> Callable[[str], ClusterState]:
 
                 cache[key] = _from_cluster(kubeconfig, lambda: read_state(kubeconfig, namespace, args.context))
             else:
+                from trainjob_admission.policies.capacity import reservations  # not for --help
+
                 cache[key] = reservations.state_of(
                     [obj for path in getattr(args, "cluster_state", None) or [] for obj in _objects(path)])
         return cache[key]
@@ -136,6 +138,7 @@ def _request(obj: dict, args: argparse.Namespace) -> AdmissionInput:
 def _reviewable(objects: list[dict], path: str) -> list[dict]:
     """Only TrainJobs and MPIJobs: any other object would be judged on a job model it has not."""
     from trainjob_admission.policies.job.effective_job import MPIJOB_GROUP
+    from trainjob_admission.policies.k8s.clusterstate import TRAINER_GROUP
 
     for obj in objects:
         group = str(obj.get("apiVersion", "")).split("/")[0]
