@@ -63,6 +63,18 @@ class Metrics:
                               "and quota key (the largest over the namespace's quotas with that key)",
                               ["namespace", "resource"], registry=self.registry)
 
+        self.reservation_writes = Counter(
+            "trainjob_admission_reservation_writes",
+            "Writes of a namespace's reservation ledger (Lease trainjob-admission-reservations), by result: written "
+            "(an admitted job's entry), released (the entry of a job whose answer was not an admission after all), "
+            "or conflict (another replica wrote it first: read again, decided again)", ["result"], registry=self.registry)
+        self.reservation_failures = Counter(
+            "trainjob_admission_reservation_failures",
+            "Requests answered with the failure mode because a quota reservation could not be taken, by reason: "
+            "unreachable, forbidden, invalid (a ledger this version cannot read), full, conflict (other replicas "
+            "kept writing until the deadline), busy (too many decisions queued for the namespace), error",
+            ["reason"], registry=self.registry)
+
     def set_reserved(self, reservations: "Reservations", quotas: Callable[[str], list[dict]]) -> None:
         """The gauge as the reservations stand now (read at scrape time: no timer while idle)."""
         self.reserved.clear()

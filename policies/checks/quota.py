@@ -16,13 +16,13 @@ from __future__ import annotations
 from typing import Iterable
 
 from ..capacity.objectcounts import counts_key, objects
-from ..capacity.quotademand import Need, POD_COMPUTE, needs, pod_key, unenforced
+from ..capacity.quotademand import Need, POD_COMPUTE, needs, pod_key, quota_amounts, unenforced
 from ..capacity.quotascope import describe, is_scoped, matching
 from ..capacity.reservations import Reservation
 from ..job.effective_job import EffectiveJob, PodSet, container_field
 from ..job.queueing import runs_elsewhere, suspended
 from ..k8s.apitypes import Strict
-from ..k8s.quantity import QuantityError, format_amount, numbers
+from ..k8s.quantity import format_amount
 from .base import CheckContext, Finding
 from ..job.vocabulary import breakdown, field_value
 from .fields import resource_path
@@ -43,17 +43,6 @@ def demand(job: EffectiveJob, quota: dict, injected: Iterable[str] = ()) -> dict
     return {key: need.amount for key, need in needs(job, quota, injected).items() if need.amount}
 
 
-def _amounts(values: dict | None) -> dict[str, int | None]:
-    """Each quota value as a number, None where it is not one we can count (see check)."""
-    amounts: dict[str, int | None] = {}
-    for key, value in (values or {}).items():
-        try:
-            amounts[key] = numbers({key: value})[key]
-        except QuantityError:
-            amounts[key] = None
-    return amounts
-
-
 def check(context: CheckContext, settings: QuotaCheck) -> list[Finding]:
     """Every quota of the namespace; on UPDATE (``context.old_job``) only the job's growth."""
     job, old_job = context.job, context.old_job
@@ -72,7 +61,7 @@ def check(context: CheckContext, settings: QuotaCheck) -> list[Finding]:
     for quota in context.quotas:
         meta, spec, status = quota.get("metadata") or {}, quota.get("spec") or {}, quota.get("status") or {}
         label = f'quota "{meta.get("name", "?")}"' + (f" ({describe(quota)})" if is_scoped(quota) else "")
-        hard, used = _amounts(status.get("hard") or spec.get("hard")), _amounts(status.get("used"))
+        hard, used = quota_amounts(status.get("hard") or spec.get("hard")), quota_amounts(status.get("used"))
         for key in set(hard) | set(used):
             if hard.get(key, 0) is None or used.get(key, 0) is None:
                 # The API server validated these values, so one we cannot count is beyond 2^63-1

@@ -30,6 +30,7 @@ pytestmark = pytest.mark.cluster
 cluster = sys.modules["trainjob_cluster"]  # hack/cluster/cluster.py, loaded by conftest
 REPO = Path(__file__).resolve().parents[2]
 SA = f"system:serviceaccount:{NS}:trainjob-admission"
+LEDGER = "trainjob-admission-reservations"  # webhook/admission/ledger.py NAME
 MANAGED_BY = ("app.kubernetes.io/managed-by", "trainjob-admission")
 NAMESPACED = {"ServiceAccount", "Role", "RoleBinding", "Deployment", "PodDisruptionBudget", "Service",
               "NetworkPolicy", "Secret", "ConfigMap", "ServiceMonitor", "PrometheusRule", "Issuer", "Certificate"}
@@ -38,9 +39,11 @@ NAMESPACED = {"ServiceAccount", "Role", "RoleBinding", "Deployment", "PodDisrupt
 # ---------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------
-def granted(rules: list[dict], group: str, resource: str, verb: str) -> bool:
+def granted(rules: list[dict], group: str, resource: str, verb: str, name: str = "") -> bool:
+    """Whether ``rules`` allow ``verb`` (on the object ``name``, else on any: a rule limited to
+    names does not grant that)."""
     return any(group in r.get("apiGroups", []) and resource in r.get("resources", []) and verb in r["verbs"]
-               for r in rules)
+               and (not r.get("resourceNames") or name in r["resourceNames"]) for r in rules)
 
 
 def service_rules(docs: list[dict], namespace: str | None = None) -> list[dict]:
@@ -108,6 +111,8 @@ def test_base_holds_exactly_the_service(base):
         ("ValidatingAdmissionPolicyBinding", "trainjob-admission-managed-objects-only"),
         ("ValidatingAdmissionPolicy", "trainjob-admission-deadline-events-only"),
         ("ValidatingAdmissionPolicyBinding", "trainjob-admission-deadline-events-only"),
+        ("ValidatingAdmissionPolicy", "trainjob-admission-own-leases-only"),
+        ("ValidatingAdmissionPolicyBinding", "trainjob-admission-own-leases-only"),
         ("Deployment", "trainjob-admission"), ("PodDisruptionBudget", "trainjob-admission"),
         ("Service", "trainjob-admission"), ("NetworkPolicy", "trainjob-admission"),
         ("MutatingWebhookConfiguration", "trainjob-admission"), ("ValidatingWebhookConfiguration", "trainjob-admission"),
@@ -233,9 +238,13 @@ def test_base_rbac_is_least_privilege(base):
                 have.setdefault((g, res), set()).update(r["verbs"])
     assert have == wanted, "no Secret or NetworkPolicy permission cluster-wide: only per namespace"
     injector = find(base, "ClusterRole", "trainjob-admission-injector")["rules"]
-    assert {(r["apiGroups"][0], r["resources"][0]): set(r["verbs"]) for r in injector} == {
-        ("", "secrets"): {"get", "list", "watch", "create", "patch", "delete"},
-        ("networking.k8s.io", "networkpolicies"): {"get", "list", "watch", "create", "patch", "delete"}}
+    assert {(r["apiGroups"][0], r["resources"][0], tuple(r.get("resourceNames", ()))): set(r["verbs"])
+            for r in injector} == {
+        ("", "secrets", ()): {"get", "list", "watch", "create", "patch", "delete"},
+        ("networking.k8s.io", "networkpolicies", ()): {"get", "list", "watch", "create", "patch", "delete"},
+        # the quota reservation ledger: get and update by name only; create cannot be limited to one
+        ("coordination.k8s.io", "leases", (LEDGER,)): {"get", "update"},
+        ("coordination.k8s.io", "leases", ()): {"create"}}
 
 
 def test_service_rbac_covers_every_call_the_code_makes(tmp_path):
@@ -265,11 +274,15 @@ def test_service_rbac_covers_every_call_the_code_makes(tmp_path):
     bound = sorted(b["metadata"]["namespace"] for b in docs if b["kind"] == "RoleBinding"
                    and b["roleRef"]["name"] == "trainjob-admission-injector")
     assert namespaces and sorted(namespaces) == bound, "a RoleBinding per --reconcile-namespace, and no other"
+    from trainjob_admission.webhook.admission.ledger import LEDGER_VERBS
+
     for ns in namespaces:
         here = service_rules(docs, ns)
         missing += [(ns, res.plural, v) for res in resources.INJECTED.values()
                     for v in ("get", "list", "watch", "create", "patch", "delete")
                     if not granted(here, group(res.api_version), res.plural, v)]
+        missing += [(ns, LEDGER, v) for v in LEDGER_VERBS
+                    if not granted(here, "coordination.k8s.io", resources.LEASES.plural, v, LEDGER)]
     assert not missing, f"manifests/base/rbac.yaml or components/injection-namespaces lacks {missing}"
 
 
@@ -287,9 +300,11 @@ def test_checkpoint_role_is_exactly_the_lease_calls(base):
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                   "name": "trainjob-admission-checkpoint"}
     assert [f"system:serviceaccount:{s['namespace']}:{s['name']}" for s in binding["subjects"]] == [SA]
-    assert not any(r["kind"] in ("ClusterRole", "Role") and r["metadata"]["name"] != role["metadata"]["name"]
+    assert not any(r["kind"] in ("ClusterRole", "Role")
+                   and r["metadata"]["name"] not in (role["metadata"]["name"], "trainjob-admission-injector")
                    and any("leases" in rule.get("resources", []) and set(rule["verbs"]) - {"get", "list"}
-                           for rule in r.get("rules", [])) for r in base), "only the checkpoint Role writes Leases"
+                           for rule in r.get("rules", [])) for r in base), \
+        "only the checkpoint Role and the injector (the reservation ledger, per namespace) write Leases"
 
 
 def test_local_ca_overlay_fills_secret_and_ca_bundle(tmp_path):
@@ -486,8 +501,14 @@ def test_service_account_has_least_privilege(installed, kubectl):
                ("create", "secrets", "-n", "team-a"), ("delete", "secrets", "-n", "team-a"),
                ("create", "networkpolicies.networking.k8s.io", "-n", "team-a"),
                ("patch", "networkpolicies.networking.k8s.io", "-n", "team-a"),
-               ("create", "leases.coordination.k8s.io", "-n", NS), ("patch", "leases.coordination.k8s.io", "-n", NS)]
-    denied = [("create", "leases.coordination.k8s.io", "-n", "team-a"), ("delete", "leases.coordination.k8s.io", "-n", NS),
+               ("create", "leases.coordination.k8s.io", "-n", NS), ("patch", "leases.coordination.k8s.io", "-n", NS),
+               # the reservation ledger where it injects: create, and get and update of its name
+               ("create", "leases.coordination.k8s.io", "-n", "team-a"),
+               ("update", f"leases.coordination.k8s.io/{LEDGER}", "-n", "team-a"),
+               ("get", f"leases.coordination.k8s.io/{LEDGER}", "-n", "team-a")]
+    denied = [("update", "leases.coordination.k8s.io/other", "-n", "team-a"),
+              ("delete", f"leases.coordination.k8s.io/{LEDGER}", "-n", "team-a"),
+              ("create", "leases.coordination.k8s.io", "-n", "team-b"), ("delete", "leases.coordination.k8s.io", "-n", NS),
               ("get", "nodes"), ("get", "nodes", "--subresource=proxy"), ("create", "pods", "-n", "team-a"),
               ("create", "pods", "-n", NS), ("create", "pods", "--subresource=exec", "-n", NS),
               ("escalate", "clusterroles.rbac.authorization.k8s.io"), ("bind", "clusterroles.rbac.authorization.k8s.io"),
@@ -609,6 +630,26 @@ def test_guard_lets_the_service_account_write_only_managed_objects(installed, ku
         assert p.returncode == 0, f"the service account could not {what}: {p.stderr}"
     # anybody else is not matched by the policy at all
     assert kubectl("label", "secret", "foreign-mpi-ssh-auth", "x=y", "-n", namespace).returncode == 0
+
+
+def test_guard_lets_the_service_account_write_only_its_own_leases(installed, kubectl, namespace, wait_for):
+    """RBAC lets the service account create a Lease of any name where it injects (create cannot be
+    limited to a name); the guard narrows that to the quota reservation ledger."""
+    def lease(name: str) -> dict:
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": name, "namespace": namespace},
+                "spec": {}}
+
+    def as_sa(body: dict):
+        return kubectl("create", "-f", "-", f"--as={SA}", "-n", namespace, input=json.dumps(body), check=False)
+
+    kubectl("create", "rolebinding", "trainjob-admission-injector", "-n", namespace,
+            "--clusterrole=trainjob-admission-injector", f"--serviceaccount={NS}:trainjob-admission")
+    wait_for("the guard to refuse another application's Lease", lambda: "trainjob-admission may only write the Lease" in
+             as_sa(lease("some-controller-leader")).stderr, timeout=60)
+    p = as_sa(lease(LEDGER))
+    assert p.returncode == 0, f"the service account could not create its reservation ledger: {p.stderr}"
+    # anybody else is not matched by the policy at all
+    assert kubectl("create", "-f", "-", "-n", namespace, input=json.dumps(lease("other"))).returncode == 0
 
 
 def test_guard_lets_the_service_account_create_only_deadline_events(installed, kubectl, namespace, wait_for):
