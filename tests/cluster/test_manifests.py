@@ -157,10 +157,14 @@ def test_base_deployment_is_restricted_and_highly_available(base):
     netpol = find(base, "NetworkPolicy", "trainjob-admission")["spec"]
     assert netpol["podSelector"] == dep["spec"]["selector"]
     # 8443 (what creates objects) only from where the API server calls: a placeholder matching no real
-    # address until the overlay names it (docs/deploy.md); 8444 (probes, metrics) from anywhere
+    # address until the overlay names it (docs/deploy.md); 8444 (probes, metrics) only from Prometheus
+    # (the kubelet's probes come from the pod's own node, which NetworkPolicy always admits)
     assert netpol["ingress"] == [{"from": [{"ipBlock": {"cidr": "192.0.2.0/24"}}],
                                   "ports": [{"port": 8443, "protocol": "TCP"}]},
-                                 {"ports": [{"port": 8444, "protocol": "TCP"}]}]
+                                 {"from": [{"namespaceSelector": {"matchLabels": {
+                                     "kubernetes.io/metadata.name": "monitoring"}},
+                                     "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}],
+                                  "ports": [{"port": 8444, "protocol": "TCP"}]}]
 
 
 def test_base_webhooks(base):
@@ -338,6 +342,9 @@ def test_openshift_overlay():
     # the kube-apiserver calls from the control-plane nodes' host network: OVN-Kubernetes' policy group
     assert netpol["ingress"][0] == {"from": [{"namespaceSelector": {"matchLabels": {
         "policy-group.network.openshift.io/host-network": ""}}}], "ports": [{"port": 8443, "protocol": "TCP"}]}
+    # the probe port from OpenShift's monitoring stacks (platform and user workload) only
+    assert netpol["ingress"][1] == {"from": [{"namespaceSelector": {"matchLabels": {
+        "network.openshift.io/policy-group": "monitoring"}}}], "ports": [{"port": 8444, "protocol": "TCP"}]}
 
 
 def test_component_client_auth_requires_the_api_servers_certificate(tmp_path):
