@@ -21,10 +21,20 @@ from .. import PolicyError
 MAX_CHECKS = 16  # per request: each may be a call to the API server
 
 
+# request.userInfo.extra as a hashable value: (key, values) pairs sorted by key.
+Extra = tuple[tuple[str, tuple[str, ...]], ...]
+
+
+def extra_of(extra: dict[str, list[str]] | None) -> Extra:
+    return tuple(sorted((key, tuple(values)) for key, values in (extra or {}).items()))
+
+
 @dataclass(frozen=True)
 class AccessCheck:
     """One question (a SubjectAccessReview's spec): may this user do ``verb`` on the resource, or
-    on the non-resource ``path``?"""
+    on the non-resource ``path``? The user is the whole of request.userInfo, ``extra`` included, as
+    ValidatingAdmissionPolicy's authorizer passes it: an authorizer may read it (OpenShift's
+    scoped tokens carry their scopes there), so an answer is for these exact attributes."""
 
     user: str
     groups: tuple[str, ...]
@@ -36,6 +46,7 @@ class AccessCheck:
     namespace: str = ""
     name: str = ""
     path: str = ""
+    extra: Extra = ()
 
 
 class AccessError(PolicyError):
@@ -73,9 +84,10 @@ class Decision:
 class Authorizer(ct.MapType):
     """The ``authorizer`` variable: a map only so that ``authorizer.requestResource`` selects."""
 
-    def __init__(self, user: str, groups: tuple[str, ...], uid: str, tally: _Tally, request_resource: "ResourceCheck | None"):
+    def __init__(self, user: str, groups: tuple[str, ...], uid: str, tally: _Tally, request_resource: "ResourceCheck | None",
+                 extra: Extra = ()):
         super().__init__()
-        self.user, self.groups, self.uid, self.tally = user, groups, uid, tally
+        self.user, self.groups, self.uid, self.extra, self.tally = user, groups, uid, extra, tally
         if request_resource is not None:
             dict.__setitem__(self, ct.StringType("requestResource"), replace(request_resource, authorizer=self))
 
@@ -85,16 +97,18 @@ class Authorizer(ct.MapType):
         if tally.count > MAX_CHECKS:
             return Decision(False, error=f"more than {MAX_CHECKS} permission checks in one request")
         try:
-            allowed, reason = tally.access(AccessCheck(self.user, self.groups, self.uid, **what))
+            allowed, reason = tally.access(AccessCheck(self.user, self.groups, self.uid, extra=self.extra, **what))
         except AccessError as exc:
             return Decision(False, error=str(exc))
         return Decision(allowed, reason)
 
 
-def authorizer(user: str, groups: list[str], uid: str, access: Access, request_resource: dict[str, str]) -> Authorizer:
-    """The submitter's authorizer; ``request_resource`` the group, resource, namespace and name
-    of the object being admitted (``authorizer.requestResource``)."""
-    return Authorizer(user, tuple(groups), uid, _Tally(access), ResourceCheck(None, **request_resource))
+def authorizer(user: str, groups: list[str], uid: str, access: Access, request_resource: dict[str, str],
+               extra: dict[str, list[str]] | None = None) -> Authorizer:
+    """The submitter's authorizer (request.userInfo: name, groups, uid, extra); ``request_resource``
+    the group, resource, namespace and name of the object being admitted (``authorizer.requestResource``)."""
+    return Authorizer(user, tuple(groups), uid, _Tally(access), ResourceCheck(None, **request_resource),
+                      extra_of(extra))
 
 
 @dataclass(frozen=True)
@@ -149,6 +163,8 @@ def group(auth: Authorizer, value: Any) -> GroupCheck:
 
 
 def serviceAccount(auth: Authorizer, namespace: Any, name: Any) -> Authorizer:
+    """As authz.go's: the service account's user info (serviceaccount.ServiceAccountInfo.UserInfo)
+    with no uid and no extra, not the submitter's."""
     ns, sa = _text(namespace, "namespace", empty=False), _text(name, "name", empty=False)
     return Authorizer(f"system:serviceaccount:{ns}:{sa}", ("system:serviceaccounts", f"system:serviceaccounts:{ns}"),
                       "", auth.tally, None)

@@ -48,6 +48,7 @@ class AdmissionInput:
     username: str = ""
     groups: list[str] = field(default_factory=list)
     user_uid: str = ""
+    user_extra: dict[str, list[str]] = field(default_factory=dict)  # request.userInfo.extra
     dry_run: bool = False
     uid: str = ""
     # How the CEL authorizer's checks are answered (policies/cel/authz.py): the server asks the API
@@ -70,7 +71,8 @@ class AdmissionInput:
             "name": (self.object.get("metadata") or {}).get("name", ""),
             "dryRun": self.dry_run,
             "kind": {"group": str(self.object.get("apiVersion", "")).split("/")[0], "kind": self.kind},
-            "userInfo": {"username": self.username, "groups": list(self.groups), "uid": self.user_uid},
+            "userInfo": {"username": self.username, "groups": list(self.groups), "uid": self.user_uid,
+                         "extra": {key: list(values) for key, values in self.user_extra.items()}},
         }
 
     def authorizer(self) -> authz.Authorizer:
@@ -79,7 +81,7 @@ class AdmissionInput:
         name = (self.object.get("metadata") or {}).get("name", "")
         return authz.authorizer(self.username, self.groups, self.user_uid, self.access, {
             "group": group, "resource": self.kind.lower() + "s", "namespace": self.namespace,
-            "name": name if isinstance(name, str) else ""})
+            "name": name if isinstance(name, str) else ""}, self.user_extra)
 
 
 def matches(bundle: Bundle, request: AdmissionInput, namespace: dict, runtime_name: str) -> bool:

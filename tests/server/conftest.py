@@ -18,6 +18,7 @@ import trustme
 import yaml
 
 from tests.support.memoryapi import MemoryApi
+from trainjob_admission.webhook.admission.access import SubjectAccessReviews
 from trainjob_admission.webhook.admission.server import ServerConfig, WebhookServer
 from trainjob_admission.webhook.cli.demo import admission_review, sample_state
 from trainjob_admission.webhook.decisionlog import DecisionLog
@@ -95,8 +96,9 @@ def serving_cert(cert_dir: Path) -> trustme.CA:
 
 
 def start_server(tmp_path: Path, bundle_specs: list[str] | None = None, reload_interval: float = 0.2,
-                 **fields: Any) -> tuple[Running, threading.Thread]:
-    """fields: further ServerConfig fields (client_ca_file, probe_port, ...)."""
+                 access: SubjectAccessReviews | None = None, **fields: Any) -> tuple[Running, threading.Thread]:
+    """fields: further ServerConfig fields (client_ca_file, probe_port, ...); ``access``: how the
+    CEL authorizer's checks are answered (none: they fail, as offline)."""
     cert_dir = tmp_path / "tls"
     ca = serving_cert(cert_dir)
     log_path = tmp_path / "decisions.jsonl"
@@ -104,7 +106,7 @@ def start_server(tmp_path: Path, bundle_specs: list[str] | None = None, reload_i
                           bundle_specs=bundle_specs or ["builtin:default"], decision_log=log_path,
                           reload_interval=reload_interval, **fields)
     loop = asyncio.new_event_loop()
-    server = WebhookServer(config, sample_state())  # its own log: the default fsync interval, stdout copy
+    server = WebhookServer(config, sample_state(), access=access)  # its own log: the default fsync interval, stdout copy
     ready = threading.Event()
     holder: dict[str, int] = {}
 

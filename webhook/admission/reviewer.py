@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Awaitable, Callable
 
-from trainjob_admission.policies.cel.authz import Access
 from trainjob_admission.policies.cel.environment import Abandoned, Budget
 from trainjob_admission.policies.decide.decision import Decision, Effect, Result
 from trainjob_admission.policies.decide.engine import AdmissionInput, evaluate
@@ -30,7 +29,8 @@ from ..kube import deadline
 from ..loops.bundleset import BundleRegistry
 from ..metrics import Metrics
 from . import protocol
-from .callers import UNKNOWN, Caller, CreationLimit
+from .access import SubjectAccessReviews
+from .callers import UNKNOWN, AddressLimit, Caller
 from .record import DecisionRecord, Unrecorded
 
 log = logging.getLogger("trainjob_admission.reviewer")
@@ -76,7 +76,7 @@ class Reviewer:
     def __init__(self, registry: BundleRegistry, state: ClusterState, decision_log: DecisionLog, metrics: Metrics,
                  config: ReviewerConfig, injector: early.Injector | None = None,
                  policy_gaps: Callable[[], list[str]] = list, snapshots: SnapshotFn | None = None,
-                 access: Access | None = None):
+                 access: SubjectAccessReviews | None = None):
         """``policy_gaps``: what is missing to decide by policy (no bundle, no cluster sync yet);
         while it names anything, no job is judged (see :meth:`_no_policy`). ``snapshots``: reads
         an updated job's runtime snapshot, which ``state`` does not watch. ``access``: answers the
@@ -86,7 +86,7 @@ class Reviewer:
         # The injections of allowed CREATEs: started on /mutate, finished on /validate (webhook/inject/early.py).
         self.injections = EarlyInjections(injector) if injector is not None else None
         self.snapshots, self.access = snapshots, access
-        self.creations = CreationLimit(config.creation_rate, config.creation_burst)
+        self.creations = AddressLimit(config.creation_rate, config.creation_burst)
         # Evaluation has its own threads: API calls and SSH key generation (an RSA-4096 pair is
         # about a second of CPU) must never queue in front of a decision.
         self._evaluators = ThreadPoolExecutor(max_workers=4, thread_name_prefix="evaluate")
@@ -156,7 +156,7 @@ class Reviewer:
         if gaps:
             return await self._no_policy(parsed, decision_id, endpoint, started, gaps)
         if self.access is not None:
-            parsed.request.access = self.access
+            parsed.request.access = self.access.for_caller(caller)
         try:
             state = self.state if mutate else await self._with_snapshot(parsed.request)
             decision = await self._evaluate(parsed, state, mutate)

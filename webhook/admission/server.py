@@ -20,7 +20,6 @@ from aiohttp import web
 
 from trainjob_admission.certs.clientca import peer_subject
 from trainjob_admission.certs.reload import CertReloader
-from trainjob_admission.policies.cel.authz import Access
 from trainjob_admission.policies.k8s.clusterstate import ClusterState
 
 from ..decisionlog import DecisionLog
@@ -29,6 +28,7 @@ from ..inject.early import Injector
 from ..loops.bundleset import BundleRegistry
 from ..loops.checkpointer import Checkpointer, CheckpointStore, FileStore, replica_name, resume_point
 from ..metrics import CONTENT_TYPE, Metrics
+from .access import SubjectAccessReviews
 from .callers import Caller
 from .connections import PROBE_LIMITS, ConnectionLimits, Listener, return_freed_memory
 from .inflight import InFlight
@@ -83,7 +83,7 @@ class WebhookServer:
     def __init__(self, config: ServerConfig, state: ClusterState, *, injector: Injector | None = None,
                  decision_log: DecisionLog | None = None, state_ready: asyncio.Event | None = None,
                  checkpoint_store: CheckpointStore | None = None, snapshots: SnapshotFn | None = None,
-                 access: Access | None = None):
+                 access: SubjectAccessReviews | None = None):
         self.config = config
         self.metrics = Metrics()
         self.registry = BundleRegistry(list(config.bundle_specs))
