@@ -251,6 +251,33 @@ def test_injected_objects_are_used_by_trainer_owned_by_the_job_and_collected(
         wait_for(f"{kind} {name} garbage-collected", lambda: not exists(kubectl, kind, name, ns), 90)
 
 
+def test_an_owner_reference_that_only_names_the_job_is_replaced_by_the_jobs(webhook, namespace, kubectl, get_json,
+                                                                             wait_for, api, monkeypatch):
+    """Issue 30: the reconciler took any ownerReference of the job's kind and name for the job's.
+    One naming a look-alike (another API group: the garbage collector cannot resolve it, so it
+    never deletes the object for it) made it skip the object for good, and the object outlived its
+    job. Now owned means by the job's uid: the reconciler puts the job's reference in its place."""
+    ns = namespace
+    monkeypatch.setattr(kube_watch, "WATCH_SECONDS", 1)
+    webhook(Reconciler(api, PROVENANCE, grace_seconds=3600, interval=3600, namespace=ns))
+    time.sleep(3)
+    create(kubectl, trainjob("lookalike", ns))
+    uid = get_json("trainjob", "lookalike", "-n", ns)["metadata"]["uid"]
+    name = "lookalike-mpi-isolation"
+    wait_for("the NetworkPolicy owned by the TrainJob", lambda: owned_by(get_json("networkpolicy", name, "-n", ns), uid),
+             30)
+    impostor = {"apiVersion": "example.com/v1", "kind": "TrainJob", "name": "lookalike",
+                "uid": "00000000-0000-0000-0000-000000000001", "controller": True}
+    kubectl("patch", "networkpolicy", name, "-n", ns, "--type=json", "-p", json.dumps([
+        {"op": "replace", "path": "/metadata/ownerReferences", "value": [impostor]}]))
+    wait_for("the job's ownerReference back in place of the look-alike", lambda: (lambda refs: (
+        [r["uid"] for r in refs] == [uid] and refs[0]["controller"]))(
+        get_json("networkpolicy", name, "-n", ns)["metadata"].get("ownerReferences") or []), 30)
+    kubectl("delete", "trainjob", "lookalike", "-n", ns, "--wait=true", "--timeout=60s", timeout=90)
+    wait_for("the NetworkPolicy garbage-collected with its job", lambda: not exists(kubectl, "networkpolicy", name, ns),
+             90)
+
+
 def ssh_secret(name: str, ns: str, pair, **metadata) -> dict:
     return {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/ssh-auth",
             "metadata": {"name": name, "namespace": ns, **metadata},

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trainjob_admission.policies.k8s.clusterstate import StateError, load_objects
+from trainjob_admission.policies.k8s.manifests import ManifestError, parse_documents, read_text
 
 from ..admission.reviewer import ReviewerConfig
 from ..admission.server import ServerConfig
@@ -67,9 +67,14 @@ class ServeOptions:
 def read_config(path: str) -> ServeFile:
     """The file's settings; a problem is a :class:`CliError` naming the key and what it takes."""
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
+        documents = parse_documents(read_text(Path(path)), "serve's --config")
+    except (OSError, UnicodeDecodeError) as exc:
         raise CliError(f"cannot read --config {path}: {exc}", EXIT_INVALID) from None
+    except ManifestError as exc:
+        raise CliError(f"--config {path}{f':{exc.line}' if exc.line else ''}: {exc.message}", EXIT_INVALID) from None
+    if len(documents) > 1:
+        raise CliError(f"--config {path} must be one YAML document, got {len(documents)}", EXIT_INVALID)
+    data = documents[0] if documents else {}
     if not isinstance(data, dict):
         raise CliError(f"--config {path} must be a YAML mapping of {', '.join(ServeFile.model_fields)}, "
                        f"got {type(data).__name__}", EXIT_INVALID)
