@@ -19,7 +19,8 @@ import yaml
 
 from trainjob_admission.policies.k8s.clusterstate import ClusterState
 from tests.support import objects
-from trainjob_admission.webhook.admission.server import ServerConfig, WebhookServer
+from trainjob_admission.webhook.admission.config import ServerConfig
+from trainjob_admission.webhook.admission.server import WebhookServer
 from trainjob_admission.webhook.decisionlog import DecisionLog
 from trainjob_admission.webhook.inject.injector import Injector
 from trainjob_admission.webhook.inject.keys import fingerprint, generate

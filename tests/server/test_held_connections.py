@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from trainjob_admission.webhook.admission.connections import ConnectionLimits, GuardedHandler
+from trainjob_admission.webhook.admission.config import ConnectionLimits
+from trainjob_admission.webhook.admission.connections import GuardedHandler
 from trainjob_admission.webhook.cli.demo import admission_review
 
 from tests.support.flood import flood, open_files, rss_bytes, source_address

@@ -33,10 +33,11 @@ import logging
 import ssl
 from asyncio import sslproto
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+
+from .config import ConnectionLimits
 
 log = logging.getLogger("trainjob_admission.server")
 
@@ -45,20 +46,6 @@ MAX_FIELD_BYTES = 4096  # one header field
 MAX_HEADERS = 32  # the API server sends about ten
 TLS_READ_BUFFER = 16 * 1024  # one TLS record's plaintext
 TLS_SHUTDOWN_TIMEOUT = 3.0  # waiting for a peer's close_notify (asyncio's default: 30 s)
-
-
-@dataclass(frozen=True)
-class ConnectionLimits:
-    """What one listening port allows (module docstring)."""
-
-    per_listener: int = 512
-    per_address: int = 128  # MAX_REQUESTS (webhook/admission/inflight.py) in flight, and an idle pool
-    header_timeout: float = 10.0
-    idle_timeout: float = 100.0
-    handshake_timeout: float = 10.0
-
-
-PROBE_LIMITS = ConnectionLimits(per_listener=64, per_address=16)  # kubelet probes and Prometheus scrapes
 
 
 class _TlsProtocol(sslproto.SSLProtocol):
