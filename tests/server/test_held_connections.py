@@ -79,6 +79,8 @@ def test_every_requests_headers_have_a_deadline(limited_server: Running):
     could send the next one's headers a byte every 5 s and keep the connection for an hour."""
     with connect(limited_server) as silent:  # no request at all
         assert closed_after(silent) < 3
+    assert 'trainjob_admission_connections_closed_total{port="admission",reason="header-timeout"} 1.0' in \
+        limited_server.get("/metrics")[1]
     with connect(limited_server) as slow:  # one request, then the next one's headers a byte at a time
         assert answered(slow)
         assert closed_after(slow, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Slow: " + b"a" * 200) < 3
@@ -107,7 +109,11 @@ def test_connections_are_capped_per_address_and_per_port(limited_server: Running
         assert listener.open == 8
         with connect(limited_server, source_address(10)) as newcomer:
             assert answered(newcomer), "a new address was locked out by the others' idle connections"
+        metrics = limited_server.get("/metrics")[1]  # its connection makes room too
         assert listener.refused == 0 and listener.evicted >= 6
+        assert f'trainjob_admission_connections_closed_total{{port="admission",reason="cut"}} {listener.evicted}.0' \
+            in metrics
+        assert 'trainjob_admission_connections{port="admission"}' in metrics
     finally:
         for tls in held:
             tls.close()

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
-import logging
 import ssl
 from asyncio import sslproto
 from collections.abc import Callable
@@ -38,8 +37,6 @@ from typing import Any
 from aiohttp import web
 
 from .config import ConnectionLimits
-
-log = logging.getLogger("trainjob_admission.server")
 
 MAX_LINE_BYTES = 4096  # the request line (the API server's is "POST /validate?timeout=10s HTTP/1.1")
 MAX_FIELD_BYTES = 4096  # one header field
@@ -60,16 +57,16 @@ class GuardedHandler(web.RequestHandler):
     first's: aiohttp has no header timeout of its own (its keep-alive timeout closes a connection
     that has not completed a request only after ``keepalive_timeout``)."""
 
-    __slots__ = ("_header_timeout", "_header_timer", "_on_lost", "address", "active_at")
+    __slots__ = ("_header_timeout", "_header_timer", "_on_lost", "_on_overdue", "address", "active_at")
 
     def __init__(self, manager: web.Server, *, loop: asyncio.AbstractEventLoop, address: str, header_timeout: float,
-                 on_lost: Callable[[GuardedHandler], None], **options: Any):
+                 on_lost: Callable[[GuardedHandler], None], on_overdue: Callable[[], None], **options: Any):
         super().__init__(manager, loop=loop, **options)
         self.address = address
         self.active_at = loop.time()
         self._header_timeout = header_timeout
         self._header_timer: asyncio.TimerHandle | None = None
-        self._on_lost = on_lost
+        self._on_lost, self._on_overdue = on_lost, on_overdue
 
     @property
     def busy(self) -> bool:
@@ -112,6 +109,7 @@ class GuardedHandler(web.RequestHandler):
         self._header_timer = None
         if self._request_count == count and self.transport is not None:
             self.transport.abort()  # not close(): a TLS shutdown would wait for the slow client again
+            self._on_overdue()
 
 
 class _Accepted(asyncio.Protocol):
@@ -125,15 +123,20 @@ class _Accepted(asyncio.Protocol):
         self.listener.accept(transport)  # type: ignore[arg-type]
 
 
+Closed = Callable[[str], None]  # told why the listener closed a connection: refused, cut, header-timeout
+
+
 class Listener:
     """The connections of one listening port: ``loop.create_server(listener.protocol, ...)``
     (without ``ssl=``: TLS starts in :meth:`accept`). ``handler_options`` are aiohttp
     RequestHandler options (access_log, auto_decompress); the header bounds and the keep-alive
-    timeout are set here."""
+    timeout are set here. ``name`` names the port (admission, probe); ``closed_by_us`` hears of each
+    connection closed to keep the bounds (the server's metric)."""
 
-    def __init__(self, server: web.Server, context: ssl.SSLContext | None, limits: ConnectionLimits,
-                 **handler_options: Any):
-        self.server, self.context, self.limits = server, context, limits
+    def __init__(self, server: web.Server, context: ssl.SSLContext | None, limits: ConnectionLimits, name: str,
+                 closed_by_us: Closed = lambda reason: None, **handler_options: Any):
+        self.server, self.context, self.limits, self.name = server, context, limits, name
+        self.closed_by_us = closed_by_us
         self.handler_options = {**handler_options, "keepalive_timeout": limits.idle_timeout,
                                 "max_line_size": MAX_LINE_BYTES, "max_field_size": MAX_FIELD_BYTES,
                                 "max_headers": MAX_HEADERS}
@@ -141,8 +144,8 @@ class Listener:
         self._by_address: dict[str, set[GuardedHandler]] = {}
         self._handshaking: dict[GuardedHandler, asyncio.Transport] = {}  # before TLS hands them to the handler
         self.closed = 0  # connections ended so far (for return_freed_memory)
-        self.refused = 0
-        self.evicted = 0
+        self.refused = 0  # at a cap, with none that could be cut
+        self.evicted = 0  # cut to make room
 
     def protocol(self) -> asyncio.Protocol:
         return _Accepted(self)
@@ -156,11 +159,13 @@ class Listener:
         address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
         if not self._room(address):
             self.refused += 1
+            self.closed_by_us("refused")
             transport.abort()
             return
         loop = asyncio.get_running_loop()
         handler = GuardedHandler(self.server, loop=loop, address=address, header_timeout=self.limits.header_timeout,
-                                 on_lost=self._release, **self.handler_options)
+                                 on_lost=self._release, on_overdue=lambda: self.closed_by_us("header-timeout"),
+                                 **self.handler_options)
         self._open.add(handler)
         self._by_address.setdefault(address, set()).add(handler)
         if self.context is None:
@@ -201,6 +206,7 @@ class Listener:
         transport = self._handshaking.get(victim) or victim.transport
         self._release(victim)
         self.evicted += 1
+        self.closed_by_us("cut")
         if transport is not None:
             transport.abort()
         return True

@@ -136,6 +136,8 @@ class WebhookServer:
             self.metrics.set_reserved(self.state.reservations, self.state.namespace_quotas)
         if self.certs:
             self.metrics.cert_expiry.set(self.certs.not_after.timestamp())
+        for listener in self.listeners:
+            self.metrics.connections.labels(listener.name).set(listener.open)
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     def not_ready_reasons(self) -> list[str]:
@@ -184,12 +186,12 @@ class WebhookServer:
         gc.freeze()
         self._runners = [web.AppRunner(self.app(), handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT)]
         port = await self._listen(self._runners[0], self.config.port, self.certs and self.certs.admission_context,
-                                  self.config.connections,
+                                  self.config.connections, "admission",
                                   "client certificates required" if self.config.client_ca_file else "")
         if self.config.probe_port is not None:
             self._runners.append(web.AppRunner(self.probe_app(), handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT))
             self.probe_port = await self._listen(self._runners[1], self.config.probe_port,
-                                                 self.certs and self.certs.context, PROBE_LIMITS,
+                                                 self.certs and self.certs.context, PROBE_LIMITS, "probe",
                                                  "/healthz, /readyz, /metrics")
         self._tasks.append(asyncio.create_task(self._reload_loop()))
         if self.checkpointer:
@@ -197,11 +199,13 @@ class WebhookServer:
         return port
 
     async def _listen(self, runner: web.AppRunner, port: int, ssl_context: ssl.SSLContext | None,
-                      limits: ConnectionLimits, what: str) -> int:
+                      limits: ConnectionLimits, name: str, what: str) -> int:
         await runner.setup()
         # auto_decompress off: a compressed body would slip past the size and in-flight bounds,
         # which count the bytes sent (the API server never compresses AdmissionReviews).
-        listener = Listener(runner.server, ssl_context, limits, access_log=None, auto_decompress=False)
+        closed = self.metrics.connections_closed
+        listener = Listener(runner.server, ssl_context, limits, name, lambda reason: closed.labels(name, reason).inc(),
+                            access_log=None, auto_decompress=False)
         server = await asyncio.get_running_loop().create_server(listener.protocol, self.config.host, port,
                                                                 reuse_address=True)
         self._servers.append(server)
