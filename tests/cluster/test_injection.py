@@ -22,7 +22,8 @@ from tests.support import objects
 from trainjob_admission.webhook.admission.config import ServerConfig
 from trainjob_admission.webhook.admission.server import WebhookServer
 from trainjob_admission.webhook.decisionlog import DecisionLog
-from trainjob_admission.webhook.inject.injector import Injector
+from trainjob_admission.webhook.inject import injector
+from trainjob_admission.webhook.inject.injector import Injector, age
 from trainjob_admission.webhook.inject.keys import fingerprint, generate
 from trainjob_admission.webhook.inject.provenance import ANNOTATION, Provenance
 from trainjob_admission.webhook.inject.reconciler import Reconciler
@@ -380,7 +381,7 @@ def test_the_running_reconciler_deletes_orphans_when_their_grace_period_ends(web
 
 
 def test_orphans_of_refused_jobs_go_after_grace_and_a_resubmission_replaces_them(
-        webhook, namespace, kubectl, get_json, api):
+        webhook, namespace, kubectl, get_json, api, monkeypatch):
     ns = namespace
     harness = webhook()
     # The ResourceQuota admission runs after the webhooks: it refuses jobs our webhook admitted,
@@ -402,9 +403,18 @@ def test_orphans_of_refused_jobs_go_after_grace_and_a_resubmission_replaces_them
     assert exists(kubectl, "secret", "young-mpi-ssh-auth", ns)
     assert exists(kubectl, "networkpolicy", "young-mpi-isolation", ns)
 
-    # Resubmitted once the quota allows it: our leftover is replaced with fresh keys, then adopted.
-    young_fp = secret_fingerprint(get_json("secret", "young-mpi-ssh-auth", "-n", ns))
+    # Resubmitted at once: the leftover might be a create of that name still being admitted
+    # (issue 30, defect 2), so it stays and the submitter is told when to retry.
+    in_flight = 10.0  # the API server's 60 s request timeout, shortened for the test
+    monkeypatch.setattr(injector, "IN_FLIGHT_SECONDS", in_flight)
+    leftover = get_json("secret", "young-mpi-ssh-auth", "-n", ns)
+    young_fp = secret_fingerprint(leftover)
     kubectl("delete", "quota", "no-trainjobs", "-n", ns)
+    early = create(kubectl, trainjob("young", ns), check=False)
+    assert early.returncode != 0 and "still being admitted" in early.stderr and "retry in" in early.stderr, early.stderr
+    assert secret_fingerprint(get_json("secret", "young-mpi-ssh-auth", "-n", ns)) == young_fp
+    # Once no create of that name can still be running: the leftover is replaced with fresh keys, then adopted.
+    time.sleep(max(0.0, in_flight - age(leftover["metadata"])) + 1)
     create(kubectl, trainjob("young", ns))
     young = get_json("trainjob", "young", "-n", ns)["metadata"]
     uid = young["uid"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -30,6 +31,7 @@ class MemoryApi(ThreadingHTTPServer):
         meta = obj["metadata"]
         meta.setdefault("uid", str(uuid.uuid4()))
         meta.setdefault("resourceVersion", "1")
+        meta.setdefault("creationTimestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         self.objects[(plural, meta["namespace"], meta["name"])] = obj
 
 

@@ -26,7 +26,6 @@ garbage collector deletes the dependents either way.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import time
 from collections import Counter
@@ -38,6 +37,7 @@ from ..kube.calls import Calls
 from ..kube.client import ApiError, KubeApi, summary
 from ..kube.resources import INJECTED, JOBS, Resource
 from ..kube.watch import Watcher
+from .injector import age
 from .provenance import Provenance
 
 log = logging.getLogger("trainjob_admission.reconciler")
@@ -104,11 +104,11 @@ class Reconciler(Calls):
                 # it lives and dies with the job that uses it.
                 await self._adopt(resource, obj, kind, job_name, job["metadata"]["uid"])
                 return "adopted"
-            age = _age(meta)
-            if age < self.grace_seconds:
+            unowned_for = age(meta)
+            if unowned_for < self.grace_seconds:
                 return "waiting"
             await self.delete(resource, obj)
-            log.info("deleted orphan %s: %s %s never appeared in %.0f s", where, kind, job_name, age)
+            log.info("deleted orphan %s: %s %s never appeared in %.0f s", where, kind, job_name, unowned_for)
             return "deleted"
         except Exception as exc:  # noqa: BLE001 - one object's trouble must not stop the sweep
             if isinstance(exc, ApiError) and exc.status in (404, 409, 422):
@@ -226,7 +226,7 @@ class Reconciler(Calls):
         """Objects still unowned at the end of their grace period: adopted or deleted through the API."""
         for key, objects in self._unowned.items():
             for kind, obj in objects.items():
-                if _age(obj["metadata"]) >= self.grace_seconds:
+                if age(obj["metadata"]) >= self.grace_seconds:
                     self._start(key, kind, obj, self._settle(INJECTED[kind], obj, key[0], key[2], obj["metadata"]))
 
     def _start(self, key: JobKey, kind: str, obj: dict, work: Coroutine, *, lull_until: float | None = None) -> None:
@@ -330,11 +330,6 @@ def _owned(obj: dict, kind: str, job_name: str, uid: str | None) -> bool:
     return any(r.get("uid") == uid if uid is not None else
                (r.get("kind") == kind and r.get("name") == job_name and str(r.get("apiVersion")).startswith(group + "/"))
                for r in obj["metadata"].get("ownerReferences") or [])
-
-
-def _age(meta: dict) -> float:
-    created = dt.datetime.fromisoformat(meta["creationTimestamp"].replace("Z", "+00:00"))
-    return (dt.datetime.now(dt.timezone.utc) - created).total_seconds()
 
 
 def _summary(counts: Counter) -> dict:
