@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import http.client
 import json
 import ssl
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jsonpatch
 import kubernetes.client
 import pytest
 import trustme
@@ -83,6 +85,24 @@ class Running:
 
 def decode_patch(response: dict) -> list[dict]:
     return json.loads(base64.b64decode(response["patch"])) if response.get("patch") else []
+
+
+def mutated(running: Running, obj: dict, **request) -> tuple[dict, dict]:
+    """(the /mutate response, the object with its patch applied, as the API server stores it)."""
+    response = running.review(obj, "mutate", **request)
+    return response, jsonpatch.apply_patch(obj, decode_patch(response))
+
+
+def record_of(running: Running, response: dict) -> dict:
+    """The decision record of an AdmissionReview response."""
+    return next(r for r in running.records() if r["id"] == response["auditAnnotations"]["decision-id"])
+
+
+def stored(obj: dict) -> dict:
+    """The object as /validate sees it on CREATE: the API server has given it a uid by then."""
+    obj = copy.deepcopy(obj)
+    obj["metadata"]["uid"] = new_uid()
+    return obj
 
 
 def serving_cert(cert_dir: Path) -> trustme.CA:

@@ -14,6 +14,10 @@
   and over-long lines in the decision log, before the start and during the run: start-up
   recovery goes on, `verify` reports exactly those lines as malformed and every record intact,
   and a server restarted on that log continues its chain;
+- (issue 30) same-name submissions in flight at once: pairs of CREATEs of one job name sent
+  through two replicas that share the Kubernetes API (the in-memory stand-in), /mutate and
+  /validate of both interleaved, one of the two often deny-worthy: every answer given, no job
+  admitted without its own Secret and NetworkPolicy, never two admitted, nothing left of a refused one;
 - a certificate renewed (``certs.issue.renew``) while several clients keep sending requests:
   no request fails and new connections get the new certificate.
 
@@ -35,7 +39,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -53,7 +57,7 @@ from tests.support.flood import flood, rss_bytes
 from tests.support.net import served_serial
 from tests.support.objects import example_job
 
-from .conftest import Running, start_server, stop_server
+from .conftest import Running, mutated, start_server, stop_server, stored
 
 pytestmark = pytest.mark.server
 
@@ -602,3 +606,47 @@ def test_certificate_renewal_under_load_fails_no_request(tmp_path: Path):
     assert not failures, f"{len(failures)} failed requests during renewal, e.g. {failures[:3]}"
     assert kinds["new"] > 20 and kinds["keep-alive"] > 20
     assert verify([running.log_path]).ok
+
+
+SAME_NAME_ROUNDS = 60
+
+
+def test_same_name_submissions_in_flight_at_once(injecting_server, memory_api):
+    """Each round two submissions of one name race through two replicas; the second is deny-worthy
+    every third round. 0 crashes: every review answered; 0 wrong allows: never a deny-worthy one,
+    never both, and an admitted job finds both objects carrying its own admission id once the
+    refused one's withdrawal has run; a round with none admitted leaves nothing behind."""
+    replicas = [injecting_server(), injecting_server()]
+    rng = random.Random(SEED)
+    outcomes: Counter = Counter()
+    with ThreadPoolExecutor(2) as pool:
+        for round_ in range(SAME_NAME_ROUNDS):
+            jobs = [copy.deepcopy(JOBS["allowed.yaml"]) for _ in replicas]
+            for job in jobs:
+                job["metadata"]["name"] = f"same-{round_}"
+            deny_worthy = round_ % 3 == 2
+            if deny_worthy:
+                jobs[1]["spec"]["trainer"]["numNodes"] = 500
+            order = rng.sample([0, 1], 2)  # which replica's /mutate starts first; they overlap
+            mutations = dict(zip(order, pool.map(lambda i: mutated(replicas[i], jobs[i]), order)))
+            submitted = [stored(mutations[i][1]) for i in range(2)]
+            order = rng.sample([0, 1], 2)  # and which /validate
+            answers = dict(zip(order, pool.map(lambda i: replicas[i].review(submitted[i]), order)))
+            allowed = [i for i in range(2) if answers[i]["allowed"]]
+            outcomes[len(allowed)] += 1
+            assert len(allowed) <= 1, f"round {round_}: both submissions of one name admitted"
+            assert not (deny_worthy and 1 in allowed), f"round {round_}: the deny-worthy job admitted"
+            names = {(f"same-{round_}-mpi-ssh-auth", "secrets"), (f"same-{round_}-mpi-isolation", "networkpolicies")}
+            deadline = time.monotonic() + 10
+            while True:  # the refused one's withdrawal runs in the background
+                held = {(name, plural): memory_api.objects.get((plural, "team-a", name)) for name, plural in names}
+                tags = {o["metadata"]["annotations"]["trainjob-admission.io/admission-id"] if o else None
+                        for o in held.values()}
+                want = {submitted[allowed[0]]["metadata"]["annotations"]["trainjob-admission.io/admission-id"]} \
+                    if allowed else {None}
+                if tags == want or time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
+            assert tags == want, f"round {round_}: objects {tags}, the admitted submission's {want}"
+    print(f"\nsame-name submissions, {SAME_NAME_ROUNDS} rounds of two: {outcomes[1]} with one admitted, "
+          f"{outcomes[0]} with none (each refused for the other's objects in flight), {outcomes[2]} with both")

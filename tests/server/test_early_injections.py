@@ -9,7 +9,6 @@ import copy
 import time
 import uuid
 
-import jsonpatch
 import pytest
 import yaml
 
@@ -17,7 +16,7 @@ from tests.support.objects import example_job
 from trainjob_admission.webhook.decisionlog import DecisionLogError
 from trainjob_admission.webhook.inject.early import admission_id
 
-from .conftest import Running, decode_patch
+from .conftest import decode_patch, mutated, record_of, stored
 
 pytestmark = pytest.mark.server
 NS, JOB = "team-a", "resnet-allreduce"
@@ -25,23 +24,6 @@ SECRET, POLICY = f"{JOB}-mpi-ssh-auth", f"{JOB}-mpi-isolation"
 ANNOTATION = "trainjob-admission.io/admission-id"
 CREATES = [f"POST /api/v1/namespaces/{NS}/secrets", f"POST /apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies"]
 READS = [f"GET /api/v1/namespaces/{NS}/secrets/{SECRET}", f"GET /apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies/{POLICY}"]
-
-
-def mutated(running: Running, obj: dict, **request) -> tuple[dict, dict]:
-    """(the /mutate response, the object with its patch applied, as the API server stores it)."""
-    response = running.review(obj, "mutate", **request)
-    return response, jsonpatch.apply_patch(obj, decode_patch(response))
-
-
-def stored(obj: dict) -> dict:
-    """The object as /validate sees it on CREATE: the API server has given it a uid by then."""
-    obj = copy.deepcopy(obj)
-    obj["metadata"]["uid"] = str(uuid.uuid4())
-    return obj
-
-
-def record_of(running: Running, response: dict) -> dict:
-    return next(r for r in running.records() if r["id"] == response["auditAnnotations"]["decision-id"])
 
 
 def wait_for_objects(memory_api, count: int) -> None:
