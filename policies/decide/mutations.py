@@ -12,12 +12,12 @@ from dataclasses import replace
 
 from ..bundle.schema import Mutations
 from ..checks import duration
-from ..job import effective_job, queueing, smp
+from ..job import effective_job, queueing, runtimepatch, smp
 from ..job.effective_job import EffectiveJob, all_containers
 from . import nodetargeting
 from .patch_diff import make_patch
 
-MANAGER = "trainjob-admission.io/webhook"
+MANAGER = runtimepatch.OWN_MANAGER
 ISTIO_INJECT = "sidecar.istio.io/inject"
 
 
@@ -192,7 +192,8 @@ def without_own_patch(obj: dict) -> dict | None:
     """``obj`` without the runtimePatch we added earlier (None when it has none): the security
     defaults are planned on the pods without it, so planning again on a mutated object (as
     /validate does) keeps that patch instead of finding nothing missing and removing it."""
-    patches = (obj.get("spec") or {}).get("runtimePatches")
+    spec = obj.get("spec")
+    patches = spec.get("runtimePatches") if isinstance(spec, dict) else None  # ill-typed: the job model refuses it
     if not isinstance(patches, list) or not any(isinstance(p, dict) and p.get("manager") == MANAGER for p in patches):
         return None
     base = smp.clone(obj)

@@ -10,7 +10,6 @@ import copy
 import time
 import uuid
 
-import jsonpatch
 import pytest
 import yaml
 
@@ -18,7 +17,7 @@ from tests.support.objects import example_job
 from trainjob_admission.webhook.decisionlog import DecisionLogError
 from trainjob_admission.webhook.inject.early import admission_id
 
-from .conftest import Running, decode_patch
+from .conftest import decode_patch, mutated, record_of, stored
 
 pytestmark = pytest.mark.server
 NS, JOB = "team-a", "resnet-allreduce"
@@ -28,23 +27,6 @@ ISOLATION = "trainjob-admission-trainjob-isolation"  # the namespace's own Netwo
 POLICIES = f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies"
 CREATES = [f"POST /api/v1/namespaces/{NS}/secrets"]
 KEY = "ed25519"  # the service makes the Secret; the default's (Trainer's own) it leaves to Trainer
-
-
-def mutated(running: Running, obj: dict, **request) -> tuple[dict, dict]:
-    """(the /mutate response, the object with its patch applied, as the API server stores it)."""
-    response = running.review(obj, "mutate", **request)
-    return response, jsonpatch.apply_patch(obj, decode_patch(response))
-
-
-def stored(obj: dict) -> dict:
-    """The object as /validate sees it on CREATE: the API server has given it a uid by then."""
-    obj = copy.deepcopy(obj)
-    obj["metadata"]["uid"] = str(uuid.uuid4())
-    return obj
-
-
-def record_of(running: Running, response: dict) -> dict:
-    return next(r for r in running.records() if r["id"] == response["auditAnnotations"]["decision-id"])
 
 
 def wait_for_objects(memory_api, count: int, plural: str = "secrets") -> None:
@@ -168,22 +150,23 @@ def test_two_submissions_of_one_name_in_flight_keep_the_first_ones_objects(injec
     response = running.review(stored(third))
     assert response["allowed"] is False
     assert f"Secret {NS}/{SECRET} was created" in response["status"]["message"]
-    assert "for another submission of TrainJob resnet-allreduce that may still be in admission" \
+    assert "for another submission of TrainJob resnet-allreduce that is still being admitted" \
         in response["status"]["message"]
     assert memory_api.objects[("secrets", NS, SECRET)] == ours
 
 
-def test_validate_reports_created_only_what_still_carries_its_id(injecting_server, memory_api):
-    """What /mutate created and someone deleted before /validate is not reported as created: the
-    failure mode answers (deny), saying what happened."""
+def test_validate_makes_again_what_was_deleted_since_mutate(injecting_server, memory_api):
+    """/validate reports 'created' only for a Secret still there as its submission's: one deleted
+    after /mutate made it is made again, so the job is not stored without it."""
     running = injecting_server(key_type=KEY)
     _, job = mutated(running, example_job("allowed.yaml"))
     wait_for_objects(memory_api, 1)
     memory_api.remove("secrets", NS, SECRET)
     response = running.review(stored(job))
-    assert response["allowed"] is False
-    assert "was deleted or replaced after this submission's /mutate created it" in response["status"]["message"]
-    assert statuses(record_of(running, response))[SECRET] == "failed"
+    assert response["allowed"] is True
+    assert statuses(record_of(running, response))[SECRET] == "created"
+    secret = memory_api.objects[("secrets", NS, SECRET)]
+    assert secret["metadata"]["annotations"][ANNOTATION] == job["metadata"]["annotations"][ANNOTATION]
 
 
 def test_dry_run_starts_nothing_and_a_submitted_admission_id_is_removed(injecting_server, memory_api):
@@ -319,3 +302,57 @@ def test_objects_started_under_a_bundle_changed_before_validate_are_made_again(i
         time.sleep(0.05)
     assert running.review(stored(job))["allowed"] is True
     assert memory_api.objects[("secrets", NS, SECRET)]["metadata"]["annotations"][key_type] == "rsa-4096"
+
+
+def wait_for_requests(memory_api, count: int) -> None:
+    deadline = time.monotonic() + 10
+    while len(memory_api.requests) < count:
+        assert time.monotonic() < deadline, memory_api.requests
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("second_refused_by_policy", [False, True])
+def test_a_second_submission_of_the_same_name_neither_replaces_nor_withdraws_the_firsts(
+        injecting_server, memory_api, second_refused_by_policy):
+    """Issue 30, defect 2: two CREATEs of one name in flight at once, on two replicas. The second's
+    /mutate finds the first's Secret unowned but young: it leaves it, and its /validate refuses
+    it with when to retry; the first is admitted with its own Secret, which the second's
+    withdrawal does not touch."""
+    first, second = injecting_server(key_type=KEY), injecting_server(key_type=KEY)
+    _, job_a = mutated(first, example_job("allowed.yaml"))
+    wait_for_objects(memory_api, 1)
+    tag_a = job_a["metadata"]["annotations"][ANNOTATION]
+    made = copy.deepcopy(memory_api.objects[("secrets", NS, SECRET)])
+    _, job_b = mutated(second, example_job("allowed.yaml"))
+    wait_for_requests(memory_api, 3)  # the second's creation refused (409), its read
+    if second_refused_by_policy:
+        job_b["spec"]["trainer"]["numNodes"] = 500
+    refused = second.review(stored(job_b))
+    assert refused["allowed"] is False
+    if not second_refused_by_policy:
+        message = refused["status"]["message"]
+        assert "for another submission of TrainJob resnet-allreduce that is still being admitted" in message, message
+        assert "retry in" in message, message
+    validated = first.review(stored(job_a))
+    assert validated["allowed"] is True
+    assert statuses(record_of(first, validated))[SECRET] == "created"
+    time.sleep(0.5)  # the second's withdrawal runs in the background
+    assert memory_api.objects[("secrets", NS, SECRET)] == made, "the first submission's Secret was replaced or deleted"
+    assert memory_api.objects[("secrets", NS, SECRET)]["metadata"]["annotations"][ANNOTATION] == tag_a
+
+
+def test_another_submissions_objects_past_the_in_flight_window_are_a_leftover_to_replace(injecting_server, memory_api):
+    """An unowned Secret of another admission id older than any create can run (its job refused after
+    our /validate, e.g. by a ResourceQuota) is replaced by a resubmission, as before."""
+    first, second = injecting_server(key_type=KEY), injecting_server(key_type=KEY)
+    mutated(first, example_job("allowed.yaml"))
+    wait_for_objects(memory_api, 1)
+    old = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 61))
+    memory_api.objects[("secrets", NS, SECRET)]["metadata"]["creationTimestamp"] = old
+    _, job_b = mutated(second, example_job("allowed.yaml"))
+    validated = second.review(stored(job_b))
+    assert validated["allowed"] is True
+    (record,) = [i for i in record_of(second, validated)["injections"] if i["name"] == SECRET]
+    assert record["status"] == "created" and "replaced" in record
+    assert memory_api.objects[("secrets", NS, SECRET)]["metadata"]["annotations"][ANNOTATION] == \
+        job_b["metadata"]["annotations"][ANNOTATION]

@@ -1,8 +1,10 @@
-"""A small in-memory Kubernetes API on loopback for server-tier tests of the injector: namespaced
-objects by (plural, namespace, name), POST (409 when the name is taken; uid, resourceVersion and
-creationTimestamp given), GET, JSON PATCH, DELETE (its uid and resourceVersion preconditions honoured), and
-list and watch of a namespace's objects of one plural (resourceVersions from one counter, as etcd's).
-A stand-in for the API server where only these semantics matter; the cluster tier runs the real one.
+"""A small in-memory Kubernetes API on loopback for server-tier tests of the injector and the
+reservation ledger: namespaced objects by (plural, namespace, name), POST (409 when the name is
+taken; uid, resourceVersion and creationTimestamp given), GET, JSON PATCH, PUT (409 unless the body
+names the stored resourceVersion, as etcd's optimistic concurrency answers), DELETE (its uid and
+resourceVersion preconditions honoured), and list and watch of a namespace's objects of one plural
+(resourceVersions from one counter, as etcd's). A stand-in for the API server where only these
+semantics matter; the cluster tier runs the real one.
 """
 from __future__ import annotations
 
@@ -24,9 +26,9 @@ PATH = re.compile(r"^/(?:api/v1|apis/[^/]+/[^/]+)/namespaces/([^/]+)/([^/?]+)(?:
 
 
 class MemoryApi(ThreadingHTTPServer):
-    """Namespaced objects by (plural, namespace, name): POST (409 when taken), GET, DELETE, list and
-    watch; every request's "METHOD path" in ``requests`` (watches and lists excluded: they are
-    the caches', not the calls a test counts)."""
+    """Namespaced objects by (plural, namespace, name): POST (409 when taken), GET, PATCH, PUT (409 on
+    a stale resourceVersion), DELETE, list and watch; every request's "METHOD path" in ``requests``
+    (watches and lists excluded: they are the caches', not the calls a test counts)."""
 
     daemon_threads = True
 
@@ -37,6 +39,9 @@ class MemoryApi(ThreadingHTTPServer):
         self.changed = threading.Condition()  # a name is taken once, however many creations race for it
         self.version = 1
         self.events: list[tuple[int, str, str, dict]] = []  # (resourceVersion, type, plural, object)
+        # That many PUTs find the object changed since it was read, as if another writer always came
+        # first (a conflict storm): each bumps the stored version and answers 409.
+        self.conflicts = 0
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
     @property
@@ -146,6 +151,28 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._answer(422, {"kind": "Status", "code": 422, "message": str(exc)})
             self.server.put(self._key()[0], patched)
         self._answer(200, patched)
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self.server.requests.append(f"{self.command} {self.path}")
+        key = self._key()
+        body = self._body()
+        with self.server.lock:
+            stored = self.server.objects.get(key)
+            if stored is not None and self.server.conflicts > 0:
+                self.server.conflicts -= 1
+                self.server.put(key[0], stored)
+            fresh = stored is not None and (body.get("metadata") or {}).get("resourceVersion") == \
+                stored["metadata"]["resourceVersion"]
+            if fresh:
+                body["metadata"]["uid"] = stored["metadata"]["uid"]
+                self.server.put(key[0], body)
+        if stored is None:
+            return self._answer(404, {"kind": "Status", "code": 404, "message": "not found"})
+        if not fresh:
+            return self._answer(409, {"kind": "Status", "code": 409, "reason": "Conflict",
+                                      "message": "the object has been modified; please apply your changes to the "
+                                                 "latest version and try again"})
+        self._answer(200, body)
 
     def do_DELETE(self) -> None:  # noqa: N802
         self.server.requests.append(f"{self.command} {self.path}")

@@ -52,9 +52,9 @@ log = logging.getLogger("trainjob_admission.injector")
 
 FINGERPRINT_ANNOTATION = "trainjob-admission.io/ssh-key-fingerprint"
 KEY_TYPE_ANNOTATION = "trainjob-admission.io/ssh-key-type"
-# An unowned object of ours made for another admission id this recently may belong to a submission
-# still between its /mutate and its /validate (webhooks time out after 30 s at most): not replaced.
-IN_FLIGHT_SECONDS = 30.0
+# How long another submission's unowned objects count as in flight: no create outlives the API
+# server's request timeout (--request-timeout, 60 s by default), which bounds all its webhook calls.
+IN_FLIGHT_SECONDS = 60.0
 
 
 class Injector(Calls):
@@ -101,23 +101,6 @@ class Injector(Calls):
         if self.isolation is not None and decision.job is not None and settings is not None \
                 and any(p["kind"] == "NetworkPolicy" for p in decision.injections):
             self.isolation.expect(decision.job, settings, uid, admission_id)
-
-    async def confirmed(self, namespace: str, records: list[dict], admission_id: str) -> list[dict]:
-        """``records`` of objects made a while ago (on /mutate), as they stand now: one no longer
-        there, or no longer made for ``admission_id``, is "failed", never reported as created."""
-        async def check(record: dict) -> dict:
-            if record.get("status") != "created":
-                return record
-            try:
-                existing = await self.get(INJECTED[record["kind"]], namespace, record["name"])
-            except Exception as exc:  # noqa: BLE001 - not known to be ours: the failure mode decides
-                return {**record, "status": "failed", "reason": summary(exc, self.timeout)}
-            if existing is not None and self.provenance.verify(record["kind"], existing) \
-                    and _annotations(existing).get(injections.ADMISSION_ANNOTATION) == admission_id:
-                return record
-            return {**record, "status": "failed",
-                    "reason": "was deleted or replaced after this submission's /mutate created it"}
-        return list(await asyncio.gather(*map(check, records)))
 
     async def withdraw(self, namespace: str, records: list[dict], admission_id: str) -> None:
         """Delete what ``records`` say this submission created, now that it was refused: each object
@@ -173,6 +156,18 @@ class Injector(Calls):
             if cached is None or kind == "NetworkPolicy":
                 return cached
         return await self.get(INJECTED[kind], namespace, name)
+    async def gone(self, namespace: str, records: list[dict], admission_id: str) -> list[dict]:
+        """Those of ``records`` said created that are no longer this submission's objects (deleted, or
+        replaced by another submission's), read back together; one that cannot be read counts as gone."""
+        async def lost(record: dict) -> bool:
+            try:
+                existing = await self.get(INJECTED[record["kind"]], namespace, record["name"])
+            except Exception:  # noqa: BLE001 - making it again reports the API trouble as a record
+                return True
+            return existing is None or not (_annotations(existing).get(injections.ADMISSION_ANNOTATION) == admission_id
+                                            and self.provenance.verify(record["kind"], existing))
+        created = [r for r in records if r.get("status") == "created"]
+        return [r for r, lost_it in zip(created, await asyncio.gather(*map(lost, created))) if lost_it]
 
     async def _inject(self, plan: dict, job: EffectiveJob, admission_id: str, decision: Decision) -> dict:
         """Create first and look only on a name conflict: one API call in the common case."""
@@ -241,9 +236,12 @@ class Injector(Calls):
                     f"rename the job, or delete {owner.get('kind')} {owner.get('name')} first")
         other, seconds = _annotations(existing).get(injections.ADMISSION_ANNOTATION), age(existing["metadata"])
         if other != admission_id and seconds < IN_FLIGHT_SECONDS:
-            return (f"was created {seconds:.0f} s ago for another submission of {job.kind} {job.name} that may "
-                    f"still be in admission (admission id {other})",
-                    f"retry in {math.ceil(IN_FLIGHT_SECONDS - seconds)} s, or give this job another name", False)
+            # Another create of this name is being admitted: replacing its object would leave that job
+            # without it (and our refusal's withdrawal would then delete what it holds).
+            return (f"was created {seconds:.0f} s ago for another submission of {job.kind} {job.name} that is "
+                    f"still being admitted",
+                    f"wait for that submission: once it is stored, rename this job; if it was refused, retry "
+                    f"in {math.ceil(IN_FLIGHT_SECONDS - seconds)} s", False)
         if await self.get_job(job.kind, job.namespace, job.name) is not None:  # not yet adopted, but a stored job of this name mounts it
             return (f"already exists for the {job.kind} {job.name} that is already in the cluster",
                     f"rename the job, or delete {job.kind} {job.name} first")
