@@ -12,7 +12,7 @@ from typing import Any, Callable
 from ..bundle import custommutations, rulenames
 from ..capacity import clusterqueues, objectcounts, quotascope
 from ..job import effective_job, queueing
-from ..k8s import redaction
+from ..k8s import fieldvalidation, redaction
 from . import exceptions, injections, limits, mutations
 from celpy.celtypes import MapType
 
@@ -430,12 +430,29 @@ def _unchecked(request: AdmissionInput, state: ClusterState, active: list[Bundle
     return unchecked
 
 
+FIELD_VALIDATION = ("kubernetes", "field-validation")  # (bundle, rule) of the API server's own refusal
+
+
+def _field_validation(request: AdmissionInput, schemas: fieldvalidation.Schemas | None) -> list[RuleResult]:
+    """The API server's strict field validation of the object (policies/k8s/fieldvalidation.py):
+    it refuses such an object whatever the bundles say, so it is no bundle's rule."""
+    found = fieldvalidation.problems(request.object, schemas) if schemas is not None else []
+    if not found:
+        return []
+    kind = request.kind.lower()
+    return [RuleResult(*FIELD_VALIDATION, Result.FAIL, Effect.DENY, [message for message, _ in found],
+                       [fix.replace("<kind>", kind) for _, fix in found])]
+
+
 def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState,
-             budget: Budget | None = None, *, mutate: bool = True, report_unchecked: bool = False) -> Decision:
+             budget: Budget | None = None, *, mutate: bool = True, report_unchecked: bool = False,
+             schemas: fieldvalidation.Schemas | None = None) -> Decision:
     """``budget`` bounds the CEL work (a fresh :class:`~policies.cel.environment.Budget` if None); the server
     gives it a deadline and a cancel flag, so an evaluation nobody waits for stops. ``mutate=False``
     judges the object as it is, without the bundles' mutations (policies/decide/stored.py).
-    ``report_unchecked`` fills Decision.unchecked (offline review; the webhook does not pay for it)."""
+    ``report_unchecked`` fills Decision.unchecked (offline review; the webhook does not pay for it).
+    ``schemas``: validate the object's fields as the API server does first (offline: the server's
+    objects have passed the API server already); a refused object is judged no further."""
     budget = budget or Budget()
     obj = request.object
     namespace = state.namespace(request.namespace)
@@ -445,9 +462,10 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
                           "namespaceObject": lambda: namespace, "authorizer": request.authorizer})
     resolved = paramref.resolve(active, state, request.namespace)  # paramRef bundles' params
     active = resolved.bundles
-    oversized = _oversized(request, active) if active else []  # before any CEL reads the object
+    # Too large to evaluate, or refused by the API server's field validation: denied as it is, unmutated.
+    stopped = (_oversized(request, active) if active else []) or _field_validation(request, schemas)
     unmet: list[RuleResult] = []
-    if not oversized and any(b.conditions for b in active):
+    if not stopped and any(b.conditions for b in active):
         active, unmet = _matching(active, shared, obj, budget)
     enforcing = [b for b in active if b.spec.mode == "enforce"]
     warnings = [DEPRECATION_WARNING] if request.kind == "MPIJob" else []
@@ -457,8 +475,8 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
     patch: list[dict] = []
     mutated = obj
     budget.check()
-    results: list[RuleResult] = oversized + unmet + resolved.results
-    if not oversized:  # else too large to evaluate: denied as it is, unmutated
+    results: list[RuleResult] = stopped + unmet + resolved.results
+    if not stopped:
         try:
             state, snapshot_warning = running_state(request.operation, obj, state)  # the runtime Trainer runs it with
             warnings += [snapshot_warning] if snapshot_warning and active else []

@@ -14,9 +14,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-import yaml
-
 from .. import PolicyError
+from .manifests import ManifestError, parse_documents
 from .podresources import requests_on_node
 
 TRAINER_GROUP = "trainer.kubeflow.org"
@@ -336,10 +335,11 @@ def load_objects(path: str | Path) -> list[dict]:
 
 def parse_objects(text: str, source: str | Path) -> list[dict]:
     """Kubernetes objects from YAML or JSON text (e.g. stdin); ``source`` names it in errors."""
-    try:
-        documents = list(yaml.safe_load_all(text))
-    except yaml.YAMLError as exc:
-        raise StateError(f"{source}: not valid YAML or JSON: {exc}") from exc
+    try:  # bounded (policies/k8s/manifests.py), and a mapping that repeats a key remembers it
+        documents = parse_documents(text, "a file of objects")
+    except ManifestError as exc:
+        where = f":{exc.line}" if exc.line else ""
+        raise StateError(f"{source}{where}: not valid YAML or JSON: {exc.message}") from exc
     objects: list[dict] = []
     for doc in documents:
         objects.extend(_flatten(doc, source))

@@ -22,7 +22,7 @@ def test_allowed_example(example_job, example_state, default, review):
     assert decision.bundles == [default[0].ref]
     assert {r.result for r in decision.results} == {"pass"}
     assert [r.rule for r in decision.results] == ["quota", "gpu-limits", "job-shape", "pod-security", "limit-range",
-                                                  "schedulability", "kueue", "max-job-gpus"]
+                                                  "duration", "schedulability", "kueue", "max-job-gpus"]
     totals = decision.as_json()["job"]
     assert totals["gpus"] == 4 and totals["pods"] == 4 and totals["cpu"] == 8000 and totals["memory"] == 32 << 30
 
