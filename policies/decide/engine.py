@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from ..bundle import custommutations, rulenames
 from ..capacity import clusterqueues, objectcounts, quotascope
-from ..job import effective_job, queueing
+from ..job import effective_job, queueing, trainerwebhook
 from ..k8s import fieldvalidation, redaction
 from . import exceptions, injections, limits, mutations
 from celpy.celtypes import MapType
@@ -482,8 +482,12 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
             warnings += [snapshot_warning] if snapshot_warning and active else []
             families = accelerators(active)
             job = effective_job.build(obj, state, families)
+            warnings += list(job.warnings) if active else []
             if request.operation == "UPDATE":
                 queueing.check_stays_remote(request.old_object, obj)
+                refused = trainerwebhook.update_refusals(request.old_object or {}, obj) if job.kind == "TrainJob" else []
+                if refused:
+                    raise JobModelError(trainerwebhook.message(refused, "the update"))
             if mutate and request.operation == "CREATE" and enforcing:
                 settings = merged(Mutations, [b.spec.mutations for b in enforcing])
                 base = mutations.without_own_patch(obj)  # planned on the pods as the runtime and user made them
