@@ -294,12 +294,15 @@ def _builtin(bundle: str, rule: str, findings: list[Finding]) -> list[RuleResult
     return results
 
 
-def _checks(bundle: Bundle, context: CheckContext) -> list[RuleResult]:
+def _checks(bundle: Bundle, context: CheckContext, owners: dict[str, str]) -> list[RuleResult]:
+    """The bundle's built-in checks; a check that yields runs in an enforcing bundle only when that
+    bundle owns it (``owners``: rule -> the first enforcing bundle that enables it)."""
     results = []
     for check in CHECKS:
         settings = check.settings(bundle.spec.checks)
-        if settings is not None:
-            results += _builtin(bundle.name, check.rule, check.run(context, settings))
+        if settings is None or (check.yields and bundle.spec.mode == "enforce" and owners.get(check.rule) != bundle.name):
+            continue
+        results += _builtin(bundle.name, check.rule, check.run(context, settings))
     return results
 
 
@@ -430,7 +433,7 @@ def _unchecked(request: AdmissionInput, state: ClusterState, active: list[Bundle
     return unchecked
 
 
-FIELD_VALIDATION = ("kubernetes", "field-validation")  # (bundle, rule) of the API server's own refusal
+FIELD_VALIDATION = ("kubernetes", rulenames.FIELD_VALIDATION)  # (bundle, rule) of the API server's own refusal
 
 
 def _field_validation(request: AdmissionInput, schemas: fieldvalidation.Schemas | None) -> list[RuleResult]:
@@ -527,9 +530,11 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
             limit_ranges=state.namespace_limit_ranges(request.namespace), injections=planned, state=state,
             operation=request.operation, username=request.username, groups=tuple(request.groups),
             submitted=obj, budget=budget, facts=facts)
+        owners = {c.rule: next((b.name for b in enforcing if c.settings(b.spec.checks) is not None), "")
+                  for c in CHECKS if c.yields}
         for bundle in active:
             budget.check()
-            results += _checks(bundle, context)
+            results += _checks(bundle, context, owners)
             found, annotations = paramref.run_each(bundle, resolved, lambda b: _run_cel(b, activation, budget))
             results += found
             audit_annotations.update(annotations)

@@ -113,3 +113,23 @@ def test_seven_days_at_most_unless_a_cluster_admin_grants_more(build, default, r
     if not allowed:
         (message,) = [m for m in decision.messages if m["rule"] == "default/duration"]
         assert "the maximum is 604800 (7 d)" in message["message"]
+
+
+def test_an_admin_bundles_duration_limits_replace_the_defaults(build, default, make_bundle, review):
+    """The first enforcing bundle (priority order) that enables duration decides the maximum, as it
+    decides the default deadline: an admin's own limits are not also held to the default's 7 days."""
+    longer = make_bundle({"priority": 10, "checks": {"duration": {"maxSeconds": 2592000}}}, name="durations")
+    obj = bare_trainjob(numNodes=2)
+    obj["spec"]["activeDeadlineSeconds"] = 1209600
+    state = build.state(mpi_runtime(), build.namespace())
+    assert not review(obj, default, state).allowed
+    decision = review(obj, [longer, *default], state)
+    assert decision.allowed, decision.messages
+    assert [r.bundle for r in decision.results if r.rule == "duration"] == ["durations"]
+
+
+def test_an_admin_bundle_without_limits_turns_the_default_deadline_off(build, default, make_bundle, review):
+    off = make_bundle({"priority": 10, "checks": {"duration": {}}}, name="no-limits")
+    obj = bare_trainjob(numNodes=2)
+    decision = review(obj, [off, *default], build.state(mpi_runtime(), build.namespace()))
+    assert decision.allowed and "activeDeadlineSeconds" not in str(decision.patch)

@@ -6,22 +6,17 @@ upstream adds (or one transcribed under a wrong name) fails here until it is rep
 with a reason."""
 from __future__ import annotations
 
-import copy
-import functools
 import re
-from pathlib import Path
 
 import pytest
-import yaml
 
 from trainjob_admission.policies.bundle.compile import compile_document
 from trainjob_admission.policies.bundle.schema import API_VERSION, KIND
 from trainjob_admission.policies.decide.engine import AdmissionInput, evaluate
 from trainjob_admission.policies.k8s.clusterstate import ClusterState
 from trainjob_admission.policies.k8s.fieldvalidation import Schemas
-from tests.support import upstream
+from tests.support import trainercases, upstream
 
-CASES = Path(__file__).resolve().parent / "fixtures" / "trainer-webhook-cases.yaml"
 TABLES = {  # the _test.go (under pkg/) and the test functions whose tables are the webhooks' checks
     "webhooks/trainjob_webhook_test.go": ("TestDefault", "TestValidateCreate"),
     "webhooks/trainingruntime_webhook_test.go": ("TestValidateReplicatedJobs",),
@@ -35,11 +30,6 @@ TABLES = {  # the _test.go (under pkg/) and the test functions whose tables are 
     "runtime/framework/plugins/volcano/volcano_test.go": ("TestValidate",),
 }
 CASE_NAME = re.compile(r'^\t\t"(.+)": \{', re.M)
-
-
-@functools.cache
-def fixtures() -> dict:
-    return yaml.safe_load(CASES.read_text())
 
 
 def upstream_cases() -> set[tuple[str, str]]:
@@ -58,8 +48,8 @@ def upstream_cases() -> set[tuple[str, str]]:
 
 
 def test_every_upstream_case_is_replayed_or_skipped_with_a_reason():
-    replayed = {(c["file"], c["test"]) for c in fixtures()["cases"]}
-    skipped = {(s["file"], s["test"]) for s in fixtures()["skipped"] if s.get("why")}
+    replayed = {(c["file"], c["test"]) for c in trainercases.cases()}
+    skipped = {(s["file"], s["test"]) for s in trainercases.fixtures()["skipped"] if s.get("why")}
     wildcards = {(f, t[:-1]) for f, t in skipped if t.endswith("/*")}
     wanted = {(f, t) for f, t in upstream_cases() if not any(f == wf and t.startswith(wt) for wf, wt in wildcards)}
     assert wanted - replayed - skipped == set(), "upstream cases neither replayed nor skipped"
@@ -69,28 +59,17 @@ def test_every_upstream_case_is_replayed_or_skipped_with_a_reason():
 
 
 def _decision(case: dict):
-    node_job = fixtures()["node-job"]
-    runtime = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
-               "metadata": {"name": case.get("runtimeName", "test-runtime"), "labels": case.get("runtimeLabels") or {}},
-               "spec": copy.deepcopy(case.get("runtime") or {"template": {"spec": {"replicatedJobs": [node_job]}}})}
-    classes = [{"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name}, "value": 100}
-               for name in case.get("priorityClasses") or []]
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}}
-    state = ClusterState.from_objects([runtime, namespace, *classes])
-
-    def job(spec: dict) -> dict:
-        return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
-                "metadata": {"name": "test", "namespace": "default"},
-                "spec": {"runtimeRef": {"name": "test-runtime"}, **copy.deepcopy(spec)}}
-
-    old = job(case["old"]) if "old" in case else None
-    request = AdmissionInput(job(case.get("job") or {}), operation="UPDATE" if old else "CREATE", old_object=old)
+    state = ClusterState.from_objects([trainercases.runtime(case), namespace, *trainercases.priority_classes(case)])
+    old = trainercases.trainjob(case, case["old"]) if "old" in case else None
+    request = AdmissionInput(trainercases.trainjob(case, case.get("job") or {}), operation="UPDATE" if old else "CREATE",
+                             old_object=old)
     bundle = compile_document({"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "replay"}, "spec": {}},
                               "<replay>")
     return evaluate(request, [bundle], state, schemas=Schemas.builtin())
 
 
-@pytest.mark.parametrize("case", fixtures()["cases"], ids=lambda c: c["test"])
+@pytest.mark.parametrize("case", trainercases.cases(), ids=lambda c: c["test"])
 def test_trainers_own_webhook_cases_decide_as_trainer(case):
     decision = _decision(case)
     messages = " | ".join(m["message"] for m in decision.messages)
