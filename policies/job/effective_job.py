@@ -465,7 +465,8 @@ def from_trainjob(trainjob: dict, state: ClusterState,
     if refused:
         raise JobModelError(trainerwebhook.message(refused, f"{runtime_name}") + " (the runtime could not have been "
                             "created with Trainer's webhook running): use a runtime that Trainer accepts")
-    refused = trainerwebhook.trainjob_refusals(trainjob, runtime, jobset_spec, _gpus_per_node(jobset_spec, per_node_gpus))
+    refused = trainerwebhook.trainjob_refusals(trainjob, runtime, jobset_spec,
+                                               lambda: _gpus_per_node(jobset_spec, per_node_gpus))
     if refused:
         raise JobModelError(trainerwebhook.message(refused))
     replicated_jobs = jobset_spec.get("replicatedJobs") or []

@@ -23,7 +23,7 @@ tests/unit/fixtures/trainer-webhook-cases.yaml, each case naming its Go test).
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Callable
 
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"  # pkg/constants LabelTrainJobAncestor
 REQUIRED_CONTAINER = {"trainer": "node", "model-initializer": "model-initializer",
@@ -94,10 +94,11 @@ def warnings(runtime: dict) -> list[str]:
             f"release of Kubeflow Trainer. See runtime deprecation policy: {DEPRECATION_POLICY}"]
 
 
-def trainjob_refusals(trainjob: dict, runtime: dict, jobset_spec: dict, gpus_per_node: int) -> list[Refusal]:
+def trainjob_refusals(trainjob: dict, runtime: dict, jobset_spec: dict,
+                      gpus_per_node: Callable[[], int]) -> list[Refusal]:
     """What the plugins' Validate refuse in a TrainJob on ``runtime`` whose JobSet spec, with the
-    job's runtimePatches merged, is ``jobset_spec`` (newRuntimeInfo); ``gpus_per_node`` as
-    GetNumGPUPerNode counts them (for torchtune)."""
+    job's runtimePatches merged, is ``jobset_spec`` (newRuntimeInfo); ``gpus_per_node`` counts
+    them as GetNumGPUPerNode does, asked only by torchtune's checks."""
     spec = _dict(trainjob.get("spec"))
     ml_policy = _dict(runtime.get("spec")).get("mlPolicy")
     jobs = {str(rjob.get("name")): rjob for rjob in _list(jobset_spec.get("replicatedJobs")) if isinstance(rjob, dict)}
@@ -185,7 +186,7 @@ def _mpi(trainer: dict, mpi: dict, jobs: dict[str, dict]) -> list[Refusal]:
     return found + _reserved(trainer, MPI_RESERVED)
 
 
-def _torch(spec: dict, torch: dict, jobs: dict[str, dict], gpus_per_node: int) -> list[Refusal]:
+def _torch(spec: dict, torch: dict, jobs: dict[str, dict], gpus_per_node: Callable[[], int]) -> list[Refusal]:
     found = []
     for target in _list(_dict(torch.get("envInjection")).get("targets")):  # validateEnvInjectionTargets
         target = _dict(target)
@@ -204,7 +205,7 @@ def _torch(spec: dict, torch: dict, jobs: dict[str, dict], gpus_per_node: int) -
     return found
 
 
-def _torchtune(spec: dict, trainer: dict, gpus_per_node: int) -> list[Refusal]:
+def _torchtune(spec: dict, trainer: dict, gpus_per_node: Callable[[], int]) -> list[Refusal]:
     """torchtune.go validateTorchTune, with getRecipeAndConfig's choice of config."""
     found = []
     runtime_name = str(_dict(spec.get("runtimeRef")).get("name", ""))
@@ -219,7 +220,7 @@ def _torchtune(spec: dict, trainer: dict, gpus_per_node: int) -> list[Refusal]:
     qlora = _bool_arg(args, "model.quantize_base") and not _bool_arg(args, "model.use_dora")
     lora = any("model.lora_attn_modules" in a for a in args)
     procs = trainer.get("numProcPerNode")
-    single = num_nodes == 1 and (procs == 1 or gpus_per_node == 1)
+    single = num_nodes == 1 and (procs == 1 or gpus_per_node() == 1)
     config = ("_qlora_single_device" if single and qlora else "" if single
               else "_qlora" if num_nodes == 1 and qlora else "")
     if "_qlora" in config:

@@ -95,7 +95,7 @@ def test_crds_of_the_cluster_state_are_used_over_the_builtin_ones():
 
 def test_every_job_of_the_corpus_and_the_examples_passes():
     """No false refusal: the real-world jobs and our own examples are valid as written."""
-    jobs = {case.id: case.job() for case in corpus.cases()}
+    jobs = {case.id: case.job() for case in corpus.cases() if not case.id.startswith("shape-typo-")}  # typos on purpose
     for path in sorted((ROOT / "examples" / "jobs").glob("*.yaml")):
         jobs.update({f"{path.name}#{i}": obj for i, obj in enumerate(load_objects(path))})
     assert len(jobs) > 60

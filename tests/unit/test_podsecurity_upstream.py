@@ -40,18 +40,16 @@ def _testdata() -> Path:
 
 
 def _runtime(pod: dict) -> dict:
-    """The fixture pod as the pod template of a runtime's trainer job ("node"), its labels and
-    annotations kept (the seccomp and AppArmor annotations of the old versions live there)."""
+    """The fixture pod as the pod template of a runtime's replicated job, its labels and
+    annotations kept (the seccomp and AppArmor annotations of the old versions live there). No
+    trainer-ancestor label: Trainer's runtime webhook would require a container named "node" in
+    such a job, and the fixtures' containers are container1 and initcontainer1."""
     meta = pod.get("metadata") or {}
     template = {"metadata": {k: meta[k] for k in ("labels", "annotations") if k in meta}, "spec": pod["spec"]}
     return {
         "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
         "metadata": {"name": "psa-fixture"},
-        "spec": {"mlPolicy": {"numNodes": 1}, "template": {"spec": {"replicatedJobs": [{
-            "name": "node",
-            "template": {"metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
-                         "spec": {"template": template}},
-        }]}}},
+        "spec": {"template": {"spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": template}}}]}}},
     }
 
 
