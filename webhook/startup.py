@@ -26,8 +26,9 @@ from trainjob_admission.policies.capacity.reservations import Reservations, stat
 from trainjob_admission.policies.k8s.clusterstate import ClusterState
 
 from .admission.access import SubjectAccessReviews
+from .admission.config import ServerConfig
 from .admission.runtimesnapshots import SnapshotReader
-from .admission.server import ServerConfig, WebhookServer
+from .admission.server import WebhookServer
 from .inject.injector import Injector
 from .inject.provenance import Provenance
 from .inject.reconciler import Reconciler
