@@ -8,6 +8,7 @@ import pytest
 from trainjob_admission.policies.decide.engine import DEPRECATION_WARNING
 from trainjob_admission.policies.offline import render
 from trainjob_admission.policies.offline.cases import Case, load_cases, run_case
+from tests.support.objects import undated
 
 
 def rule_named(decision, qualified):
@@ -146,7 +147,7 @@ def test_warn_severity_rule_allows_with_warning(example_job, example_state, make
     bundle = make_bundle({"validations": [{"name": "deadline", "expression": "has(object.spec.activeDeadlineSeconds)",
                                            "message": "set a deadline", "remediation": "add activeDeadlineSeconds",
                                            "severity": "warn"}]})
-    decision = review(example_job("allowed"), [bundle], example_state)
+    decision = review(undated(example_job("allowed")), [bundle], example_state)
     assert decision.allowed and decision.decision == "warn"
     assert decision.warnings == ["[test/deadline] set a deadline: add activeDeadlineSeconds"]
 
@@ -173,7 +174,7 @@ def test_rule_returning_non_bool_is_an_error_that_denies(example_job, example_st
 def test_rule_eval_error_denies_with_readable_message(example_job, example_state, make_bundle, review):
     bundle = make_bundle({"validations": [{"name": "deadline", "expression": "object.spec.activeDeadlineSeconds < 10",
                                            "message": "m"}]})
-    decision = review(example_job("allowed"), [bundle], example_state)
+    decision = review(undated(example_job("allowed")), [bundle], example_state)
     assert not decision.allowed
     text = decision.messages[0]["message"]
     assert text.startswith("rule 'deadline' could not be evaluated:")
@@ -248,7 +249,7 @@ def test_production_bundle_denials(build, production, example_job, review):
     from trainjob_admission.policies.k8s.clusterstate import load_objects
     runtimes = [o for p in build.state_files[1:] for o in load_objects(p)]
     state = build.state(*runtimes, build.namespace("ml-prod", labels={"environment": "production"}))
-    job = example_job("over-quota")  # 8 nodes x 4 GPUs, docker-free image, no labels, no deadline
+    job = undated(example_job("over-quota"))  # 8 nodes x 4 GPUs, docker-free image, no labels, no deadline
     job["metadata"]["namespace"] = "ml-prod"
     job["spec"]["trainer"]["image"] = "docker.io/me/bert:1"
     decision = review(job, production, state)
