@@ -16,6 +16,9 @@ from typing import Any, Iterator
 from ..cel.environment import (
     CONDITION_VARIABLES, VARIABLES, CelCompileError, CompiledExpression, Fields, compile_expression,
 )
+from ..cel.cost import PER_BUNDLE
+from ..cel.types import DYN, Type
+from . import typecheck
 from .rulenames import BUILTIN_RULES
 
 SitePath = tuple["str | int", ...]
@@ -86,6 +89,10 @@ def compile_sites(spec: Any) -> tuple[dict[SitePath, CompiledExpression], list[S
     errors: list[SiteError] = []
     # params.X is checked against inline params; a paramRef bundle's come from ConfigMaps, known at run time
     params = spec.get("params") if isinstance(spec, dict) and "paramRef" not in spec else None
+    kinds, params_type = typecheck.bundle_kinds(spec), typecheck.params_type(spec)
+    variable_types: dict[str, Type] = {}  # each variable's type, for the expressions after it
+    variable_names = {("spec", "variables", i, "expression"): v.get("name") for i, v in items(spec, "variables")}
+    total = 0  # the estimated cost of every expression
     for site in sites(spec):
         try:
             expression = compile_expression(site.text, site.environment)
@@ -95,9 +102,21 @@ def compile_sites(spec: Any) -> tuple[dict[SitePath, CompiledExpression], list[S
         found = _variable_errors(site, expression) + (
             _param_errors(site, expression.reads["params"], params, "params")
             if isinstance(params, dict) and expression.reads.get("params") is not None else [])
+        if not found:
+            scope = typecheck.Scope(site.environment, site.kind, kinds, params_type,
+                                    tuple((n, variable_types.get(n, DYN)) for n in site.known))
+            result, wrong, most = typecheck.check(expression, scope)
+            found = [SiteError(site.path, w.message, w.line, w.column) for w in wrong]
+            total += most
+            if site.kind == "variable" and isinstance(variable_names.get(site.path), str):
+                variable_types[variable_names[site.path]] = DYN if found else result
         errors += found
         if not found:
             compiled[site.path] = expression
+    if total > PER_BUNDLE:
+        errors.append(SiteError(("spec",), f"the estimated cost of all expressions, {total:,}, exceeds the limit of "
+                                           f"{PER_BUNDLE:,} per bundle (the API server's limit for a CRD's rules): "
+                                           "split the bundle or simplify its costliest rules"))
     for i, rule in items(spec, "validations"):
         if rule.get("name") in BUILTIN_RULES:
             errors.append(SiteError(("spec", "validations", i, "name"),

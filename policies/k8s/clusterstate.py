@@ -8,14 +8,13 @@ file of objects as ``kubectl get -o yaml`` prints them, so both decide from the 
 """
 from __future__ import annotations
 
-import json
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .. import PolicyError
-from .manifests import ManifestError, parse_documents
+from . import manifests
 from .podresources import requests_on_node
 
 TRAINER_GROUP = "trainer.kubeflow.org"
@@ -324,22 +323,39 @@ def _put(items: dict, key: Any, value: Any, keep: bool) -> None:
         items.pop(key, None)
 
 
+SUFFIXES = (".yaml", ".yml", ".json")  # the files of a directory that are read, as `kubectl -f DIR` does
+
+
+def object_files(directory: Path) -> list[Path]:
+    """A directory's *.yaml, *.yml and *.json files, sorted by name, not recursive (kubectl -f DIR)."""
+    return sorted(p for p in directory.iterdir() if p.suffix in SUFFIXES and p.is_file())
+
+
 def load_objects(path: str | Path) -> list[dict]:
-    """Kubernetes objects from a YAML (multi-document or a List) or JSON file."""
+    """Kubernetes objects from a YAML (multi-document or a List) or JSON file, or from each such
+    file of a directory."""
+    if Path(path).is_dir():
+        files = object_files(Path(path))
+        if not files:
+            raise StateError(f"{path}: the directory holds no *.yaml, *.yml or *.json file")
+        return [obj for file in files for obj in load_objects(file)]
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = manifests.read_text(Path(path))
     except OSError as exc:
         raise StateError(f"cannot read {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise StateError(f"cannot read {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     return parse_objects(text, path)
 
 
 def parse_objects(text: str, source: str | Path) -> list[dict]:
-    """Kubernetes objects from YAML or JSON text (e.g. stdin); ``source`` names it in errors."""
-    try:  # bounded (policies/k8s/manifests.py), and a mapping that repeats a key remembers it
-        documents = parse_documents(text, "a file of objects")
-    except ManifestError as exc:
-        where = f":{exc.line}" if exc.line else ""
-        raise StateError(f"{source}{where}: not valid YAML or JSON: {exc.message}") from exc
+    """Kubernetes objects from YAML or JSON text (e.g. stdin); ``source`` names it in errors. The
+    text is read within the bounds every manifest has (policies/k8s/manifests.py: size, aliases, depth)."""
+    try:
+        documents = manifests.parse_documents(text, "a file of Kubernetes objects")
+    except manifests.ManifestError as exc:
+        where = f"{source}:{exc.line}" if exc.line else str(source)
+        raise StateError(f"{where}: {exc.message}") from None
     objects: list[dict] = []
     for doc in documents:
         objects.extend(_flatten(doc, source))
@@ -349,8 +365,8 @@ def parse_objects(text: str, source: str | Path) -> list[dict]:
 def _flatten(doc: Any, path: str | Path) -> list[dict]:
     if doc is None:
         return []
-    if not isinstance(doc, dict) or "kind" not in doc:
-        raise StateError(f"{path}: every document must be a Kubernetes object with a kind, got {json.dumps(doc)[:80]}")
+    if not isinstance(doc, dict) or not isinstance(doc.get("kind"), str):
+        raise StateError(f"{path}: every document must be a Kubernetes object with a kind, got {repr(doc)[:80]}")
     if doc["kind"].endswith("List") and isinstance(doc.get("items"), list):
         return [item for entry in doc["items"] for item in _flatten(entry, path)]
     return [doc]

@@ -14,7 +14,7 @@ of the value (pkg/validation/validate: type.go, validator.go, object_validator.g
 slice_validator.go) and apiextensions' list types (pkg/apiserver/schema/listtype).
 
 The schemas: those the CRDs in ``--cluster-state`` hold, else the built-in table
-(crdschemas.json, derived from the pinned modules' CRDs by hack/crdschemas.py). Only ``review``
+(fieldschemas.json, derived from the pinned modules' CRDs by hack/fieldschemas.py). Only ``review``
 and ``policy explain`` ask: on the server the API server has already done this.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ OBJECT_META = frozenset({  # k8s.io/apimachinery ObjectMeta, its JSON names
     "deletionTimestamp", "deletionGracePeriodSeconds", "labels", "annotations", "ownerReferences", "finalizers",
     "managedFields",
 })
-BUILTIN = Path(__file__).with_name("crdschemas.json")
+BUILTIN = Path(__file__).with_name("fieldschemas.json")
 MAX_PROBLEMS = 20  # a badly broken file is not listed field by field
 _JSON_TYPES = {"string": str, "boolean": bool, "object": dict, "array": list}
 

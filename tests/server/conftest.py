@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import http.client
 import json
 import ssl
@@ -12,18 +13,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jsonpatch
 import kubernetes.client
 import pytest
 import trustme
 import yaml
 
 from tests.support.memoryapi import MemoryApi
+from trainjob_admission.policies.capacity.reservations import Reservations
+from trainjob_admission.webhook.admission.access import SubjectAccessReviews
 from trainjob_admission.webhook.admission.config import ServerConfig
+from trainjob_admission.webhook.admission.ledger import CALL_TIMEOUT, Ledger
 from trainjob_admission.webhook.admission.server import WebhookServer
 from trainjob_admission.webhook.cli.demo import admission_review, sample_state
 from trainjob_admission.webhook.decisionlog import DecisionLog
 from trainjob_admission.webhook.inject.injector import Injector
 from trainjob_admission.webhook.inject.provenance import Provenance
+from trainjob_admission.webhook.kube.calls import Calls
 from trainjob_admission.webhook.kube.client import KubeApi
 
 DEFAULT_BUNDLE = Path(__file__).resolve().parents[2] / "policies" / "bundle" / "builtin" / "default.yaml"
@@ -77,11 +83,29 @@ class Running:
         return body["response"]
 
     def records(self) -> list[dict]:
-        return [json.loads(line) for line in self.log_path.read_text().splitlines() if line.strip()]
+        return [json.loads(line) for line in self.log_path.read_text().split("\n") if line.strip()]
 
 
 def decode_patch(response: dict) -> list[dict]:
     return json.loads(base64.b64decode(response["patch"])) if response.get("patch") else []
+
+
+def mutated(running: Running, obj: dict, **request) -> tuple[dict, dict]:
+    """(the /mutate response, the object with its patch applied, as the API server stores it)."""
+    response = running.review(obj, "mutate", **request)
+    return response, jsonpatch.apply_patch(obj, decode_patch(response))
+
+
+def record_of(running: Running, response: dict) -> dict:
+    """The decision record of an AdmissionReview response."""
+    return next(r for r in running.records() if r["id"] == response["auditAnnotations"]["decision-id"])
+
+
+def stored(obj: dict) -> dict:
+    """The object as /validate sees it on CREATE: the API server has given it a uid by then."""
+    obj = copy.deepcopy(obj)
+    obj["metadata"]["uid"] = new_uid()
+    return obj
 
 
 def serving_cert(cert_dir: Path) -> trustme.CA:
@@ -96,8 +120,9 @@ def serving_cert(cert_dir: Path) -> trustme.CA:
 
 
 def start_server(tmp_path: Path, bundle_specs: list[str] | None = None, reload_interval: float = 0.2,
-                 **fields: Any) -> tuple[Running, threading.Thread]:
-    """fields: further ServerConfig fields (client_ca_file, probe_port, ...)."""
+                 access: SubjectAccessReviews | None = None, **fields: Any) -> tuple[Running, threading.Thread]:
+    """fields: further ServerConfig fields (client_ca_file, probe_port, ...); ``access``: how the
+    CEL authorizer's checks are answered (none: they fail, as offline)."""
     cert_dir = tmp_path / "tls"
     ca = serving_cert(cert_dir)
     log_path = tmp_path / "decisions.jsonl"
@@ -105,7 +130,7 @@ def start_server(tmp_path: Path, bundle_specs: list[str] | None = None, reload_i
                           bundle_specs=bundle_specs or ["builtin:default"], decision_log=log_path,
                           reload_interval=reload_interval, **fields)
     loop = asyncio.new_event_loop()
-    server = WebhookServer(config, sample_state())  # its own log: the default fsync interval, stdout copy
+    server = WebhookServer(config, sample_state(), access=access)  # its own log: the default fsync interval, stdout copy
     ready = threading.Event()
     holder: dict[str, int] = {}
 
@@ -152,12 +177,15 @@ def memory_api():
 
 @pytest.fixture
 def injecting_server(tmp_path: Path, memory_api: MemoryApi):
-    """injecting_server(adopt=False, failure_mode="deny", creation_burst=50) -> Running: the default
-    bundle (``adoptExisting`` as given), injecting through ``memory_api``; each call another replica
-    (its own log and certificate, the same provenance key)."""
+    """injecting_server(adopt=False, failure_mode="deny", creation_burst=50, ledger=None) -> Running:
+    the default bundle (``adoptExisting`` as given), injecting through ``memory_api``; each call
+    another replica (its own log and certificate, the same provenance key). ``ledger``: the URL of
+    the API holding the namespaces' reservation ledgers (webhook/admission/ledger.py; "memory" for
+    ``memory_api``'s), which the replica then keeps reservations with; None: it keeps none."""
     stops = []
 
-    def _start(adopt: bool = False, failure_mode: str = "deny", creation_burst: int = 50) -> Running:
+    def _start(adopt: bool = False, failure_mode: str = "deny", creation_burst: int = 50,
+               ledger: str | None = None) -> Running:
         work = tmp_path / f"server-{len(stops)}"
         work.mkdir()
         bundle = yaml.safe_load(DEFAULT_BUNDLE.read_text())
@@ -172,8 +200,14 @@ def injecting_server(tmp_path: Path, memory_api: MemoryApi):
                               bundle_specs=[str(work / "bundle.yaml")])
         config.reviewer.failure_mode = failure_mode
         config.reviewer.creation_burst, config.reviewer.creation_rate = creation_burst, 1e-6  # no refill in a test
-        server = WebhookServer(config, sample_state(), injector=Injector(KubeApi(configuration), PROVENANCE, timeout=5),
-                               decision_log=DecisionLog(work / "decisions.jsonl", stdout=None))
+        state, ledgers = sample_state(), None
+        if ledger is not None:
+            state.reservations = Reservations(state)
+            ledger_api = kubernetes.client.Configuration()
+            ledger_api.host, ledger_api.retries = configuration.host if ledger == "memory" else ledger, 0
+            ledgers = Ledger(Calls(KubeApi(ledger_api), CALL_TIMEOUT), f"replica-{len(stops)}")
+        server = WebhookServer(config, state, injector=Injector(KubeApi(configuration), PROVENANCE, timeout=5),
+                               decision_log=DecisionLog(work / "decisions.jsonl", stdout=None), ledger=ledgers)
         loop = asyncio.new_event_loop()
         port = loop.run_until_complete(server.start())
         thread = threading.Thread(target=loop.run_forever, daemon=True)

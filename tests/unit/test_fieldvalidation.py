@@ -1,7 +1,7 @@
 """Strict field validation (policies/k8s/fieldvalidation.py): a job whose fields the API server
 would refuse under kubectl's default --validate=strict is refused offline too, by path, with the
 nearest known name; every job of the corpus and of examples/ passes it; and the built-in schema
-table is exactly what hack/crdschemas.py derives from the pinned CRDs in the Go module cache."""
+table is exactly what hack/fieldschemas.py derives from the pinned CRDs in the Go module cache."""
 from __future__ import annotations
 
 import copy
@@ -104,12 +104,12 @@ def test_every_job_of_the_corpus_and_the_examples_passes():
 
 
 def test_the_builtin_schemas_are_derived_from_the_pinned_crds():
-    """hack/crdschemas.py --check: the table equals what the CRDs in the Go module cache give."""
+    """hack/fieldschemas.py --check: the table equals what the CRDs in the Go module cache give."""
     try:
         upstream.module_dir("trainer"), upstream.module_dir("mpi-operator")
     except upstream.UpstreamMissing as exc:
         pytest.skip(str(exc))
-    result = subprocess.run([sys.executable, str(ROOT / "hack" / "crdschemas.py"), "--check"], capture_output=True,
+    result = subprocess.run([sys.executable, str(ROOT / "hack" / "fieldschemas.py"), "--check"], capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert set(SCHEMAS.kinds) == {"trainer.kubeflow.org/v1alpha1/TrainJob", "kubeflow.org/v2beta1/MPIJob",

@@ -1,4 +1,4 @@
-"""Derive policies/k8s/crdschemas.json from the CRDs of the pinned Trainer and mpi-operator modules
+"""Derive policies/k8s/fieldschemas.json from the CRDs of the pinned Trainer and mpi-operator modules
 in the Go module cache: what strict field validation needs of each schema, and nothing else.
 
 Kept per schema node: the structure (``properties``, ``items``, ``additionalProperties``) and the
@@ -7,8 +7,8 @@ types and map keys, int-or-string, preserve-unknown-fields, embedded-resource, n
 every description, default, CEL rule and comment. Identical subtrees are stored once (a pod
 template's fields recur in every replicated job), so the file is a table of nodes by number.
 
-    .venv/bin/python hack/crdschemas.py            # rewrite the file
-    .venv/bin/python hack/crdschemas.py --check    # exit 1 when it differs from the module cache
+    .venv/bin/python hack/fieldschemas.py            # rewrite the file
+    .venv/bin/python hack/fieldschemas.py --check    # exit 1 when it differs from the module cache
 
 tests/unit/test_fieldvalidation.py runs the --check comparison, so a new pin cannot leave the
 derived schemas behind (docs/architecture.md, "Decisions": why this is not a copy).
@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "cluster"))
 import cluster  # noqa: E402  (hack/cluster/cluster.py: the pinned versions and module_dir())
 
-OUT = HERE.parent / "policies" / "k8s" / "crdschemas.json"
+OUT = HERE.parent / "policies" / "k8s" / "fieldschemas.json"
 SOURCES = {  # module key -> the CRD files of the kinds the service reviews or reads
     "trainer": ["manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml",
                 "manifests/base/crds/trainer.kubeflow.org_clustertrainingruntimes.yaml",
@@ -96,7 +96,7 @@ def main() -> int:
     text = render(derive())
     if args.check:
         if OUT.read_text() != text:
-            print(f"{OUT} differs from the CRDs in the Go module cache: run hack/crdschemas.py", file=sys.stderr)
+            print(f"{OUT} differs from the CRDs in the Go module cache: run hack/fieldschemas.py", file=sys.stderr)
             return 1
         return 0
     OUT.write_text(text)
