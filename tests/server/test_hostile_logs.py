@@ -34,7 +34,7 @@ GARBAGE = b'{"seq": 3, "prev": "x", not json'
 
 def good_log(path: Path, records: int = 3) -> list[dict]:
     with DecisionLog(path, stdout=None, replica="r1") as log:
-        return [log.append({"id": f"d{i}", "decision": "allow", "namespace": "team-a"}) for i in range(records)]
+        return [log.append({"id": f"d{i}", "endpoint": "validate", "decision": "allow", "namespace": "team-a"}) for i in range(records)]
 
 
 def hostile_lines(path: Path, long_bytes: int = MAX_LINE_BYTES + 1024) -> dict[int, str]:
@@ -102,7 +102,7 @@ def test_serve_starts_on_a_hostile_log_and_continues_its_chain(tmp_path: Path):
 def test_every_reader_reports_each_hostile_line_and_goes_on(hostile_log, command: str, from_stdin: bool):
     path, written, lines = hostile_log
     with open(path, "ab") as f:  # a record after them: reading went on past them
-        f.write(json.dumps({"seq": 99, "prev": "x", "digest": "y", "id": "after"}).encode() + b"\n")
+        f.write(json.dumps({"seq": 99, "prev": "x", "digest": "y", "id": "after", "endpoint": "validate"}).encode() + b"\n")
     log = ["--log", "-"] if from_stdin else ["--log", str(path)]
     output = ["-o", "json"] if command == "query" else []
     code, out, err, _ = run_measured("decisions", command, *log, *output, stdin=path if from_stdin else None)
