@@ -121,7 +121,8 @@ def test_review_of_a_typod_job_exits_1_with_the_path_and_the_name_meant(tmp_path
     typo = edited(lambda o: o["spec"]["trainer"].update(numNode=4))
     del typo["spec"]["trainer"]["numNodes"]
     (tmp_path / "typo.yaml").write_text(yaml.safe_dump(typo))
-    result = subprocess.run([str(ROOT / ".venv" / "bin" / "trainjob-admission"), "review", "-f", str(tmp_path / "typo.yaml")],
+    result = subprocess.run([str(ROOT / ".venv" / "bin" / "trainjob-admission"), "review", "-f", str(tmp_path / "typo.yaml"),
+                             "--cluster-state", str(ROOT / "examples" / "cluster-state.yaml")],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stdout + result.stderr
     assert 'x kubernetes/field-validation: unknown field "spec.trainer.numNode" (did you mean numNodes?)' in result.stdout
