@@ -550,11 +550,9 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
                 if refused:
                     raise JobModelError(trainerwebhook.message(refused, "the update"))
             if mutate and request.operation == "CREATE" and enforcing:
-                settings = merged(Mutations, [b.spec.mutations for b in enforcing])
+                settings, deadline = _mutation_settings(enforcing, request)
                 base = mutations.without_own_patch(obj)  # planned on the pods as the runtime and user made them
                 planned_on = job if base is None else effective_job.build(base, state, families)
-                deadline = duration.defaults([b.spec.checks.duration for b in enforcing], request.namespace,
-                                             request.groups)
                 patch, patched = mutations.plan(obj, planned_on, settings, namespace, deadline, state.local_queues)
                 if patch:
                     mutated = patched
@@ -572,6 +570,15 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
             # Pods the API server would refuse: the job is judged without the refused values, so every
             # other problem is reported with it (unmutated: it is denied).
             job = exc.job if isinstance(exc, PodRefused) else None
+            if job is not None and mutate and request.operation == "CREATE" and enforcing:
+                # ...and as /mutate would leave it (its default deadline, its security defaults), so a
+                # value the service would set is not reported missing.
+                try:
+                    settings, deadline = _mutation_settings(enforcing, request)
+                    _, mutated = mutations.plan(obj, job, settings, namespace, deadline, state.local_queues)
+                    job = mutations.mutated_job(job, mutated) or job
+                except JobModelError:
+                    mutated = obj
 
     planned: list[dict] = []  # planned before the checks: object-count quotas count what the server adds
     injection_settings = None
@@ -631,3 +638,9 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
         facts=facts,
         audit_annotations=audit_annotations,
     )
+
+
+def _mutation_settings(enforcing: list, request: AdmissionInput) -> tuple[Mutations, duration.Defaults]:
+    """What /mutate sets on a new job: the enforcing bundles' mutations and the default deadline."""
+    return (merged(Mutations, [b.spec.mutations for b in enforcing]),
+            duration.defaults([b.spec.checks.duration for b in enforcing], request.namespace, request.groups))
