@@ -242,7 +242,8 @@ def test_injected_objects_are_used_by_trainer_owned_by_the_job_and_collected(
     # webhook refuses it (storage would too) and the running job's keys survive.
     again = create(kubectl, trainjob("resnet", ns), check=False)
     assert again.returncode != 0 and f"Secret {ns}/resnet-mpi-ssh-auth already exists and belongs to TrainJob " \
-        f"resnet (uid {uid}): rename the job, or delete TrainJob resnet first" in again.stderr, again.stderr
+        f"resnet (uid {uid})" in again.stderr and "rename the job, or delete TrainJob resnet first" in again.stderr, \
+        again.stderr
     assert get_json("secret", "resnet-mpi-ssh-auth", "-n", ns)["data"] == secret["data"]
     record = [r for r in harness.records() if r["endpoint"] == "validate" and r["name"] == "resnet"][-1]
     assert {i["name"]: i["status"] for i in record["injections"]} == {
