@@ -336,6 +336,7 @@ class CompiledExpression:
     variables: frozenset[str]  # the top-level variables it reads, so callers convert only those
     reads: dict[str, Fields] = field(default_factory=dict)  # per variable, the fields it reads (see prune)
     fast: Optional[Callable[[dict, Budget], Any]] = None  # the compiled closures (policies/cel/compiled.py), if any
+    functions: frozenset[str] = frozenset()  # the functions it calls, for the CEL library level (policies/k8s/versions.py)
 
     def evaluate(self, activation: dict[str, Any], budget: Budget | None = None, *, reference: bool = False) -> Any:
         """The expression's value; every step is charged to ``budget`` (a fresh one if None). The
@@ -445,7 +446,14 @@ def _compile(source: str, variables: tuple[str, ...]) -> CompiledExpression:
         _lint(tree, variables)
     program = _ENVIRONMENT.program(tree, functions=FUNCTIONS)
     fast = compile_tree(tree, FUNCTIONS, ITERATION_STEPS, CHARS_PER_STEP)
-    return CompiledExpression(source, program, frozenset(reads), {name: _freeze(t) for name, t in reads.items()}, fast)
+    return CompiledExpression(source, program, frozenset(reads), {name: _freeze(t) for name, t in reads.items()}, fast,
+                              _functions(tree))
+
+
+def _functions(tree: lark.Tree) -> frozenset[str]:
+    """The names of the functions and methods the expression calls (macros included)."""
+    return frozenset(str(next(c for c in node.children if isinstance(c, lark.Token)))
+                     for node in tree.iter_subtrees() if node.data in ("ident_arg", "member_dot_arg"))
 
 
 def _check_depth(tree: lark.Tree) -> None:

@@ -464,6 +464,8 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
             warnings += [snapshot_warning] if snapshot_warning and active else []
             families = accelerators(active)
             job = effective_job.build(obj, state, families)
+            warnings += [f"the API server drops {field} in this cluster ({state.versions.kubernetes_text}): the pods "
+                         "run without it; set what it sets per container instead" for field in job.dropped] if active else []
             if request.operation == "UPDATE":
                 queueing.check_stays_remote(request.old_object, obj)
             if mutate and request.operation == "CREATE" and enforcing:
@@ -541,4 +543,5 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
         unchecked=_unchecked(request, state, active, missing_runtime, job) if report_unchecked else [],
         facts=facts,
         audit_annotations=audit_annotations,
+        cluster=state.versions.summary(),
     )

@@ -18,7 +18,7 @@ from tests.support.kueue import QUEUE_LABEL, condition, kueue_queues, wait
 from tests.support.objects import edit_binding, trainjob
 from tests.support.service import REPO, cluster, default_bundle_for, scratch_namespace, service_as_installed
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.oldest]  # Kueue v0.14 (v1beta1 only) on the oldest stack
 
 LABEL = "trainjob-admission.io/kueue-service-test"
 PODS_PER_JOB, GPUS_PER_POD, QUEUE_GPUS = 2, 4, 8
@@ -73,8 +73,11 @@ def test_the_service_queues_the_job_and_kueue_runs_it_whole(env):
     wait("the TrainJob Complete", lambda: condition(kueue.get("trainjob", name, ns), "Complete"))
     records = [r for r in svc.records() if r.get("name") == name and r["endpoint"] == "validate"
                and r.get("operation") == "CREATE"]
-    assert records and records[-1]["facts"]["kueue"] == {
-        "queue": q.local_queue, "clusterQueue": q.cluster_queues[ns], "verdict": "fits now",
+    # the record names the Kueue API the service read: v1beta2, or v1beta1 on the oldest stack (Kueue v0.14)
+    assert records and records[-1]["cluster"]["kueue"] == kueue.API_VERSION
+    assert records[-1]["facts"]["kueue"] == {
+        "queue": q.local_queue, "clusterQueue": q.cluster_queues[ns], "apiVersion": kueue.API_VERSION,
+        "verdict": "fits now",
         "flavors": {"launcher": {"cpu": q.default_flavor, "memory": q.default_flavor, "nvidia.com/gpu": q.gpu_flavor},
                     "node": {"cpu": q.default_flavor, "memory": q.default_flavor, "nvidia.com/gpu": q.gpu_flavor}}}
 

@@ -13,7 +13,6 @@ from tests.support import objects
 pytestmark = pytest.mark.cluster
 
 MPI_RUNTIME = "deepspeed-distributed"  # the MPI ClusterTrainingRuntime shipped in the trainer module
-K8S_VERSION = "v1.36.3"
 
 
 # A TrainJob on the MPI runtime: 2 nodes, each requesting 1 CPU, 1Gi and 1 GPU; pod labels and
@@ -30,10 +29,18 @@ def condition(obj, ctype):
     return None
 
 
+@pytest.mark.oldest
 def test_versions_nodes_and_runtime(control_plane, kubectl, get_json):
+    k8s = control_plane.versions["kubernetes"]  # v1.36.3, or v1.31.0 on the oldest stack
     v = json.loads(kubectl("version", "-o", "json").stdout)
-    assert v["clientVersion"]["gitVersion"] == K8S_VERSION
-    assert v["serverVersion"]["gitVersion"] == K8S_VERSION
+    assert v["clientVersion"]["gitVersion"] == k8s
+    assert v["serverVersion"]["gitVersion"] == k8s
+    kueue = get_json("crd", "localqueues.kueue.x-k8s.io")  # v1beta2 from Kueue v0.15; v0.14 serves v1beta1 alone
+    assert [v["name"] for v in kueue["spec"]["versions"] if v["served"]] == (
+        ["v1beta1"] if control_plane.stack == "oldest" else ["v1beta1", "v1beta2"])
+    runtime_patches = get_json("crd", "trainjobs.trainer.kubeflow.org")["spec"]["versions"][0]["schema"][
+        "openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert "runtimePatches" in runtime_patches  # Trainer v2.2 and v2.3 alike
     nodes = {n["metadata"]["name"]: n for n in get_json("nodes")["items"]}
     assert len(nodes) >= 2
     for want in control_plane.nodes:
@@ -48,6 +55,7 @@ def test_versions_nodes_and_runtime(control_plane, kubectl, get_json):
         assert condition(get_json("crd", crd), "Established")["status"] == "True"
 
 
+@pytest.mark.oldest
 def test_mpi_trainjob_runs_to_complete_then_gc(namespace, kubectl, get_json, wait_for, control_plane):
     ns = namespace
     kubectl("apply", "-f", "-", input=json.dumps({

@@ -1,6 +1,8 @@
 """A small in-memory Kubernetes API on loopback for server-tier tests of the injector: namespaced
-objects by (plural, namespace, name), POST (409 when the name is taken), GET, DELETE. A stand-in
-for the API server where only create/get/delete semantics matter; the cluster tier runs the real one.
+objects by (plural, namespace, name), POST (409 when the name is taken), GET, DELETE; and fixed
+answers to GETs of other paths (``documents``: the discovery documents /version, /apis/<group>,
+/openapi/v3 of a cluster the tier cannot run, e.g. one with a Trainer older than v2.2). A stand-in
+for the API server where only these semantics matter; the cluster tier runs the real one.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ class MemoryApi(ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.objects: dict[tuple[str, str, str], dict] = {}
+        self.documents: dict[str, dict] = {}  # path (without the query) -> what a GET of it answers
         self.requests: list[str] = []
         self.lock = threading.Lock()  # a name is taken once, however many creations race for it
         threading.Thread(target=self.serve_forever, daemon=True).start()
@@ -48,6 +51,12 @@ class _Handler(BaseHTTPRequestHandler):
         return json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        document = self.server.documents.get(self.path.split("?", 1)[0])
+        if document is not None or not PATH.match(self.path):
+            self.server.requests.append(f"GET {self.path}")
+            if document is None:
+                return self._answer(404, {"kind": "Status", "code": 404, "message": "not found"})
+            return self._answer(200, document)
         obj = self.server.objects.get(self._key())
         self._answer(200, obj) if obj else self._answer(404, {"kind": "Status", "code": 404, "message": "not found"})
 

@@ -94,7 +94,8 @@ def test_review_allowed_json_has_the_istio_and_queue_patch(cli):
     result = cli["allowed-json"]
     assert result.returncode == 0, out(result)
     body = json.loads(result.stdout)  # only JSON on stdout
-    assert set(body) == {"allowed", "decision", "messages", "warnings", "patch", "injections", "job", "unchecked"}
+    assert set(body) == {"allowed", "decision", "messages", "warnings", "patch", "injections", "job", "unchecked", "cluster"}
+    assert body["cluster"] == {"kubernetes": "1.36", "trainer": "v2.3", "kueue": "kueue.x-k8s.io/v1beta2"}  # the newest: none given
     assert body["unchecked"] == []
     assert body["allowed"] is True and body["decision"] == "allow" and body["messages"] == []
     ops = {op["path"]: op for op in body["patch"]}

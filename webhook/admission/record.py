@@ -53,6 +53,7 @@ class DecisionRecord:
     injections: list[dict] | Unset = UNSET
     job: dict | None | Unset = UNSET
     facts: dict | Unset = UNSET  # what checks learned beside the verdict (Decision.facts), when any
+    cluster: dict | Unset = UNSET  # the Kubernetes, Trainer and Kueue API versions the decision modelled (Decision.cluster)
     auditAnnotations: dict | Unset = UNSET  # the bundles' auditAnnotations (Decision.audit_annotations), when any
     error: str | Unset = UNSET
     httpStatus: int | Unset = UNSET
@@ -90,7 +91,7 @@ class DecisionRecord:
         return cls(decision_id, endpoint, Verdict.ERROR, allowed, **_submission(parsed),
                    dryRun=parsed.request.dry_run, bundles=decision.bundles, rules=_rules(decision),
                    messages=[message], warnings=decision.warnings, injections=injected, job=_totals(decision),
-                   facts=decision.facts or UNSET)
+                   facts=decision.facts or UNSET, cluster=decision.cluster or UNSET)
 
     @classmethod
     def decided(cls, decision_id: str, endpoint: str, parsed: ParsedReview, decision: Decision,
@@ -103,7 +104,7 @@ class DecisionRecord:
                    messages=[m["message"] for m in decision.messages], warnings=decision.warnings,
                    patch=_patch(parsed, decision) if mutate else [],
                    injections=injected or planned, job=_totals(decision), facts=decision.facts or UNSET,
-                   auditAnnotations=decision.audit_annotations or UNSET)
+                   cluster=decision.cluster or UNSET, auditAnnotations=decision.audit_annotations or UNSET)
 
     @classmethod
     def unrecorded(cls, record: DecisionRecord, *, allowed: bool, message: str, error: str) -> DecisionRecord:
