@@ -344,3 +344,14 @@ def test_review_decides_for_an_older_cluster_from_its_version_document_or_flags(
         older = review(*extra)  # 1 cpu each: the pod-level 4 is dropped by a 1.31 API server
         assert older.returncode == 0, older.stdout + older.stderr
         assert "note: judged as Kubernetes" not in older.stderr and "drops" in older.stdout, older.stdout
+
+
+def test_review_help_shows_how_to_decide_for_an_older_cluster():
+    shown = subprocess.run([str(SCRIPT), "review", "--help"], capture_output=True, text=True, timeout=60).stdout
+    for line in ("--kubernetes-version 1.X", "--trainer-version v2.X", "--kueue-api-version {v1beta2,v1beta1}",
+                 "kubectl version -o yaml > version.yaml",
+                 "kubectl get crd trainjobs.trainer.kubeflow.org -o yaml > trainjob-crd.yaml",
+                 "--cluster-state version.yaml --cluster-state trainjob-crd.yaml",
+                 "--kubernetes-version 1.31 --trainer-version v2.2 --kueue-api-version v1beta1",
+                 "supported versions and what happens outside them: docs/deploy.md"):
+        assert line in shown, line
