@@ -94,7 +94,7 @@ BUILD_MODULES = {k: m for k, m in MODULES.items() if k not in DATA_MODULES and k
 # The oldest stack this machine can build from the module proxy with its Go toolchain (docs/testing.md
 # "The oldest stack"): what the platforms we serve run at the low end of the supported range
 # (docs/deploy.md "Supported versions"). Kubernetes from tools-old/go.mod; Trainer v2.2.0 and the
-# JobSet its go.mod pins in one build of Trainer's own module, Kueue v0.14.0 in its own (OWN_MODULES);
+# JobSet its go.mod pins and Kueue v0.14.0 each in its own module (OWN_MODULES);
 # etcd and KWOK are the newest stack's binaries (neither is what is tested).
 OLDEST = {
     "kubernetes": "v1.31.0",  # the oldest k8s.io/kubernetes whose staging modules the proxy serves complete
@@ -132,10 +132,10 @@ COMPONENTS = {
         "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager", "trainer",
         "trainer-controller-manager"),
 }
-# The oldest stack's components built from tools-old/go.mod; its JobSet and Trainer come from
-# OWN_MODULES["trainer-v2.2"], etcd and KWOK are the newest's (binary()).
+# The oldest stack's components built from tools-old/go.mod; its JobSet and Trainer are built in
+# their own modules (OWN_MODULES, by key here), etcd and KWOK are the newest's (binary()).
 OLD_COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
-OLD_CONTROLLERS = {"jobset": "jobset", "trainer-controller-manager": "trainer-controller-manager"}  # -> its name there
+OLD_CONTROLLERS = {"jobset": "jobset-v0.11", "trainer-controller-manager": "trainer-v2.2"}
 
 
 @dataclass(frozen=True)
@@ -257,7 +257,7 @@ def binary(component: str, stack: str | None = None) -> Path:
         if component in OLD_COMPONENTS:
             return BIN / f"{component}-{OLDEST['kubernetes']}"
         if component in OLD_CONTROLLERS:
-            return own_module_binary("trainer-v2.2") / OLD_CONTROLLERS[component]
+            return own_module_binary(OLD_CONTROLLERS[component])
     return BIN / f"{component}-{VERSIONS[vkey]}"
 
 
@@ -470,14 +470,19 @@ OWN_MODULES = {
         # takes that directory from $KUEUE_METRICS_CERT_DIR so nothing outside run/ is written.
         "edits": KUEUE_METRICS_EDIT,
     },
-    # The oldest stack (OLDEST): Trainer v2.2.0 and, in the same build of Trainer's module graph, the
-    # JobSet its go.mod pins (v0.11.1, its k8s.io v0.35.0 lifted to Trainer's v0.35.2, as the newest
-    # stack lifts its JobSet's); and Kueue v0.14.0, with the same edit as v0.19.0's (its main.go has
-    # the line). At nice 19: cmd_test builds them beside the newest stack's tests.
+    # The oldest stack (OLDEST): Trainer v2.2.0, the JobSet its go.mod pins (v0.11.1: it cannot join
+    # Trainer's module graph, whose controller-runtime v0.23 changed the webhook builder JobSet v0.11
+    # calls, and Trainer's go.sum lacks what JobSet's main imports) and Kueue v0.14.0, with the same
+    # edit as v0.19.0's (its main.go has the line). At nice 19: cmd_test builds them beside the
+    # newest stack's tests.
     "trainer-v2.2": {
-        "module": "github.com/kubeflow/trainer/v2", "version": OLDEST["trainer"], "name": "trainer",
-        "sum": "h1:whChZckEtycLo1UKH/M0hiNaCUozbLvf9JrgmMv+TAg=",
-        "mains": ["./cmd/trainer-controller-manager", "sigs.k8s.io/jobset"],
+        "module": "github.com/kubeflow/trainer/v2", "version": OLDEST["trainer"], "name": "trainer-controller-manager",
+        "sum": "h1:whChZckEtycLo1UKH/M0hiNaCUozbLvf9JrgmMv+TAg=", "main": "./cmd/trainer-controller-manager",
+        "cpus": 2, "nice": 19, "stack": "oldest",
+    },
+    "jobset-v0.11": {
+        "module": "sigs.k8s.io/jobset", "version": OLDEST["jobset"], "name": "jobset",
+        "sum": "h1:WgLEBnXTeX+4MxfVkIbfm4jIVgjvIY6Jfaei2okxKNk=", "main": ".",
         "ldflags": f"-X=sigs.k8s.io/jobset/pkg/version.GitVersion={OLDEST['jobset']}",
         "cpus": 2, "nice": 19, "stack": "oldest",
     },

@@ -415,7 +415,7 @@ def test_runtime_patch_resources_are_what_trainer_runs(kubectl, get_json, wait_f
 @oldest
 def test_resources_per_node_reach_the_node_container_as_this_trainer_builds_them(kubectl, get_json, wait_for,
                                                                                   namespace, control_plane):
-    """resourcesPerNode with only a GPU limit, on a runtime whose node container requests cpu and
+    """resourcesPerNode with only a GPU, on a runtime whose node container requests cpu and
     memory: Trainer v2.3 merges the two (TrainerMergesResourcesPerNode), Trainer v2.2 replaces the
     container's resources with it, so its pods request no cpu. The pods are the engine's either way."""
     from tests.support.objects import runtime
@@ -423,7 +423,7 @@ def test_resources_per_node_reach_the_node_container_as_this_trainer_builds_them
     name = f"rpn-{uid()}"
     create(kubectl, runtime(name, namespace))  # examples/runtimes/mpi-openmpi.yaml: 1 cpu, 2Gi per node container
     submitted = trainjob(name, namespace, name, kind="TrainingRuntime", numNodes=2,
-                         resourcesPerNode={"limits": {"nvidia.com/gpu": "1"}})
+                         resourcesPerNode={"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}})
     job = check_built(kubectl, get_json, wait_for, submitted)
     cpu = {ps.name: ps.requests.get("cpu", 0) for ps in job.pod_sets}
     merged = parse_minor(control_plane.versions["trainer"], "trainer") >= (2, 3)
