@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import celrules  # noqa: E402
-from trainjob_admission.policies.bundle.compile import compile_document
-from trainjob_admission.policies.bundle.load import default_bundles
+from trainjob_admission.policies.bundle.compile import compile_document  # noqa: E402
+from trainjob_admission.policies.bundle.load import default_bundles  # noqa: E402
 from trainjob_admission.policies.bundle.schema import API_VERSION, KIND  # noqa: E402
 from trainjob_admission.policies.decide.engine import AdmissionInput, evaluate  # noqa: E402
 from trainjob_admission.policies.k8s.clusterstate import ClusterState, load_objects  # noqa: E402

@@ -29,8 +29,9 @@ from trainjob_admission.policies.k8s.clusterstate import ClusterState
 from trainjob_admission.policies.k8s.versions import Versions
 
 from .admission.access import SubjectAccessReviews
+from .admission.config import ServerConfig
 from .admission.runtimesnapshots import SnapshotReader
-from .admission.server import ServerConfig, WebhookServer
+from .admission.server import WebhookServer
 from .inject.injector import Injector
 from .inject.provenance import Provenance
 from .inject.reconciler import Reconciler

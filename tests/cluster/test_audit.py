@@ -94,7 +94,7 @@ def test_the_services_periodic_scan_writes_the_report_with_the_manifests_roles(
                                                               timeout=60).stdout) if d]
     [deployment] = [d for d in rendered if d["kind"] == "Deployment"]
     args = build_parser().parse_args(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
-    assert args.audit_interval == 3600
+    assert args.auditInterval == 3600
     [role] = [d for d in rendered if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "trainjob-admission-audit"]
     cluster.apply_objects([runtime(), role])
     cluster.kubectl("create", "-f", "-", input=json.dumps(trainjob("wide", namespace, nodes=3)))

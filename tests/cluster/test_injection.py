@@ -19,7 +19,8 @@ import yaml
 
 from trainjob_admission.policies.k8s.clusterstate import ClusterState
 from tests.support import objects
-from trainjob_admission.webhook.admission.server import ServerConfig, WebhookServer
+from trainjob_admission.webhook.admission.config import ServerConfig
+from trainjob_admission.webhook.admission.server import WebhookServer
 from trainjob_admission.webhook.decisionlog import DecisionLog
 from trainjob_admission.webhook.inject.injector import Injector
 from trainjob_admission.webhook.inject.keys import fingerprint, generate
@@ -31,7 +32,7 @@ from trainjob_admission.webhook.kube.client import api_client
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_BUNDLE = REPO / "policies" / "bundles" / "default.yaml"
+DEFAULT_BUNDLE = REPO / "policies" / "bundle" / "builtin" / "default.yaml"
 RUNTIME_FILE = REPO / "examples" / "runtimes" / "mpi-openmpi.yaml"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "trainjob-admission")
 PROVENANCE = Provenance([b"cluster-tier provenance key, 32+ bytes"])  # the harness's and the reconcilers'

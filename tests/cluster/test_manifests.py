@@ -86,7 +86,7 @@ def base() -> list[dict]:
 # ---------------------------------------------------------------------------------------------
 def test_default_bundle_is_the_one_in_policies():
     copy = yaml.safe_load((MANIFESTS / "base" / "policybundle-default.yaml").read_text())
-    source = yaml.safe_load((REPO / "policies" / "bundles" / "default.yaml").read_text())
+    source = yaml.safe_load((REPO / "policies" / "bundle" / "builtin" / "default.yaml").read_text())
     assert copy == source, ("manifests/base/policybundle-default.yaml differs from policies/bundle/builtin/default.yaml; "
                             "run: cp policies/bundle/builtin/default.yaml manifests/base/policybundle-default.yaml")
 
@@ -356,7 +356,7 @@ def test_component_client_auth_requires_the_api_servers_certificate(tmp_path):
     from trainjob_admission.webhook.cli.main import build_parser
 
     args = build_parser().parse_args(c["args"])
-    assert (args.client_ca, args.probe_port) == ("/client-ca/ca.crt", 8444)
+    assert (args.clientCA, args.probePort) == ("/client-ca/ca.crt", 8444)
 
 
 def test_components_fail_open_and_monitoring(tmp_path):
@@ -451,7 +451,7 @@ def test_installed_webhooks_and_default_bundle(installed, get_json):
         assert base64.b64decode(hook["clientConfig"]["caBundle"]) == ca
         assert hook["namespaceSelector"] == {"matchLabels": {TEST_LABEL: installed.run}}
     bundle = get_json("policybundle", "default")
-    source = yaml.safe_load((REPO / "policies" / "bundles" / "default.yaml").read_text())
+    source = yaml.safe_load((REPO / "policies" / "bundle" / "builtin" / "default.yaml").read_text())
     source["spec"]["match"]["namespaces"] = [f"nowhere-{installed.run}"]
     assert bundle["spec"] == source["spec"]
 

@@ -18,7 +18,8 @@ import trustme
 import yaml
 
 from tests.support.memoryapi import MemoryApi
-from trainjob_admission.webhook.admission.server import ServerConfig, WebhookServer
+from trainjob_admission.webhook.admission.config import ServerConfig
+from trainjob_admission.webhook.admission.server import WebhookServer
 from trainjob_admission.webhook.cli.demo import admission_review, sample_state
 from trainjob_admission.webhook.decisionlog import DecisionLog
 from trainjob_admission.webhook.inject.injector import Injector

@@ -17,7 +17,8 @@ from pathlib import Path
 import kubernetes.client
 import pytest
 
-from trainjob_admission.webhook.admission.server import ServerConfig, WebhookServer
+from trainjob_admission.webhook.admission.config import ServerConfig
+from trainjob_admission.webhook.admission.server import WebhookServer
 from trainjob_admission.webhook.cli.demo import sample_state
 from trainjob_admission.webhook.decisionlog import DecisionLog
 from trainjob_admission.webhook.inject.injector import Injector

@@ -31,6 +31,7 @@ from ..loops.bundleset import BundleRegistry
 from ..metrics import Metrics
 from . import protocol
 from .callers import UNKNOWN, Caller, CreationLimit
+from .config import ReviewerConfig
 from .record import DecisionRecord, Unrecorded
 
 log = logging.getLogger("trainjob_admission.reviewer")
@@ -59,17 +60,6 @@ class Submission:
     admission_id: str = ""
     owner: early.Owner = ("", "", "", "", "")
     injected: list[dict] | None = None
-
-
-@dataclass
-class ReviewerConfig:
-    failure_mode: str = "deny"  # what /validate answers when a request cannot be evaluated
-    timeout_seconds: float = 5.0  # for the evaluation alone
-    # The webhook configurations' timeoutSeconds: evaluation and API calls end deadline.MARGIN before it.
-    webhook_timeout_seconds: float = 10.0
-    # Requests that would create objects, per unauthenticated client address (without --client-ca).
-    creation_rate: float = 5.0
-    creation_burst: int = 50
 
 
 class Reviewer:

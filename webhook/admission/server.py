@@ -12,8 +12,6 @@ import gc
 import json
 import logging
 import ssl
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from aiohttp import web
 
@@ -26,11 +24,12 @@ from ..decisionlog import DecisionLog
 from ..decisionlog.checkpoint import load_private_key
 from ..inject.early import Injector
 from ..loops.bundleset import BundleRegistry
-from ..loops.checkpointer import Checkpointer, CheckpointStore, FileStore, replica_name, resume_point
+from ..loops.checkpointer import Checkpointer, CheckpointStore, FileStore, resume_point
 from ..metrics import CONTENT_TYPE, Metrics
 from .callers import Caller
+from .config import ServerConfig
 from .inflight import InFlight
-from .reviewer import Reviewer, ReviewerConfig, SnapshotFn
+from .reviewer import Reviewer, SnapshotFn
 
 log = logging.getLogger("trainjob_admission.server")
 MAX_BODY_BYTES = 3 * 1024 * 1024  # etcd's object limit is 1.5 MiB; an AdmissionReview carries two objects
@@ -48,32 +47,6 @@ SHUTDOWN_TIMEOUT = STOP_GRACE + 3.0
 # closing such a connection while a request is on its way fails that admission ("EOF"). Answering
 # with Connection: close makes the API server dial again, reaching a ready replica.
 DRAIN_SECONDS = 5.0
-
-
-@dataclass
-class ServerConfig:
-    host: str = "0.0.0.0"
-    port: int = 8443
-    cert_file: Path | None = None
-    key_file: Path | None = None
-    # Require a client certificate from this CA on `port` (the API server's; docs/deploy.md).
-    client_ca_file: Path | None = None
-    # A second listener for /healthz, /readyz and /metrics without client certificates (kubelet
-    # probes, Prometheus); None: those are served on `port` only.
-    probe_port: int | None = None
-    bundle_specs: list[str] = field(default_factory=lambda: ["builtin:default"])
-    decision_log: Path | None = None
-    # Seconds between background fsyncs of the decision-log file; 0 fsyncs each record before its
-    # answer. Lines reach the file (and stdout) before the answer either way (DecisionLog).
-    decision_log_fsync_interval: float = 0.1
-    # The decision log's signed checkpoints (webhook/loops/checkpointer.py): the ed25519 key, and where
-    # they go without a cluster (with one, startup passes a Lease store); every this many seconds.
-    checkpoint_key: Path | None = None
-    checkpoint_file: Path | None = None
-    checkpoint_interval: float = 10.0
-    replica: str = field(default_factory=replica_name)  # named in every record
-    reload_interval: float = 2.0
-    reviewer: ReviewerConfig = field(default_factory=ReviewerConfig)
 
 
 class WebhookServer:

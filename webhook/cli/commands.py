@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import EXIT_INVALID, EXIT_NOT_FOUND, CliError
-from .io_habits import add_context_flag
+from . import settings
 
 if TYPE_CHECKING:
     from ..decisionlog import Anchors, Filters, VerifyReport
@@ -25,7 +25,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from trainjob_admission.certs.reload import RejectedPair
 
-    from . import settings  # the server's whole stack: only serve needs it (start-up time)
     from .. import startup
     from ..kube.client import KubeconfigError
     from ..kube.discovery import UnsupportedCluster
@@ -210,17 +209,6 @@ def cmd_certs_checkpoint_key(args: argparse.Namespace) -> int:
     return 0
 
 
-def port_number(text: str) -> int:
-    """argparse type: a TCP port (0 picks a free one)."""
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{port} is not a port (0-65535)")
-    return port
-
-
 def register_server_commands(commands: argparse._SubParsersAction) -> None:
     """Add the server-side subcommands to the CLI parser."""
     serve = commands.add_parser(
@@ -240,76 +228,7 @@ def register_server_commands(commands: argparse._SubParsersAction) -> None:
                "  # no cluster: bundles and state from files:\n"
                "  trainjob-admission serve --cert-dir ./tls --cluster-state state.yaml --decision-log decisions.jsonl",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    serve.add_argument("--config", metavar="F", help="YAML with host, port, certDir, clientCA, probePort, bundles, "
-                                                      "decisionLog, logFsyncInterval, failureMode, timeoutSeconds, "
-                                                      "webhookTimeoutSeconds, "
-                                                      "kubeconfig, bundleSelector, reconcileNamespaces, creationRate, "
-                                                      "creationBurst, provenanceKeyFile, checkpointKey, "
-                                                      "checkpointFile, checkpointNamespace, auditInterval")
-    serve.add_argument("--bundle", action="append", metavar="PATH",
-                       help="bundle file/dir or builtin:NAME; watched for changes (default: builtin:default, or with "
-                            "a cluster only its PolicyBundle objects)")
-    serve.add_argument("--host", help="address to listen on (default 0.0.0.0; 127.0.0.1 for a webhook on the host)")
-    serve.add_argument("--port", type=port_number, help="HTTPS port of /validate and /mutate (default 8443)")
-    serve.add_argument("--cert-dir", metavar="D", help="directory with tls.crt and tls.key (reloaded when renewed)")
-    serve.add_argument("--client-ca", metavar="F",
-                       help="PEM CA(s): /validate and /mutate answer only callers with a client certificate it signed "
-                            "(the API server's, docs/deploy.md); others are refused in the TLS handshake. Reloaded "
-                            "when the file changes. Without it anyone reaching the port can post reviews, and "
-                            "requests that would create objects are rate-limited per client address")
-    serve.add_argument("--probe-port", type=port_number, metavar="P",
-                       help="also serve /healthz, /readyz and /metrics on this port, without client certificates "
-                            "(default 8444 with --client-ca, else none)")
-    cluster = serve.add_mutually_exclusive_group()
-    cluster.add_argument("--kubeconfig", metavar="K", help="read runtimes, namespaces, quotas, LimitRanges and PolicyBundles from this "
-                                                           "cluster, inject Secrets/NetworkPolicies into it")
-    cluster.add_argument("--in-cluster", action="store_true", help="the same with the pod's service account")
-    add_context_flag(serve)
-    serve.add_argument("--bundle-selector", metavar="SEL",
-                       help="only PolicyBundles with these labels, e.g. team=ml,env!=dev (several servers on one cluster)")
-    serve.add_argument("--reconcile-namespace", action="append", metavar="NS",
-                       help="create, adopt and delete injected Secrets/NetworkPolicies only in this namespace "
-                            "(repeatable; default: every namespace but kube-system, kube-public, kube-node-lease and "
-                            "the service's own, which are never touched). A job elsewhere that needs an injection is "
-                            "treated as a failed injection (--failure-mode decides). List the namespaces where the "
-                            "injector role is bound (components/injection-namespaces) and match the webhook "
-                            "configurations' namespaceSelector")
-    serve.add_argument("--provenance-key", metavar="F",
-                       help="file with the key (one per line, 32+ characters; the first signs, all verify) of the "
-                            "HMAC that marks the Secrets/NetworkPolicies this service injected, so a planted copy is "
-                            "refused; every replica needs the same file (default: derived from --cert-dir's tls.key)")
-    serve.add_argument("--cluster-state", action="append", metavar="F", help="static cluster objects instead of a cluster")
-    serve.add_argument("--decision-log", metavar="F", help="file sink for the decision log (also written to stdout)")
-    serve.add_argument("--log-fsync-interval", type=float, metavar="SECONDS",
-                       help="how often the decision-log file is fsynced (default 0.1). Each record is written to the "
-                            "file and stdout before its answer either way, so a crashed or killed server loses none; "
-                            "a node crash can lose up to this many seconds of the file (stdout has them). 0 = fsync "
-                            "each record before its answer: nothing lost even on a node crash, but every answer "
-                            "waits for the disk, and slow fsyncs become latency (docs/architecture.md)")
-    serve.add_argument("--checkpoint-key", metavar="F",
-                       help="ed25519 key (`certs checkpoint-key`) that signs a checkpoint of the decision log's head "
-                            "every 10 s and at shutdown, kept outside the pod: a Lease per replica with a cluster, "
-                            "--checkpoint-file without. `decisions verify --checkpoint` then finds a truncated tail, "
-                            "missing files and a replaced log; a restart continues after the checkpoint")
-    serve.add_argument("--checkpoint-file", metavar="F",
-                       help="without a cluster: where the checkpoints go; outside the log's directory (on the same disk "
-                            "it only helps against accidental truncation)")
-    serve.add_argument("--checkpoint-namespace", metavar="NS",
-                       help="with a cluster: the namespace of the checkpoint Leases (default: the pod's own)")
-    serve.add_argument("--failure-mode", choices=["deny", "allow"],
-                       help="answer for /validate when a job cannot be decided: evaluation failed or ran out of time, "
-                            "no policy bundle is active, cluster state not synced yet, the injected objects or the "
-                            "decision log could not be written (default deny)")
-    serve.add_argument("--webhook-timeout", type=float, metavar="SECONDS",
-                       help="the webhook configurations' timeoutSeconds (default 10, as in manifests/base/webhooks.yaml; "
-                            "config key webhookTimeoutSeconds). Each request's evaluation and API calls must end 2 s "
-                            "before it: the service then answers with the failure mode and creates nothing more")
-    serve.add_argument("--audit-interval", type=float, metavar="SECONDS",
-                       help="with a cluster: every SECONDS (at least 60; default: never) judge every TrainJob and "
-                            "MPIJob against the bundles in force, as `trainjob-admission audit` does, and write "
-                            "the PolicyReports (needs components/background-audit's role). One job at a time "
-                            "beside the reviews; between scans it costs nothing")
-    serve.add_argument("--insecure-http", action="store_true", help=argparse.SUPPRESS)
+    settings.add_flags(serve)
     serve.set_defaults(func=cmd_serve)
 
     demo = commands.add_parser("demo", help="start the server on loopback and decide the sample jobs over HTTPS",

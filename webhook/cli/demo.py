@@ -18,8 +18,9 @@ import jsonpatch
 
 from trainjob_admission.certs.issue import issue
 
+from ..admission.config import ServerConfig
 from ..admission.protocol import API_VERSION
-from ..admission.server import ServerConfig, WebhookServer
+from ..admission.server import WebhookServer
 from ..decisionlog import DecisionLog, verify
 from ..decisionlog.checkpoint import KEY_FILE, PUBLIC_KEY_FILE, create_key_pair
 from ..kube.resources import JOB_RESOURCES

@@ -23,7 +23,6 @@ from .policyreports import ReportsNotServed, read_jobs, write_reports
 
 log = logging.getLogger("trainjob_admission.audit")
 
-MIN_INTERVAL = 60.0  # seconds
 PAUSE = 0.005  # seconds after each job (whose evaluation takes 0.3-5 ms): the reviews get the interpreter
 
 

@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import re
-import socket
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -34,11 +33,6 @@ WRITE_TIMEOUT = 5.0
 # The calls LeaseStore makes, in the service's namespace only: the Role in manifests/base/rbac.yaml
 # grants exactly these (tests/cluster/test_manifests.py compares the two).
 LEASE_VERBS = ("get", "create", "patch")
-
-
-def replica_name() -> str:
-    """The pod's name (POD_NAME, from the downward API in the manifests), else the host name."""
-    return os.environ.get("POD_NAME") or socket.gethostname()
 
 
 class CheckpointStore(Protocol):
