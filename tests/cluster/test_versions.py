@@ -102,7 +102,8 @@ def api_server_refuses(ns: str, job: dict, timeout: float = 240) -> bool:
         if any("violates PodSecurity" in e.get("message", "") for e in events):
             return True
         time.sleep(1)
-    raise TimeoutError(f"neither pods nor a Pod Security refusal for {ns}/{name}")
+    seen = [(e.get("involvedObject", {}).get("kind"), e.get("reason"), e.get("message")) for e in events]
+    raise TimeoutError(f"neither pods nor a Pod Security refusal for {ns}/{name}; events: {seen}")
 
 
 def escalating(name: str) -> dict:
