@@ -97,7 +97,7 @@ BUILD_MODULES = {k: m for k, m in MODULES.items() if k not in DATA_MODULES and k
 # JobSet its go.mod pins and Kueue v0.14.0 each in its own module (OWN_MODULES);
 # etcd and KWOK are the newest stack's binaries (neither is what is tested).
 OLDEST = {
-    "kubernetes": "v1.31.0",  # the oldest k8s.io/kubernetes whose staging modules the proxy serves complete
+    "kubernetes": "v1.33.13",  # the oldest that installs Trainer v2.2's CRDs and whose staging modules the proxy serves (docs/testing.md "The oldest stack")
     "trainer": "v2.2.0",  # the oldest with spec.runtimePatches
     "jobset": "v0.11.1",  # what Trainer v2.2.0's go.mod requires
     "kueue": "v0.14.0",  # the newest Kueue that serves only kueue.x-k8s.io/v1beta1 (v1beta2 came in v0.15)

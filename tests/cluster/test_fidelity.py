@@ -7,7 +7,7 @@ alone. What they built must be what ``effective_job.build`` says, given a Cluste
 same runtime, Namespace, LimitRanges and ResourceQuotas read back from the cluster (the objects
 ``review --cluster-state`` reads from ``kubectl get -o yaml`` and the server from its watches), with
 ``kubectl version -o yaml`` and the TrainJob CRD saying what the cluster runs (on the oldest stack:
-Kubernetes 1.31, Trainer v2.2, whose gates policies/k8s/versions.py keys),
+Kubernetes 1.33, Trainer v2.2, whose gates policies/k8s/versions.py keys),
 and the TrainJob exactly as submitted (what ``review`` reads from a file): pods per replicated
 job (JobSet replicas x Job parallelism, and the pods that exist), each container's requests and
 limits compared as numbers (policies/k8s/quantity.py), the pods running at one moment against
@@ -31,7 +31,7 @@ from trainjob_admission.policies.k8s.quantity import numbers
 from trainjob_admission.policies.k8s.versions import parse_minor
 
 pytestmark = pytest.mark.cluster
-oldest = pytest.mark.oldest  # also on the oldest stack: Kubernetes 1.31, Trainer v2.2 build differently
+oldest = pytest.mark.oldest  # also on the oldest stack: Kubernetes 1.33, Trainer v2.2 build differently
 
 JOBSET = "jobsets.jobset.x-k8s.io"
 RJOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"  # jobset v0.12 api/jobset/v1alpha2
@@ -434,7 +434,7 @@ def test_resources_per_node_reach_the_node_container_as_this_trainer_builds_them
 def test_pod_level_resources_are_kept_and_counted_where_the_api_server_keeps_them(kubectl, get_json, wait_for,
                                                                                    namespace, control_plane):
     """A runtime with pod-level resources (2 cpu a pod; its container asks 1): Kubernetes 1.34 and
-    later keep them and the quota counts 2 a pod; 1.31 drops the field (PodLevelResources) and
+    later keep them and the quota counts 2 a pod; 1.33 drops the field (PodLevelResources) and
     counts the container's 1. The engine's pods, and the quota's usage, are the cluster's either way."""
     create(kubectl, {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "cpu", "namespace": namespace},
                      "spec": {"hard": {"requests.cpu": "100"}}})

@@ -31,7 +31,7 @@ def condition(obj, ctype):
 
 @pytest.mark.oldest
 def test_versions_nodes_and_runtime(control_plane, kubectl, get_json):
-    k8s = control_plane.versions["kubernetes"]  # v1.36.3, or v1.31.0 on the oldest stack
+    k8s = control_plane.versions["kubernetes"]  # v1.36.3, or v1.33.13 on the oldest stack
     v = json.loads(kubectl("version", "-o", "json").stdout)
     assert v["clientVersion"]["gitVersion"] == k8s
     assert v["serverVersion"]["gitVersion"] == k8s

@@ -1,6 +1,6 @@
 """What the cluster runs, learned from the real API server, and decisions that depend on it; on both
 stacks (the newest: Kubernetes 1.36, Trainer v2.3, Kueue v0.19 serving v1beta2; the oldest:
-Kubernetes 1.31, Trainer v2.2, Kueue v0.14 serving only v1beta1).
+Kubernetes 1.33, Trainer v2.2, Kueue v0.14 serving only v1beta1).
 
 - The service reports what it discovered: /readyz?verbose, the cluster_info metric, the
   decision record's ``cluster``; ``review --kubeconfig`` says the same, and alice (a namespace
