@@ -122,6 +122,9 @@ class EffectiveJob:
     # and whether it gets a headless Service (network.enableDNSHostnames, defaulted to true).
     volume_claims: list[dict] = field(default_factory=list)
     headless_service: bool = False
+    # Whether Trainer copies the runtime into ConfigMap <job>-runtime-snapshot (v2.3 on,
+    # policies/k8s/versions.py TrainerRuntimeSnapshot): one more ConfigMap for object-count quotas.
+    runtime_snapshot: bool = False
     # What this cluster's API server drops from the pods ("launcher pods: spec.resources (...)"),
     # for a warning to the submitter (policies/k8s/versions.py drop_disabled_fields).
     dropped: list[str] = field(default_factory=list)
@@ -580,6 +583,7 @@ def from_trainjob(trainjob: dict, state: ClusterState,
                        for claim in policy.get("templates") or [] if isinstance(claim, dict)],  # shallow: read only
         headless_service=not (isinstance(jobset_spec.get("network"), dict)
                               and jobset_spec["network"].get("enableDNSHostnames") is False),
+        runtime_snapshot=state.versions.enabled("TrainerRuntimeSnapshot"),
     )
 
 

@@ -245,6 +245,18 @@ def test_an_update_is_judged_against_the_runtime_snapshot_only_from_v2_3(build, 
     assert decision.allowed == snapshot_used
 
 
+@pytest.mark.parametrize("release, configmaps", [((2, 2), 1), ((2, 3), 2)])
+def test_the_runtime_snapshot_configmap_counts_in_quota_only_from_v2_3(build, release, configmaps):
+    """An MPI TrainJob brings ConfigMap <job>-mpi-hostfile; Trainer v2.3 also <job>-runtime-snapshot,
+    v2.2 makes none (the cluster tier's scoped-quota test saw the quota controller count 1 on v2.2)."""
+    from trainjob_admission.policies.checks import quota
+    from trainjob_admission.policies.job import effective_job
+
+    job = effective_job.build(build.trainjob(numNodes=2), cluster("v1.33.0", release, build.runtime(), build.namespace()))
+    assert quota.demand(job, build.quota({"count/configmaps": "10", "configmaps": "10"})) == {
+        "count/configmaps": configmaps, "configmaps": configmaps}
+
+
 # -- Kueue: v1beta1 and v1beta2 ---------------------------------------------------------------------
 
 EXAMPLES = "cmd/kueueviz/examples"
