@@ -48,8 +48,14 @@ def _decides_with_queue(ns: str) -> bool:
 
 
 def job(name: str, ns: str, *, nodes: int = PODS_PER_JOB, runs: str = "2s", labels: dict | None = None) -> dict:
-    return trainjob(name, ns, nodes=nodes, gpus=GPUS_PER_POD, gpu_requests=True, labels=labels,
-                    pod_annotations={"kwok.x-k8s.io/run-duration": runs})
+    """numProcPerNode is spelled out, as Trainer v2.2+ would default it (the node's GPUs, since the
+    runtime says 1): Kueue v0.14 (the oldest stack) builds the JobSet with Trainer v2.0.1's plugins,
+    which keep 1, and its dry-run apply of that JobSet then conflicts with Trainer's
+    (env OMPI_MCA_orte_set_default_slots), so it never creates the Workload (docs/deploy.md)."""
+    built = trainjob(name, ns, nodes=nodes, gpus=GPUS_PER_POD, gpu_requests=True, labels=labels,
+                     pod_annotations={"kwok.x-k8s.io/run-duration": runs})
+    built["spec"]["trainer"]["numProcPerNode"] = GPUS_PER_POD
+    return built
 
 
 def create(obj: dict, *extra: str):

@@ -99,25 +99,32 @@ def api_server_refuses(ns: str, job: dict, timeout: float = 240) -> bool:
         if pods["items"]:
             return False
         events = json.loads(cluster.kubectl("get", "events", "-n", ns, "-o", "json").stdout)["items"]
-        if any("violates PodSecurity" in e.get("message", "") for e in events):
+        # this job's own (its Jobs are <name>-<replicated job>-<index>), not an earlier job's in ns
+        if any("violates PodSecurity" in e.get("message", "")
+               and e.get("involvedObject", {}).get("name", "").startswith(f"{name}-") for e in events):
             return True
         time.sleep(1)
     seen = [(e.get("involvedObject", {}).get("kind"), e.get("reason"), e.get("message")) for e in events]
     raise TimeoutError(f"neither pods nor a Pod Security refusal for {ns}/{name}; events: {seen}")
 
 
-def escalating(name: str) -> dict:
-    """Restricted forbids allowPrivilegeEscalation: true; baseline allows it."""
+def node_security(name: str, security_context: dict) -> dict:
+    """A job whose runtimePatch sets the node container's ``security_context`` (merged into the
+    runtime's: examples/runtimes/mpi-openmpi.yaml sets allowPrivilegeEscalation false, drops ALL)."""
     job = trainjob(name, nodes=2, gpus=0)
     job["spec"]["runtimePatches"] = [{"manager": "trainjob-admission.test/psa", "trainingRuntimeSpec": {"template": {
         "spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": {"spec": {"containers": [
-            {"name": "node", "securityContext": {"allowPrivilegeEscalation": True}}]}}}}}]}}}}]
+            {"name": "node", "securityContext": security_context}]}}}}}]}}}}]
     return job
 
 
 JOBS = {"restricted-as-written": lambda n: trainjob(n, nodes=2, gpus=0),  # examples/runtimes/mpi-openmpi.yaml
-        "escalating": escalating,
-        "privileged": lambda n: trainjob(n, nodes=2, gpus=0, privileged=True)}
+        # restricted forbids allowPrivilegeEscalation: true; baseline allows it
+        "escalating": lambda n: node_security(n, {"allowPrivilegeEscalation": True}),
+        # baseline forbids privileged. It must escalate too: the runtime's allowPrivilegeEscalation
+        # false with privileged true is refused by pod validation (core/validation
+        # ValidateSecurityContext) when JobSet creates the Job, before Pod Security sees a pod.
+        "privileged": lambda n: node_security(n, {"privileged": True, "allowPrivilegeEscalation": True})}
 
 
 @pytest.mark.parametrize("level, version", [("restricted", "own"), ("baseline", "latest"), ("restricted", "v1.30")])
