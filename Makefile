@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-unit test-server test-cluster bench lint clean images
+.PHONY: install demo test test-unit test-server test-cluster bench lint clean images samples
 .DEFAULT_GOAL := help
 
 help:
@@ -17,6 +17,7 @@ help:
 	@echo "make lint   - pyflakes over the code, tests, bench and hack (part of make test)"
 	@echo "make images - the real node's pause, OpenMPI and service images from Debian packages (root; cached by content)"
 	@echo "make bench  - engine and server benchmarks, each side by side with its baseline (bench/cluster.py: on the control plane)"
+	@echo "make samples - copy examples/ (the source) to webhook/samples, the sample files the wheel ships"
 
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +52,14 @@ bench: $(STAMP)
 # hack/images/out/ (or $TRAINJOB_IMAGES_OUT), tagged by a hash of their inputs; a rebuild prints 'cached'.
 images: $(STAMP)
 	$(PY) hack/images/images.py build
+
+# examples/ is the source of the sample files the wheel ships as package data (webhook/samples):
+# the demo, `policy lint` and the --help examples use them. tests/unit/test_examples.py fails until
+# the copies are equal.
+SAMPLES := cluster-state.yaml jobs runtimes bundles
+samples:
+	rm -rf webhook/samples && mkdir webhook/samples
+	cd examples && cp -R $(SAMPLES) ../webhook/samples/
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

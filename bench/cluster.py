@@ -9,7 +9,12 @@ client's create call, start to response. The service enforces the built-in defau
 injections included (an ECDSA P-521 key per admitted job); --key-type rsa-4096 shows what an
 RSA key costs (about a second of CPU here, beyond the server's pool of ready keys).
 
-    .venv/bin/python bench/cluster.py [-n 30] [--warmup 3] [--key-type TYPE] [--json]
+    .venv/bin/python bench/cluster.py [-n 30] [--warmup 3] [--key-type TYPE] [--quota] [--json]
+
+--quota puts a ResourceQuota (requests.nvidia.com/gpu, room for every job) in both namespaces and
+creates the jobs running instead of suspended, so each admission in "with" takes its quota
+reservation in the namespace's ledger Lease (webhook/admission/ledger.py): the cost of that write
+beside the same run's figures, and the ledger writes per admitted job (from the service's metrics).
 
 --peers compares, in the same way and run, no policy, a ValidatingAdmissionPolicy, our webhook, our
 webhook without injections (a second service: the webhook calls and checks alone) and Kyverno
@@ -46,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.support.objects import trainjob  # noqa: E402
-from tests.support.service import cluster, register, start_service, unregister  # noqa: E402
+from tests.support.service import cluster, ensure_cluster, register, start_service, unregister  # noqa: E402
 
 import peers as peers_mod  # noqa: E402  (bench/)
 
@@ -58,16 +63,6 @@ def summary(ms: list[float]) -> dict:
     return {"n": len(ms), "p50": percentile(ms, 50), "p95": percentile(ms, 95), "mean": statistics.fmean(ms)}
 
 
-def ensure_cluster() -> None:
-    if cluster.is_up():
-        return
-    if cluster.find_go() is None and not cluster.built():
-        raise SystemExit("bench/cluster: no Go toolchain to build the control plane (set GO= or PATH)")
-    if cluster.cmd_build() != 0:
-        raise SystemExit("bench/cluster: building the control plane failed")
-    cluster.up()
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=30, help="measured creations per side (default 30)")
@@ -75,6 +70,8 @@ def main(argv=None) -> int:
     ap.add_argument("--key-type", choices=KEY_TYPES,
                     help="SSH key type of the injected Secret (default: the default bundle's)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    ap.add_argument("--quota", action="store_true",
+                    help="a ResourceQuota in both namespaces and running jobs: each admission writes the ledger")
     ap.add_argument("--peers", action="store_true",
                     help="compare no policy, ValidatingAdmissionPolicy, our webhook and Kyverno (if built)")
     ap.add_argument("--bursts", type=int, default=3, help=f"with --peers: bursts of {BURST} per configuration")
@@ -95,6 +92,10 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
     cluster.apply_objects([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}
                            for n in (with_ns, without_ns)])
+    if args.quota:  # room for every job: 4 GPUs each
+        cluster.apply_objects([{"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpus", "namespace": n},
+                                "spec": {"hard": {"requests.nvidia.com/gpu": str(4 * (args.warmup + args.n))}}}
+                               for n in (with_ns, without_ns)])
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", ROOT / "examples/runtimes/mpi-openmpi.yaml")
     api = client.CustomObjectsApi(config.new_client_from_config(config_file=str(cluster.ADMIN_KUBECONFIG)))
     hook = f"trainjob-admission-bench-{run}"  # sorts where the installed configuration does (module doc)
@@ -115,7 +116,8 @@ def main(argv=None) -> int:
         for i in range(args.warmup + args.n):
             order = (("with", with_ns), ("without", without_ns))
             for side, ns in (order if i % 2 == 0 else order[::-1]):  # alternate who goes first
-                obj = trainjob(f"j{i}", image=None, command=None, suspend=True)  # 4 nodes x 1 GPU, no pods start
+                # 4 nodes x 1 GPU; suspended, no pods start (with --quota they do: it takes quota)
+                obj = trainjob(f"j{i}", image=None, command=None, suspend=not args.quota)
                 t0 = time.perf_counter()
                 api.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, obj, _request_timeout=60)
                 dt = (time.perf_counter() - t0) * 1000
@@ -123,6 +125,11 @@ def main(argv=None) -> int:
                     samples[side].append(dt)
         served = {e: [r["latencyMs"] for r in svc.records() if r.get("namespace") == with_ns and r["endpoint"] == e]
                   for e in ("mutate", "validate")}
+        metrics = svc.call("/metrics", base=svc.probe_url)[1]
+        ledger = {result: sum(float(x.rsplit(" ", 1)[1]) for x in metrics.splitlines() if x.startswith(
+            f'trainjob_admission_reservation_writes_total{{result="{result}"}}')) for result in ("written", "conflict")}
+        admitted = sum(1 for r in svc.records() if r.get("namespace") == with_ns and r["endpoint"] == "validate"
+                       and r.get("allowed"))
     finally:
         unregister(hook)
         if svc:
@@ -133,18 +140,22 @@ def main(argv=None) -> int:
     added = {k: w[k] - wo[k] for k in ("p50", "p95", "mean")}
     result = {"key_type": doc["spec"]["injections"]["sshKey"]["type"], "with": w, "without": wo, "added": added,
               "ratio_mean": w["mean"] / wo["mean"],
-              "server_ms": {e: summary(v) for e, v in served.items() if v}}
+              "server_ms": {e: summary(v) for e, v in served.items() if v},
+              "quota": args.quota, "admitted": admitted, "ledger_writes": ledger}
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
     print(f"TrainJob create through the API server, {args.n} per side, interleaved (ms); "
-          f"SSH key {result['key_type']}")
+          f"SSH key {result['key_type']}" + ("; a quota in both namespaces, jobs running" if args.quota else
+                                             "; jobs suspended"))
     print(f"  {'':18s} {'p50':>8s} {'p95':>8s} {'mean':>8s}")
     rows = [("without webhook", wo), ("with webhook", w), ("added", added)]
     rows += [(f"  in /{e}", row) for e, row in result["server_ms"].items()]
     for label, row in rows:
         print(f"  {label:18s} {row['p50']:8.1f} {row['p95']:8.1f} {row['mean']:8.1f}")
     print(f"  ratio (mean with / without): {result['ratio_mean']:.2f}x")
+    print(f"  reservation ledger writes: {ledger['written']:.0f} for {admitted} admitted jobs "
+          f"({ledger['conflict']:.0f} conflicts)")
     return 0
 
 

@@ -4,7 +4,7 @@ empty bundle (no checks, no rules, no mutations, no injections), measured side b
 The empty bundle still matches every job, so both sides pay for building the effective job; the
 ratio is what the default bundle's checks, CEL rule and mutations cost on top. Rounds alternate
 between the two sides so machine noise hits both alike. Not a test: it asserts nothing. Last, the
-cost of 0-200 CEL rules, compiled against cel-python (bench/celrules.py).
+cost of 0-200 CEL rules (bench/celrules.py; run alone, it compares this tree with a committed one).
 
     .venv/bin/python bench/engine.py [--seconds 12]
 """

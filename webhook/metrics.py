@@ -18,9 +18,13 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter("trainjob_admission_requests", "AdmissionReviews by endpoint, decision and kind",
-                                ["endpoint", "decision", "kind"], registry=self.registry)
-        self.rule_results = Counter("trainjob_admission_rule_results", "Rules that failed, by bundle, rule and effect",
+        # One count per answer, as its decision record says it: /mutate's are allow (or error), so
+        # endpoint="validate" counts submissions (operation CREATE, UPDATE) and deletions (DELETE) once
+        self.requests = Counter("trainjob_admission_requests",
+                                "AdmissionReviews answered, by endpoint, decision, kind and operation",
+                                ["endpoint", "decision", "kind", "operation"], registry=self.registry)
+        self.rule_results = Counter("trainjob_admission_rule_results",
+                                    "Rules that failed, by bundle, rule and effect (once per submission: /validate)",
                                     ["bundle", "rule", "effect"], registry=self.registry)
         self.latency = Histogram("trainjob_admission_request_duration_seconds", "Time to decide and log one review",
                                  ["endpoint"], registry=self.registry,
@@ -64,6 +68,18 @@ class Metrics:
                               "Quota that admitted TrainJobs will take but whose pods do not exist yet, by namespace "
                               "and quota key (the largest over the namespace's quotas with that key)",
                               ["namespace", "resource"], registry=self.registry)
+
+        self.reservation_writes = Counter(
+            "trainjob_admission_reservation_writes",
+            "Writes of a namespace's reservation ledger (Lease trainjob-admission-reservations), by result: written "
+            "(an admitted job's entry), released (the entry of a job whose answer was not an admission after all), "
+            "or conflict (another replica wrote it first: read again, decided again)", ["result"], registry=self.registry)
+        self.reservation_failures = Counter(
+            "trainjob_admission_reservation_failures",
+            "Requests answered with the failure mode because a quota reservation could not be taken, by reason: "
+            "unreachable, forbidden, invalid (a ledger this version cannot read), full, conflict (other replicas "
+            "kept writing until the deadline), busy (too many decisions queued for the namespace), error",
+            ["reason"], registry=self.registry)
 
     def set_cluster(self, versions: "Versions") -> None:
         """The one series of the info metric: what the service models the cluster as now."""

@@ -4,7 +4,8 @@ Without a cluster the state is a fixed set of objects and the bundles are files.
 (a kubeconfig or the pod's service account) the state and the PolicyBundles are watched, the
 injector creates Secrets and NetworkPolicies, and reconcilers adopt or remove them, and each
 running TrainJob gets a Warning Event at 80% of its deadline (webhook/loops/deadlinewarnings.py); the same
-TrainJob watch and a watch of JobSet pods feed the quota reservations (webhook/loops/reservationfeed.py);
+TrainJob watch and a watch of JobSet pods feed the quota reservations (webhook/loops/reservationfeed.py),
+which the replicas share through a ledger Lease per reconciled namespace (webhook/admission/ledger.py);
 /readyz waits for the first complete list of everything watched. What the cluster runs is
 discovered first and again every minute (webhook/kube/discovery.py): Kueue is watched at the API
 version it serves, a Trainer older than v2.2 stops the start. This is the only composition
@@ -30,12 +31,14 @@ from trainjob_admission.policies.k8s.versions import Versions
 
 from .admission.access import SubjectAccessReviews
 from .admission.config import ServerConfig
+from .admission.ledger import CALL_TIMEOUT as LEDGER_TIMEOUT, Ledger
 from .admission.runtimesnapshots import SnapshotReader
 from .admission.server import WebhookServer
 from .inject.injector import Injector
 from .inject.provenance import Provenance
 from .inject.reconciler import Reconciler
 from .kube.aio import AsyncApi
+from .kube.calls import Calls
 from .kube.client import ApiError, ClusterUnreachable, KubeApi, api_client
 from .kube.discovery import Discovery, UnsupportedCluster
 from .kube.resources import POLICY_BUNDLES
@@ -197,9 +200,11 @@ async def _start_with_cluster(config: ServerConfig, options: ClusterOptions,
     injector = Injector(api, options.provenance, namespaces=options.namespaces or None)
     checkpoints = (LeaseStore(api, options.checkpoint_namespace or own_namespace(), config.replica)
                    if config.checkpoint_key else None)
+    # Quota reservations in each reconciled namespace's ledger Lease (webhook/admission/ledger.py).
+    ledger = Ledger(Calls(api, LEDGER_TIMEOUT), config.replica, options.namespaces or None)
     server = WebhookServer(config, state, injector=injector, state_ready=ready, checkpoint_store=checkpoints,
                            snapshots=SnapshotReader(api, versions=lambda: state.versions),
-                           access=SubjectAccessReviews(api))
+                           access=SubjectAccessReviews(api), ledger=ledger)
     sync = ClusterSync(api, state, server.registry, bundle_selector=options.bundle_selector)
     sync.watchers.append(pod_watcher(api, state.reservations))
     versions = ClusterVersions(Discovery(api), state, sync)

@@ -164,7 +164,7 @@ MAIN_BUILDS = {
 DEFAULT_PORTS = {
     "etcd-client": 23790,
     "etcd-peer": 23800,
-    "apiserver": 26443,
+    "apiserver": 6443,  # kubeadm's: the port base's NetworkPolicy lets the service's pods reach (docs/deploy.md)
     "controller-manager": 26257,
     "scheduler": 26259,
     "kwok": 26247,
@@ -1617,6 +1617,7 @@ def register_webhook(name: str, url: str, ca_bundle_pem: bytes | str, *, mutatin
                      failure_policy: str = "Fail", side_effects: str = "None",
                      timeout_seconds: int = 10, namespace_selector: dict | None = None,
                      object_selector: dict | None = None, reinvocation_policy: str = "Never",
+                     match_conditions: list | None = None,
                      kubeconfig=ADMIN_KUBECONFIG, settle_seconds: float = 1.0) -> list:
     """Point the apiserver at a webhook served on the host; returns [(kind, name), ...].
 
@@ -1629,6 +1630,8 @@ def register_webhook(name: str, url: str, ca_bundle_pem: bytes | str, *, mutatin
                     CREATE and UPDATE
     failure_policy  "Fail" or "Ignore";  side_effects "None" or "NoneOnDryRun"
     namespace_selector / object_selector  LabelSelector dicts (default: match everything)
+    match_conditions  [{"name", "expression"}] CEL matchConditions (default: none), e.g. to split
+                    requests between replicas by the object's name
     settle_seconds  pause after creation so the apiserver's informer has the new config
 
     The webhook names are "<mutate|validate>.<name>.admission.test". Remove the objects again
@@ -1645,6 +1648,8 @@ def register_webhook(name: str, url: str, ca_bundle_pem: bytes | str, *, mutatin
         "rules": rules if rules is not None else TRAINJOB_RULES,
         "namespaceSelector": namespace_selector or {}, "objectSelector": object_selector or {},
     }
+    if match_conditions:
+        common["matchConditions"] = match_conditions
     objs = []
     for kind, enabled, path, op in (("MutatingWebhookConfiguration", mutating, mutate_path, "mutate"),
                                     ("ValidatingWebhookConfiguration", validating, validate_path, "validate")):

@@ -335,6 +335,16 @@ def import_image(ctr: Path, run: Path, archive: Path) -> None:
     _ctr(ctr, containerd_socket(run), "images", "import", str(archive))
 
 
+def tag_image(ctr: Path, run: Path, ref: str, name: str) -> None:
+    """Give an imported image another name, as a push to a registry and a pull from it would:
+    a pod naming ``name`` (imagePullPolicy IfNotPresent) runs it."""
+    _ctr(ctr, containerd_socket(run), "images", "tag", "--force", ref, name)
+
+
+def untag_image(ctr: Path, run: Path, name: str) -> None:
+    _ctr(ctr, containerd_socket(run), "images", "rm", name, check=False)
+
+
 
 
 # ---------------------------------------------------------------------------------------------

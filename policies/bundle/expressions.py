@@ -16,7 +16,10 @@ from typing import Any, Iterator
 from ..cel.environment import (
     CONDITION_VARIABLES, VARIABLES, CelCompileError, CompiledExpression, Fields, compile_expression,
 )
+from ..cel.cost import PER_BUNDLE
+from ..cel.types import DYN, Type
 from ..k8s.versions import NEWEST, Versions
+from . import typecheck
 from .rulenames import BUILTIN_RULES
 
 SitePath = tuple["str | int", ...]
@@ -89,6 +92,10 @@ def compile_sites(spec: Any, versions: Versions = NEWEST) -> tuple[dict[SitePath
     errors: list[SiteError] = []
     # params.X is checked against inline params; a paramRef bundle's come from ConfigMaps, known at run time
     params = spec.get("params") if isinstance(spec, dict) and "paramRef" not in spec else None
+    kinds, params_type = typecheck.bundle_kinds(spec), typecheck.params_type(spec)
+    variable_types: dict[str, Type] = {}  # each variable's type, for the expressions after it
+    variable_names = {("spec", "variables", i, "expression"): v.get("name") for i, v in items(spec, "variables")}
+    total = 0  # the estimated cost of every expression
     for site in sites(spec):
         try:
             expression = compile_expression(site.text, site.environment)
@@ -101,9 +108,21 @@ def compile_sites(spec: Any, versions: Versions = NEWEST) -> tuple[dict[SitePath
         too_new = versions.cel_refusal(expression.functions)
         if too_new:
             found.append(SiteError(site.path, too_new))
+        if not found:
+            scope = typecheck.Scope(site.environment, site.kind, kinds, params_type,
+                                    tuple((n, variable_types.get(n, DYN)) for n in site.known))
+            result, wrong, most = typecheck.check(expression, scope)
+            found = [SiteError(site.path, w.message, w.line, w.column) for w in wrong]
+            total += most
+            if site.kind == "variable" and isinstance(variable_names.get(site.path), str):
+                variable_types[variable_names[site.path]] = DYN if found else result
         errors += found
         if not found:
             compiled[site.path] = expression
+    if total > PER_BUNDLE:
+        errors.append(SiteError(("spec",), f"the estimated cost of all expressions, {total:,}, exceeds the limit of "
+                                           f"{PER_BUNDLE:,} per bundle (the API server's limit for a CRD's rules): "
+                                           "split the bundle or simplify its costliest rules"))
     for i, rule in items(spec, "validations"):
         if rule.get("name") in BUILTIN_RULES:
             errors.append(SiteError(("spec", "validations", i, "name"),

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from ..job.effective_job import EffectiveJob, PodSet
+from ..k8s.quantity import QuantityError, numbers
 from . import objectcounts, quotascope
 
 POD_COMPUTE = ("cpu", "memory", "ephemeral-storage")
@@ -37,6 +38,19 @@ class Need:
     parts: tuple[tuple[PodSet, int], ...] = ()  # (pod set, amount per pod) of the pod sets at the peak
     elsewhere: tuple[PodSet, ...] = ()  # pod sets that need some but run before or after the peak
     per_pod: Callable[[PodSet], int] | None = None  # what one pod of a pod set adds (pod keys)
+
+
+def quota_amounts(values: dict | None) -> dict[str, int | None]:
+    """Each value of a quota's hard or used as a number, None where it is not one we can count:
+    the API server validated it, so it is beyond 2^63-1 (it keeps decimal values exactly, e.g.
+    requests.storage: 1e20) and no job reaches it."""
+    amounts: dict[str, int | None] = {}
+    for key, value in (values or {}).items():
+        try:
+            amounts[key] = numbers({key: value})[key]
+        except QuantityError:
+            amounts[key] = None
+    return amounts
 
 
 def pod_key(key: str) -> tuple[str, str] | None:

@@ -18,18 +18,24 @@ replicated-job label names the pod set, so a scoped quota counts a pod as it cou
 Object counts (Secrets, ConfigMaps) are not reserved: no pod waits on them half-started.
 
 Everything is derived from TrainJobs and pods the caller feeds in (the server from watches, so a
-restart or another replica rebuilds the same; ``review`` from a state file), plus one short-lived
-local entry per job this process admitted and no watch has shown yet (``admitted``). A job's
-effective job is built once per generation and kept while the job reserves; a review reads a
-per-namespace sum, recomputed only after an event in that namespace or a change of its quotas.
+restart or another replica rebuilds the same; ``review`` from a state file), plus the *entries*
+of jobs admitted that this process's watch has not shown yet: what each will take, per quota
+key, taken when it was admitted (``Entry``: this replica's own, or the namespace's reservation
+ledger that every replica writes, webhook/admission/ledger.py). An entry counts until the watch
+shows its job (then the job's own reservation counts instead), until its job is known gone (deleted,
+or its name taken by another uid), and at most PENDING_SECONDS (a job never stored); the arithmetic
+that re-checks a decision against the entries is ``shortfalls``. A job's effective job is built
+once per generation and kept while the job reserves; a review reads a per-namespace sum,
+recomputed only after an event in that namespace or a change of its quotas, plus the live entries.
 """
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 from ..job import effective_job
 from ..job.effective_job import EffectiveJob, JobModelError
@@ -38,9 +44,12 @@ from ..k8s.clusterstate import ClusterState
 from ..k8s.podresources import pod_resources
 from ..k8s.quantity import QuantityError
 from . import quotascope
-from .quotademand import needs, pod_key
+from .quotademand import needs, pod_key, quota_amounts
 
-PENDING_SECONDS = 30.0  # a job admitted here that no watch has shown yet counts this long
+# An entry counts at most this long: the API server stores or drops a job within its webhooks'
+# timeouts (at most 30 s), and the watch shows a stored one well within it.
+PENDING_SECONDS = 30.0
+CLOCK_SKEW = 5.0  # between replicas' clocks: an entry expiring later than PENDING_SECONDS + this is not ours
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
 FINISHED = ("Complete", "Failed")  # trainer v2.3.0 pkg/util/trainjob IsTrainJobFinished
@@ -76,13 +85,76 @@ class HeldPod:
     finished: bool = False  # Succeeded or Failed: the quota no longer counts it
 
 
+@dataclass(frozen=True)
+class Entry:
+    """A job admitted but not shown by the watch yet: what it will add to each quota key (pod keys,
+    at its peak, as the job's own reservation would count it), until ``expires`` (unix time: the
+    replicas share entries through the ledger). ``generation`` is the job's when admitted: a CREATE's
+    1, a resumed job's next one; the watch showing that generation ends the entry."""
+
+    job: str
+    uid: str
+    generation: int
+    reserved: tuple[tuple[str, str, int], ...]  # (quota name, quota key, amount), sorted
+    expires: float
+    replica: str = ""  # who admitted it, for the admin reading the ledger
+
+    def amount(self, quota: str, key: str) -> int:
+        return sum(a for q, k, a in self.reserved if q == quota and k == key)
+
+    def as_json(self) -> dict[str, Any]:
+        quotas: dict[str, dict[str, int]] = {}
+        for quota, key, amount in self.reserved:
+            quotas.setdefault(quota, {})[key] = amount
+        return {"job": self.job, "uid": self.uid, "generation": self.generation, "expires": round(self.expires, 3),
+                "replica": self.replica, "reserved": quotas}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Entry:
+        """One entry as the ledger holds it; ValueError for anything else (anyone who may write
+        the ledger may write it badly)."""
+        if not isinstance(data, dict):
+            raise ValueError("an entry is not an object")
+        job, uid, generation, expires, replica = (data.get(k) for k in ("job", "uid", "generation", "expires",
+                                                                          "replica"))
+        if not all(isinstance(v, str) and 0 < len(v) <= 253 for v in (job, uid)):
+            raise ValueError("an entry's job and uid must be names")
+        if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
+            raise ValueError(f"entry {job}: generation must be a whole number")
+        if not isinstance(expires, (int, float)) or isinstance(expires, bool) or not math.isfinite(expires):
+            raise ValueError(f"entry {job}: expires must be a unix time")
+        quotas = data.get("reserved")
+        if not isinstance(quotas, dict) or not isinstance(replica, str) or len(replica) > 253:
+            raise ValueError(f"entry {job}: reserved must map quotas to amounts")
+        reserved = []
+        for quota, keys in quotas.items():
+            if not isinstance(keys, dict):
+                raise ValueError(f"entry {job}: reserved.{quota} must map quota keys to amounts")
+            for key, amount in keys.items():
+                if not isinstance(amount, int) or isinstance(amount, bool) or amount < 0:
+                    raise ValueError(f"entry {job}: reserved.{quota}.{key} must be a whole number")
+                reserved.append((str(quota), str(key), amount))
+        return cls(job, uid, generation, tuple(sorted(reserved)), float(expires), replica)
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """One quota key a job does not fit in: its need against what is left beside the others."""
+
+    quota: str
+    key: str
+    need: int
+    limit: int
+    used: int
+    reserved: int  # by other jobs whose pods do not exist yet
+
+
 @dataclass
 class _Job:
     job: EffectiveJob | None  # None: not buildable (yet): the runtime is not known
     source: dict | None  # kept only while job is None, to build it when the runtime arrives
     version: tuple[str, object]  # (uid, generation): a new one is built again
     demand: dict[str, dict[str, tuple[int, frozenset[str], frozenset[str]]]] = field(default_factory=dict)  # per quota signature
-    expires: float | None = None  # a local entry (admitted here, not watched yet)
 
 
 def reserving(obj: dict) -> bool:
@@ -129,28 +201,34 @@ def _quota_signature(quota: dict) -> str:
 
 
 class Reservations:
-    """The reservations of every namespace. Fed from watch threads, read from evaluation threads:
-    one lock; a read after no change costs a dict lookup per quota."""
+    """The reservations of every namespace. Fed from watch threads, read from evaluation threads,
+    entries set from the event loop: one lock; a read after no change costs a dict lookup per quota."""
 
-    def __init__(self, state: ClusterState, *, clock=time.monotonic):
+    def __init__(self, state: ClusterState, *, clock=time.time):
         self.state, self.clock = state, clock
         self._jobs: dict[str, dict[str, _Job]] = {}  # namespace -> job name -> reserving job
         self._pods: dict[tuple[str, str], dict[str, HeldPod]] = {}  # (namespace, job) -> pod name -> pod
         self._sums: dict[str, tuple[object, dict[Key, dict[str, int]]]] = {}  # namespace -> (inputs, sums)
+        # Every job the watch shows, reserving or not: (namespace, name) -> (uid, generation); and the
+        # uids of jobs known gone (deleted, or refused after an entry was taken) -> when, so an entry
+        # that outlives the news is not counted.
+        self._watched: dict[tuple[str, str], tuple[str, int]] = {}
+        self._ended: dict[str, float] = {}
+        self._entries: dict[str, dict[str, Entry]] = {}  # namespace -> job name -> entry
         self._lock = threading.Lock()
 
     # Jobs (the TrainJob watch).
 
     def jobs_listed(self, objects: Iterable[dict]) -> None:
-        """After a (re)list: exactly these jobs exist (local entries stay until their time)."""
+        """After a (re)list: exactly these jobs exist (entries stay until their time)."""
         with self._lock:
             old, self._jobs = self._jobs, {}
-            for namespace, jobs in old.items():
-                for name, entry in jobs.items():
-                    if entry.expires is not None:
-                        self._jobs.setdefault(namespace, {})[name] = entry
+            gone, self._watched = self._watched, {}
             for obj in objects:
                 self._job(obj, old)
+            for key, (uid, _) in gone.items():
+                if self._watched.get(key, ("",))[0] != uid:
+                    self._end(uid)
             self._sums.clear()
 
     def job_seen(self, obj: dict) -> None:
@@ -164,19 +242,9 @@ class Reservations:
         with self._lock:
             self._jobs.get(key[0], {}).pop(key[1], None)
             self._sums.pop(key[0], None)
-
-    def admitted(self, job: EffectiveJob, obj: dict) -> None:
-        """A job this process just admitted: it counts until a watch shows it, at most PENDING_SECONDS."""
-        key = _identity(obj)
-        if key is None or not reserving(obj):
-            return
-        with self._lock:
-            current = self._jobs.get(key[0], {}).get(key[1])
-            if current is not None and current.expires is None:
-                return  # watched already
-            entry = _Job(job, None, ("", None), expires=self.clock() + PENDING_SECONDS)
-            self._jobs.setdefault(key[0], {})[key[1]] = entry
-            self._sums.pop(key[0], None)
+            watched = self._watched.pop(key, None)
+            if watched is not None:
+                self._end(watched[0])
 
     def _job(self, obj: dict, known: dict[str, dict[str, _Job]]) -> None:
         key = _identity(obj)
@@ -184,14 +252,15 @@ class Reservations:
             return
         namespace, name = key
         self._sums.pop(namespace, None)
+        meta = obj["metadata"]
+        generation = meta.get("generation")
+        self._watched[key] = (str(meta.get("uid", "")), generation if isinstance(generation, int) else 0)
         current = known.get(namespace, {}).get(name)
         if not reserving(obj):
-            if current is None or current.expires is None:  # a local entry stays until its job reserves
-                self._jobs.get(namespace, {}).pop(name, None)
+            self._jobs.get(namespace, {}).pop(name, None)
             return
-        meta = obj["metadata"]
-        version = (str(meta.get("uid", "")), meta.get("generation"))
-        if current is None or current.expires is not None or current.version != version:
+        version = (str(meta.get("uid", "")), generation)
+        if current is None or current.version != version:
             current = _Job(None, obj, version)
             self._build(current)
         self._jobs.setdefault(namespace, {})[name] = current
@@ -202,6 +271,14 @@ class Reservations:
             entry.source = None
         except (JobModelError, QuantityError, ValueError):
             entry.job = None  # its runtime is not known (yet): built again when runtimes change
+
+    def _end(self, uid: str) -> None:
+        if not uid:  # a job known by name only (a review without a uid): nothing to match
+            return
+        now = self.clock()
+        self._ended[uid] = now
+        if len(self._ended) > 1024:  # forget what no entry can still name
+            self._ended = {u: t for u, t in self._ended.items() if t > now - 2 * (PENDING_SECONDS + CLOCK_SKEW)}
 
     # Pods (the label-selected Pod watch).
 
@@ -232,37 +309,129 @@ class Reservations:
             self._pods.pop((key[0], job), None)
         self._sums.pop(key[0], None)
 
+    # Entries (jobs admitted, not watched yet).
+
+    def entry(self, job: EffectiveJob, obj: dict, quotas: list[dict], replica: str = "") -> Entry | None:
+        """The entry ``obj`` takes when admitted now: what it will add to each of ``quotas``' pod
+        keys; None when it runs no pods here now or adds to none of them."""
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        if not isinstance(meta, dict) or not reserving(obj):
+            return None
+        reserved = sorted((str((quota.get("metadata") or {}).get("name", "")), key, amount)
+                          for quota in quotas for key, (amount, _, _) in _demand(job, quota).items())
+        generation = meta.get("generation")
+        if not reserved:
+            return None
+        return Entry(str(meta.get("name", "")), str(meta.get("uid", "")), generation if isinstance(generation, int) else 1,
+                     tuple(reserved), self.clock() + PENDING_SECONDS, replica)
+
+    def hold(self, namespace: str, entry: Entry) -> None:
+        """``entry`` counts from now on (it replaces any entry of the same job)."""
+        with self._lock:
+            self._entries.setdefault(namespace, {})[entry.job] = entry
+
+    def release(self, namespace: str, entry: Entry) -> None:
+        """``entry``'s job was not admitted after all (withdrawn): it counts no more, here or
+        from a copy of the ledger still naming it."""
+        with self._lock:
+            if self._entries.get(namespace, {}).get(entry.job) == entry:
+                del self._entries[namespace][entry.job]
+            self._end(entry.uid)
+
+    def entries_read(self, namespace: str, entries: Iterable[Entry]) -> None:
+        """The namespace's entries are exactly ``entries`` (as its ledger holds them now)."""
+        with self._lock:
+            self._entries[namespace] = {e.job: e for e in entries}
+
+    def entries(self, namespace: str) -> list[Entry]:
+        with self._lock:
+            return sorted(self._entries.get(namespace, {}).values(), key=lambda e: e.job)
+
+    def kept(self, namespace: str, quotas: list[dict], entries: Iterable[Entry]) -> list[Entry]:
+        """Of ``entries``, those a ledger must keep: every live one, and one the watch has taken
+        over only while its job's pods do not exist yet (another replica's watch may lag)."""
+        model = self._model_sums(namespace, quotas)
+        waiting = {name for by_job in model.values() for name in by_job}
+        with self._lock:
+            now = self.clock()
+            status = [(e, self._status(namespace, e, now)) for e in entries]
+        return [e for e, s in status if s == "live" or (s == "watched" and e.job in waiting)]
+
+    def _status(self, namespace: str, entry: Entry, now: float) -> str:
+        """"live" (it counts), "watched" (the watch shows its job: the job's reservation counts),
+        or "gone" (expired, or its job is known gone)."""
+        if not now < entry.expires <= now + PENDING_SECONDS + CLOCK_SKEW or entry.uid in self._ended:
+            return "gone"
+        watched = self._watched.get((namespace, entry.job))
+        if watched is None:
+            return "live"
+        if entry.uid and watched[0] != entry.uid:
+            return "gone"  # its name is another job's: it was never stored, or is gone
+        return "watched" if watched[1] >= entry.generation else "live"
+
     # Reads.
 
     def of(self, namespace: str, quotas: list[dict], exclude: str = "") -> dict[Key, Reservation]:
-        """What the namespace's jobs other than ``exclude`` hold, per (quota, key) with any."""
+        """What the namespace's jobs other than ``exclude`` hold, per (quota, key) with any: their
+        own reservations and the live entries."""
+        sums = self._model_sums(namespace, quotas)
+        # A pod of the job, running, holds its part already: for a quota that counts every pod (a
+        # scoped one counts some pod sets, which an entry does not know, so nothing is taken off).
+        unscoped = {str((q.get("metadata") or {}).get("name", "")): not quotascope.is_scoped(q) for q in quotas}
+        with self._lock:
+            now = self.clock()
+            live = [(e, [p for p in self._pods.get((namespace, e.job), {}).values() if not p.finished])
+                    for e in self._entries.get(namespace, {}).values() if self._status(namespace, e, now) == "live"]
+        if live:
+            sums = {key: dict(by_job) for key, by_job in sums.items()}
+            for e, pods in live:
+                for quota, key, amount in e.reserved:
+                    left = amount - (sum(_holds(pod, key) for pod in pods) if unscoped.get(quota) else 0)
+                    if quota in unscoped and left > 0:
+                        sums.setdefault((quota, key), {})[e.job] = left
+        found = {}
+        for key, by_job in sums.items():
+            held = tuple((name, amount) for name, amount in sorted(by_job.items()) if name != exclude)
+            if held:
+                found[key] = Reservation(key[0], key[1], held)
+        return found
+
+    def shortfalls(self, namespace: str, quotas: list[dict], entry: Entry) -> list[Shortfall]:
+        """The quota check's arithmetic for ``entry``'s job alone: each key where what it adds is
+        more than the quota leaves beside its usage and the other jobs' reservations (the engine
+        decided with an older view; this is the same sum with the current one)."""
+        held = self.of(namespace, quotas, exclude=entry.job)
+        short = []
+        for quota in quotas:
+            name = str((quota.get("metadata") or {}).get("name", ""))
+            status = quota.get("status") or {}
+            hard = quota_amounts(status.get("hard") or (quota.get("spec") or {}).get("hard"))
+            used = quota_amounts(status.get("used"))
+            for quota_name, key, need in entry.reserved:
+                if quota_name != name or hard.get(key) is None or used.get(key, 0) is None:
+                    continue  # not counted, or beyond what any job reaches (policies/checks/quota.py)
+                reserved = held[(name, key)].total if (name, key) in held else 0
+                if need > hard[key] - (used.get(key) or 0) - reserved:
+                    short.append(Shortfall(name, key, need, hard[key], used.get(key) or 0, reserved))
+        return short
+
+    def namespaces(self) -> list[str]:
+        with self._lock:
+            return sorted({ns for ns, jobs in self._jobs.items() if jobs}
+                          | {ns for ns, entries in self._entries.items() if entries})
+
+    def _model_sums(self, namespace: str, quotas: list[dict]) -> dict[Key, dict[str, int]]:
+        """What the watched jobs of the namespace hold, per (quota, key) and job."""
         signatures = [_quota_signature(q) for q in quotas]
         runtimes = (id(self.state.cluster_runtimes), id(self.state.runtimes))
         with self._lock:
-            self._expire(namespace)
             jobs = self._jobs.get(namespace, {})
             inputs = (signatures, runtimes if any(e.job is None for e in jobs.values()) else None)
             cached = self._sums.get(namespace)
             if cached is None or cached[0] != inputs:
                 cached = (inputs, self._sum(namespace, quotas, signatures))
                 self._sums[namespace] = cached
-        found = {}
-        for key, by_job in cached[1].items():
-            held = tuple((name, amount) for name, amount in sorted(by_job.items()) if name != exclude)
-            if held:
-                found[key] = Reservation(key[0], key[1], held)
-        return found
-
-    def namespaces(self) -> list[str]:
-        with self._lock:
-            return sorted(ns for ns, jobs in self._jobs.items() if jobs)
-
-    def _expire(self, namespace: str) -> None:
-        jobs = self._jobs.get(namespace, {})
-        now = self.clock()
-        for name in [n for n, e in jobs.items() if e.expires is not None and e.expires <= now]:
-            del jobs[name]
-            self._sums.pop(namespace, None)
+            return cached[1]
 
     def _sum(self, namespace: str, quotas: list[dict], signatures: list[str]) -> dict[Key, dict[str, int]]:
         sums: dict[Key, dict[str, int]] = {}

@@ -11,12 +11,13 @@ closed and says why; ``errored()`` and ``error()`` let a rule look at it first.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-import celpy
-import celpy.celtypes as ct
 from .. import PolicyError
+from .functions import Overload, overload, register_type
+from .values import CelType, Err
 
 MAX_CHECKS = 16  # per request: each may be a call to the API server
 
@@ -36,6 +37,8 @@ class AccessCheck:
     namespace: str = ""
     name: str = ""
     path: str = ""
+    field_selector: str = ""  # raw, as the SubjectAccessReview carries it (the API server parses it)
+    label_selector: str = ""
 
 
 class AccessError(PolicyError):
@@ -68,16 +71,26 @@ class Decision:
     allowed: bool
     reason: str = ""
     error: str = ""
+    cel_type = CelType("kubernetes.authorization.Decision")
 
 
-class Authorizer(ct.MapType):
-    """The ``authorizer`` variable: a map only so that ``authorizer.requestResource`` selects."""
+class Authorizer(dict):
+    """The ``authorizer`` variable: a map only so that ``authorizer.requestResource`` selects (VAP
+    declares it as a variable of that dotted name)."""
+
+    cel_type = CelType("kubernetes.authorization.Authorizer")
 
     def __init__(self, user: str, groups: tuple[str, ...], uid: str, tally: _Tally, request_resource: "ResourceCheck | None"):
         super().__init__()
         self.user, self.groups, self.uid, self.tally = user, groups, uid, tally
         if request_resource is not None:
-            dict.__setitem__(self, ct.StringType("requestResource"), replace(request_resource, authorizer=self))
+            dict.__setitem__(self, "requestResource", replace(request_resource, authorizer=self))
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
 
     def decide(self, **what: str) -> Decision:
         tally = self.tally
@@ -101,6 +114,7 @@ def authorizer(user: str, groups: list[str], uid: str, access: Access, request_r
 class GroupCheck:
     authorizer: Authorizer
     group: str
+    cel_type = CelType("kubernetes.authorization.GroupCheck")
 
 
 @dataclass(frozen=True)
@@ -111,86 +125,123 @@ class ResourceCheck:
     subresource: str = ""
     namespace: str = ""
     name: str = ""
+    field_selector: str = ""
+    label_selector: str = ""
+    cel_type = CelType("kubernetes.authorization.ResourceCheck")
 
 
 @dataclass(frozen=True)
 class PathCheck:
     authorizer: Authorizer
     path: str
+    cel_type = CelType("kubernetes.authorization.PathCheck")
 
 
 def _text(value: Any, what: str, empty: bool = True) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be a string")
     if not empty and not value.strip():
         raise ValueError(f"{what} must not be empty")
-    return str(value)
+    return value
 
 
-def _on(kind: "type | tuple[type, ...]", apply: Callable[..., Any]) -> Callable[..., Any]:
-    """A method of ``kind`` only: on any other receiver it is no overload (a map's ``name`` field
-    is read with ``.name``, never ``.name()``)."""
+def _guard(apply: Callable[..., Any]) -> Callable[..., Any]:
+    """A bad argument (an empty resource, an invalid service account) is the call's error."""
     def call(target: Any, *args: Any) -> Any:
-        if not isinstance(target, kind):
-            return celpy.CELEvalError(f"no such overload for {type(target).__name__}")
         try:
             return apply(target, *args)
-        except (TypeError, ValueError) as exc:
-            return celpy.CELEvalError(f"authorizer: {exc}")
+        except ValueError as exc:
+            return Err(str(exc))
     return call
 
 
-def path(auth: Authorizer, value: Any) -> PathCheck:
+def path(auth: Authorizer, value: str) -> PathCheck:
     return PathCheck(auth, _text(value, "path", empty=False))
 
 
-def group(auth: Authorizer, value: Any) -> GroupCheck:
-    return GroupCheck(auth, _text(value, "group"))
+def group(auth: Authorizer, value: str) -> GroupCheck:
+    return GroupCheck(auth, value)
 
 
-def serviceAccount(auth: Authorizer, namespace: Any, name: Any) -> Authorizer:
-    ns, sa = _text(namespace, "namespace", empty=False), _text(name, "name", empty=False)
-    return Authorizer(f"system:serviceaccount:{ns}:{sa}", ("system:serviceaccounts", f"system:serviceaccounts:{ns}"),
-                      "", auth.tally, None)
+def serviceAccount(auth: Authorizer, namespace: str, name: str) -> Authorizer:
+    if not _is_dns_subdomain(name):
+        raise ValueError("Invalid service account name")
+    if not _is_dns_label(namespace):
+        raise ValueError("Invalid service account namespace")
+    return Authorizer(f"system:serviceaccount:{namespace}:{name}",
+                      ("system:serviceaccounts", f"system:serviceaccounts:{namespace}"), "", auth.tally, None)
 
 
-def resource(check: GroupCheck, value: Any) -> ResourceCheck:
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def _is_dns_subdomain(text: str) -> bool:
+    """ValidateServiceAccountName (NameIsDNSSubdomain)."""
+    return len(text) <= 253 and _DNS_SUBDOMAIN.fullmatch(text) is not None
+
+
+def _is_dns_label(text: str) -> bool:
+    """ValidateNamespaceName (NameIsDNSLabel)."""
+    return len(text) <= 63 and _DNS_LABEL.fullmatch(text) is not None
+
+
+def resource(check: GroupCheck, value: str) -> ResourceCheck:
     return ResourceCheck(check.authorizer, check.group, _text(value, "resource", empty=False))
 
 
-def _setter(attribute: str) -> Callable[[ResourceCheck, Any], ResourceCheck]:
-    def set_field(check: ResourceCheck, value: Any) -> ResourceCheck:
-        return replace(check, **{attribute: _text(value, attribute)})
+def _setter(attribute: str) -> Callable[[ResourceCheck, str], ResourceCheck]:
+    def set_field(check: ResourceCheck, value: str) -> ResourceCheck:
+        return replace(check, **{attribute: value})
     set_field.__name__ = attribute
     return set_field
 
 
-def check(target: "ResourceCheck | PathCheck", verb: Any) -> Decision:
-    verb = _text(verb, "verb", empty=False)
+def check(target: "ResourceCheck | PathCheck", verb: str) -> Decision:
     if isinstance(target, PathCheck):
         return target.authorizer.decide(verb=verb, path=target.path)
     return target.authorizer.decide(verb=verb, group=target.group, resource=target.resource,
-                                    subresource=target.subresource, namespace=target.namespace, name=target.name)
+                                    subresource=target.subresource, namespace=target.namespace, name=target.name,
+                                    field_selector=target.field_selector, label_selector=target.label_selector)
 
 
 def allowed(decision: Decision) -> Any:
     """The answer; a check that could not be made is an error, so a rule on it fails closed."""
     if decision.error:
-        return celpy.CELEvalError(f"permission check failed: {decision.error}")
-    return ct.BoolType(decision.allowed)
+        return Err(f"permission check failed: {decision.error}")
+    return decision.allowed
 
 
-FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "path": _on(Authorizer, path),
-    "group": _on(Authorizer, group),
-    "serviceAccount": _on(Authorizer, serviceAccount),
-    "resource": _on(GroupCheck, resource),
-    "subresource": _on(ResourceCheck, _setter("subresource")),
-    "namespace": _on(ResourceCheck, _setter("namespace")),
-    "name": _on(ResourceCheck, _setter("name")),
-    "check": _on((ResourceCheck, PathCheck), check),
-    "allowed": _on(Decision, allowed),
-    "reason": _on(Decision, lambda d: ct.StringType(d.reason)),
-    "errored": _on(Decision, lambda d: ct.BoolType(bool(d.error))),
-    "error": _on(Decision, lambda d: ct.StringType(d.error)),
-}
+for _cls in (Authorizer, GroupCheck, ResourceCheck, PathCheck, Decision):
+    register_type(_cls.cel_type.name, _cls)
+
+_A, _G, _R, _P, _D = ("kubernetes.authorization." + n for n in ("Authorizer", "GroupCheck", "ResourceCheck",
+                                                                 "PathCheck", "Decision"))
+LIBRARY = "kubernetes.authz"
+OVERLOADS: list[Overload] = [
+    overload("path", "authorizer_path", f"{_A}, string", _P, _guard(path), member=True, library=LIBRARY,
+             doc="`authorizer.path('/healthz')`: a non-resource URL"),
+    overload("group", "authorizer_group", f"{_A}, string", _G, group, member=True, library=LIBRARY,
+             doc="`authorizer.group('')`: the core API group"),
+    overload("serviceAccount", "authorizer_serviceaccount", f"{_A}, string, string", _A, _guard(serviceAccount),
+             member=True, library=LIBRARY, doc="the authorizer of that service account instead of the submitter"),
+    overload("resource", "groupcheck_resource", f"{_G}, string", _R, _guard(resource), member=True, library=LIBRARY,
+             doc="`authorizer.group('apps').resource('deployments')`"),
+    overload("subresource", "resourcecheck_subresource", f"{_R}, string", _R, _setter("subresource"), member=True,
+             library=LIBRARY),
+    overload("namespace", "resourcecheck_namespace", f"{_R}, string", _R, _setter("namespace"), member=True,
+             library=LIBRARY),
+    overload("name", "resourcecheck_name", f"{_R}, string", _R, _setter("name"), member=True, library=LIBRARY),
+    overload("check", "pathcheck_check", f"{_P}, string", _D, check, member=True, library=LIBRARY),
+    overload("check", "resourcecheck_check", f"{_R}, string", _D, check, member=True, library=LIBRARY,
+             doc="one SubjectAccessReview, e.g. `.check('create')`"),
+    overload("allowed", "decision_allowed", _D, "bool", allowed, member=True, library=LIBRARY,
+             doc="the answer; an error when the check could not be made"),
+    overload("reason", "decision_reason", _D, "string", lambda d: d.reason, member=True, library=LIBRARY),
+    overload("errored", "decision_errored", _D, "bool", lambda d: bool(d.error), member=True, library=LIBRARY,
+             doc="whether the check could not be made"),
+    overload("error", "decision_error", _D, "string", lambda d: d.error, member=True, library=LIBRARY,
+             doc="why, or `''`"),
+    overload("fieldSelector", "authorizer_fieldselector", f"{_R}, string", _R, _setter("field_selector"), member=True,
+             library=LIBRARY, doc="`authorizer.group('').resource('pods').fieldSelector('spec.nodeName=n1')`"),
+    overload("labelSelector", "authorizer_labelselector", f"{_R}, string", _R, _setter("label_selector"), member=True,
+             library=LIBRARY, doc="`authorizer.group('').resource('pods').labelSelector('app=x')`"),
+]

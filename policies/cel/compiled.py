@@ -1,106 +1,43 @@
-"""CEL at native speed: cel-python's parse tree compiled once into Python closures.
+"""CEL at native speed: an expression's syntax tree (policies/cel/ast.py) compiled once into Python
+closures that evaluate it as cel-go does, per request.
 
-cel-python's interpreter walks the lark tree for every evaluation, clones its activation for every
-macro iteration and looks each operator up by name; that costs about 0.4 ms per rule. The closures
-here do the same work without the walk: every node calls the very operators and functions
-cel-python calls (celtypes values, the same error values and messages, errors absorbed by ``&&`` and
-``||`` the same way), and charges the :class:`~policies.cel.environment.Budget` exactly the steps cel-python's
-budgeted interpreter charges, so a hostile expression stops at the same point on either path.
+Each closure takes ``(env, budget)`` (the variables, and the :class:`~policies.cel.environment.Budget`
+every node is charged to) and gives a value or an :class:`~policies.cel.values.Err`; an error is a
+value until ``&&``, ``||`` or a macro absorbs it (cel-go's commutative logic), or it reaches the top,
+where :func:`compile_program` raises it. The semantics are cel-go v0.26.0's with Kubernetes'
+environment (operators.py, stdlib.py and the library modules say where each comes from); the
+closures add fast paths for the common cases (a field chain of maps, same-type comparisons,
+``in`` over a constant list of strings, a call with one overload).
 
-A construct not compiled here (proto message literals, leading-dot names,
-macros with other than two arguments) makes :func:`compile_tree` return None and the expression runs
-on cel-python. cel-python stays the reference: tests/unit/test_cel_fast.py compares the two.
+What kube-apiserver refuses when a policy is created rather than when it runs is refused here when
+the expression is compiled (:class:`~policies.cel.ast.CelSyntaxError`): a type conversion of a
+constant that fails (``int('0x10')``, ``duration('1d')``), a constant regular expression that does
+not compile, an unknown function or a call with no overload of its arity (cel-go's
+OptOptimize folds conversions and compiles constant patterns at program creation; its validators
+check duration, timestamp and regex literals).
 """
 from __future__ import annotations
 
-import operator
-from functools import lru_cache, partial
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional as Maybe
 
-import celpy.celtypes as ct
-import lark
-import re2
-from celpy.evaluation import (CELEvalError, Evaluator, base_functions, eval_error, function_contains,
-                              function_matches, operator_in)
-from .. import PolicyError
+from . import operators, wellknown
+from .ast import (
+    AND, CONDITIONAL, NEGATE, NOT, OR, Call, CelSyntaxError, Comprehension, Has, Ident, Index, ListLit, Literal,
+    MapLit, MessageLit, Node, OptionalMacro, Select,
+)
+from .functions import Registry, dispatcher, exact_type
+from .stdlib import CONVERSIONS, compile_regex
+from .strings import check_format
+from .values import (
+    ABSENT, INT_OVERFLOW, INT64_MAX, INT64_MIN, NONE, TYPE_IDENTIFIERS, Err, Optional, UInt, compare, equals,
+    no_such_overload, operator_error, type_name,
+)
 
-Closure = Callable[[dict, Any], Any]  # (variables, budget) -> value or CELEvalError
-_TRUE, _FALSE = ct.BoolType(True), ct.BoolType(False)
-_PASS_THROUGH = frozenset({"expr", "conditionalor", "conditionaland", "relation", "addition", "multiplication",
-                           "unary", "member", "primary"})
-_RELATIONS = {"relation_lt": operator.lt, "relation_le": operator.le, "relation_gt": operator.gt,
-              "relation_ge": operator.ge, "relation_eq": operator.eq, "relation_ne": operator.ne}
-_ARITHMETIC = {"addition_add": operator.add, "addition_sub": operator.sub, "multiplication_mul": operator.mul,
-               "multiplication_div": operator.truediv, "multiplication_mod": operator.mod}
-_UNARY = {"unary_not": ct.logical_not, "unary_neg": operator.neg}
-_ALL = eval_error("no such overload", TypeError)(ct.logical_and)
-_EXISTS = eval_error("no such overload", TypeError)(ct.logical_or)
-_SIZED = (str, bytes, list, dict)
-_LITERALS = Evaluator(lark.Tree("expr", []), None)  # literal() reads only its tree
-
-
-_CACHED_TEXT = 256  # longer texts are searched every time rather than kept as cache keys
-
-
-@lru_cache(maxsize=4096)
-def _search(pattern: str, text: str) -> bool:
-    """One RE2 search costs ~7 us through the binding; the same names and images come back in
-    every review, so the answers are kept (a bad pattern raises re2.error, which is not cached)."""
-    return re2.compile(pattern).search(text) is not None
-
-
-def _matches(text: Any, pattern: Any) -> Any:
-    """cel-python's matches() (RE2 search), remembered for short strings."""
-    if type(pattern) is not ct.StringType or type(text) is not ct.StringType or len(text) > _CACHED_TEXT:
-        return function_matches(text, pattern)
-    try:
-        return _TRUE if _search(str(pattern), str(text)) else _FALSE
-    except re2.error as ex:
-        return CELEvalError("match error", ex.__class__, ex.args)
-
-
-# cel-python's functions without building a BoolType per call (same results, same exceptions)
-_FASTER: dict[str, Callable] = {
-    "startsWith": lambda text, prefix: _TRUE if text.startswith(prefix) else _FALSE,
-    "endsWith": lambda text, suffix: _TRUE if text.endswith(suffix) else _FALSE,
-    "matches": _matches,
-    "size": lambda value: _ZERO if value is None else _int(len(value)),  # function_size, unlogged
-    "contains": lambda container, item: ((_TRUE if item in container else _FALSE)
-                                         if type(container) is ct.StringType and type(item) is ct.StringType
-                                         else function_contains(container, item)),
-}
-_UNSIZED = frozenset(_FASTER)  # their results are bools, ints or errors: cel-python charges nothing for them
-_int = partial(int.__new__, ct.IntType)  # a length is in int64's range: IntType without its (costly) check
-_ZERO = _int(0)
+Closure = Callable[[dict, Any], Any]  # (variables, budget) -> value or Err
 _FOLD_STEPS = 10_000  # a constant part costing more is left to run per evaluation
-# comparisons of two values of the same plain type, without celtypes' type check (it would pass)
-_PLAIN = {name: {ct.IntType: getattr(int, f"__{name[9:]}__"), ct.StringType: getattr(str, f"__{name[9:]}__")}
-          for name in _RELATIONS}
-
-
-class Unsupported(PolicyError):
-    """A construct this compiler leaves to cel-python."""
-
-
-def compile_tree(tree: lark.Tree, functions: dict[str, Callable], iteration_steps: int,
-                 chars_per_step: int) -> Optional[Callable[[dict, Any], Any]]:
-    """``tree`` (cel-python's parse of one expression) as ``run(variables, budget) -> value``, which
-    raises CELEvalError as ``Evaluator.evaluate`` does; None if some construct is not compiled."""
-    compiler = _Compiler({**base_functions, **_FASTER, **functions}, iteration_steps, chars_per_step)
-    try:
-        body = compiler.node(tree)
-    except Unsupported:
-        return None
-    return compiler.iteration(body)
-
-
-def _spend(budget: Any, steps: int) -> None:
-    """Budget.spend without the method lookup. Nodes take their steps inline and leave the clock to
-    the iterations: without a macro the work is bounded by the expression's size."""
-    budget.left -= steps
-    budget._ticks -= 1
-    if budget.left < 0 or budget._ticks <= 0:
-        budget.settle()
+_REGEX_ARGUMENT = {"matches": 1, "find": 1, "findAll": 1}  # the pattern's position, receiver counted
+_SIZED = (str, bytes, list, dict)
+_NO_OVERLOAD = Err("no such overload")
 
 
 class _Tally:
@@ -113,626 +50,872 @@ class _Tally:
 
     def settle(self) -> None:
         if self.left < 0:
-            raise Unsupported("constant too costly to fold")
+            raise _TooCostly()
 
 
-def _literal(value: Any, steps: int) -> Closure:
-    """A value known at compile time, still charged the steps cel-python takes to build it."""
+class _TooCostly(Exception):
+    pass
+
+
+def compile_program(tree: Node, registry: Registry, variables: frozenset[str], iteration_steps: int,
+                    chars_per_step: int) -> Callable[[dict, Any], Any]:
+    """``tree`` as ``run(env, budget) -> value``; ``run`` raises :class:`EvaluationError` with
+    cel-go's message when the expression evaluates to an error. Raises CelSyntaxError for what
+    cel-go refuses before evaluating (see the module docstring)."""
+    body = _Compiler(registry, variables, iteration_steps, chars_per_step).node(tree)
+
     def run(env: dict, budget: Any) -> Any:
-        budget.left -= steps
+        budget.left -= iteration_steps
+        budget._ticks -= 1
+        if budget.left < 0 or budget._ticks <= 0:
+            budget.settle()
+        value = body(env, budget)
+        if type(value) is Err:
+            raise EvaluationError(value)
+        return value
+
+    return run
+
+
+class EvaluationError(Exception):
+    """An expression that evaluated to an error (``args[0]``: the Err)."""
+
+
+def _constant(value: Any, planned: bool = False) -> Closure:
+    """A value known when compiling. ``planned``: cel-go holds it as a constant too (a literal, a
+    list or map literal of such, a folded conversion), which decides what it checks before
+    evaluating (a conversion of it, a pattern, an index)."""
+    def run(env: dict, budget: Any) -> Any:
+        budget.left -= 1
         if budget.left < 0:
             budget.settle()
         return value
 
     run.constant = value  # type: ignore[attr-defined]
+    run.planned = planned  # type: ignore[attr-defined]
     return run
 
 
-class _Compiler:
-    def __init__(self, functions: dict[str, Callable], iteration_steps: int, chars_per_step: int):
-        self.functions, self.iteration_steps, self.chars_per_step = functions, iteration_steps, chars_per_step
-        self.names = 0  # identifiers compiled so far: a part during which none was is constant
+def _planned(closure: Closure) -> bool:
+    return getattr(closure, "planned", False)
 
-    def node(self, tree: lark.Tree, steps: int = 1) -> Closure:
-        """The closure for ``tree``; a part that reads no variable (``7 + 64``, ``['a', 'b']``) is
-        evaluated once here, charging the same steps per evaluation, when it gives a value."""
-        names = self.names
-        closure = self.build(tree, steps)
-        if self.names != names or hasattr(closure, "constant"):
+
+def _spend(budget: Any, steps: int) -> None:
+    """A macro iteration's charge, with the clock looked at every few of them."""
+    budget.left -= steps
+    budget._ticks -= 1
+    if budget.left < 0 or budget._ticks <= 0:
+        budget.settle()
+
+
+class _Compiler:
+    def __init__(self, registry: Registry, variables: frozenset[str], iteration_steps: int, chars_per_step: int):
+        self.registry, self.variables = registry, variables
+        self.iteration_steps, self.chars_per_step = iteration_steps, chars_per_step
+        self.bound: tuple[str, ...] = ()  # comprehension variables in scope, innermost last
+        self.reads = 0  # variables read so far: a part during which none was is constant
+
+    def node(self, tree: Node) -> Closure:
+        """The closure for ``tree``; a part that reads no variable is evaluated here once."""
+        reads = self.reads
+        handler = getattr(self, "_" + type(tree).__name__)
+        closure = handler(tree)
+        if self.reads != reads or hasattr(closure, "constant"):
             return closure
         tally = _Tally()
         try:
             value = closure({}, tally)
-        except Exception:  # noqa: BLE001 - whatever it raises, it raises per evaluation instead
+        except _TooCostly:
             return closure
-        if isinstance(value, CELEvalError):
-            return closure
-        return _literal(value, _FOLD_STEPS - tally.left)
-
-    def build(self, tree: lark.Tree, steps: int) -> Closure:
-        """The closure for ``tree``; ``steps`` counts the visits cel-python makes on the way to it
-        (single-child nodes are folded into their child and charged there)."""
-        while tree.data in _PASS_THROUGH and len(tree.children) == 1:
-            child = tree.children[0]
-            if not isinstance(child, lark.Tree):
-                raise Unsupported(tree.data)
-            if tree.data == "primary" and child.data != "literal":
-                return self.primary(child, steps)
-            tree, steps = child, steps + 1
-        handler = getattr(self, "node_" + tree.data, None)
-        if handler is None:
-            raise Unsupported(tree.data)
-        return handler(tree, steps)
+        if type(value) is Err:
+            return _failing(closure, value)
+        folded = _constant(value)
+        folded.planned = _planned(closure)  # type: ignore[attr-defined]
+        return folded
 
     def sized(self, fn: Closure) -> Closure:
-        """cel-python charges for the strings and collections its multi-child nodes build."""
+        """Charge for the strings and collections a node builds (a list entry one step, a string
+        chars_per_step characters a step)."""
         per = self.chars_per_step
 
         def run(env: dict, budget: Any) -> Any:
             value = fn(env, budget)
-            if isinstance(value, _SIZED):
-                _spend(budget, len(value) // per if isinstance(value, (str, bytes)) else len(value))
+            kind = type(value)
+            if kind is str or kind is bytes:
+                budget.left -= len(value) // per
+            elif kind is list or kind is dict:
+                budget.left -= len(value)
+            else:
+                return value
+            if budget.left < 0:
+                budget.settle()
             return value
 
         return run
 
-    def iteration(self, body: Closure) -> Callable[[dict, Any], Any]:
-        """One evaluation (the expression, or a macro body for one item): its own charge, and an
-        error result raised, as ``Evaluator.evaluate`` does."""
-        steps = self.iteration_steps
+    # --- leaves ----------------------------------------------------------------------------------
+
+    def _Literal(self, tree: Literal) -> Closure:
+        return _constant(tree.value, planned=True)
+
+    def _Ident(self, tree: Ident) -> Closure:
+        name = tree.name
+        if name in self.bound or name in self.variables:
+            self.reads += 1
+            return _variable(name)
+        if name in TYPE_IDENTIFIERS:
+            return _constant(TYPE_IDENTIFIERS[name])
+        raise CelSyntaxError(f"undeclared reference to '{name}' (in container '')", tree.line, tree.column)
+
+    # --- selection ---------------------------------------------------------------------------------
+
+    def _Select(self, tree: Select) -> Closure:
+        qualified = self.qualified(tree)
+        if qualified is not None and qualified in TYPE_IDENTIFIERS:
+            return _constant(TYPE_IDENTIFIERS[qualified])
+        target = self.node(tree.target)
+        name = tree.field
+        if tree.optional:
+            return _unary_step(target, lambda value: operators.select_optional(value, name))
+        chain = getattr(target, "chain", None)
+        if chain is not None:
+            return _field_chain(chain[0], (*chain[1], name))
+        missing = Err(f"no such key: {name}")
 
         def run(env: dict, budget: Any) -> Any:
-            _spend(budget, steps)  # the clock is looked at every _CHECK_EVERY iterations
-            value = body(env, budget)
-            if isinstance(value, CELEvalError):
-                raise value
-            return value
+            budget.left -= 1
+            if budget.left < 0:
+                budget.settle()
+            value = target(env, budget)
+            if type(value) is dict:
+                found = dict.get(value, name, ABSENT)
+                return missing if found is ABSENT else found
+            return operators.select(value, name)
 
         return run
 
-    # --- operators -----------------------------------------------------------------------------
+    def qualified(self, tree: Node) -> Maybe[str]:
+        """``a.b.c`` as text when it is identifiers only and ``a`` is no variable in scope."""
+        parts = []
+        while isinstance(tree, Select) and not tree.optional:
+            parts.append(tree.field)
+            tree = tree.target
+        if isinstance(tree, Ident) and tree.name not in self.bound and tree.name not in self.variables:
+            return ".".join([tree.name, *reversed(parts)])
+        return None
 
-    def node_literal(self, tree: lark.Tree, steps: int) -> Closure:
-        return _literal(_LITERALS.literal(tree), steps)
-
-    def node_expr(self, tree: lark.Tree, steps: int) -> Closure:
-        cond, left, right = (self.node(c) for c in tree.children)
-        condition = ct.logical_condition
-
-        def run(env: dict, budget: Any) -> Any:
-            budget.left -= steps
-            if budget.left < 0:
-                budget.settle()
-            c = cond(env, budget)
-            a = b = _FALSE
-            try:
-                if c:
-                    a = left(env, budget)
-                else:
-                    b = right(env, budget)
-                return condition(c, a, b)
-            except TypeError as ex:
-                return CELEvalError(f"found no matching overload for _?_:_ applied to '({type(c)}, {type(a)}, "
-                                    f"{type(b)})'", ex.__class__, ex.args)
-
-        return self.sized(run)
-
-    def node_conditionalor(self, tree: lark.Tree, steps: int) -> Closure:
-        return self.logical(tree, steps, ct.logical_or, "_||_")
-
-    def node_conditionaland(self, tree: lark.Tree, steps: int) -> Closure:
-        return self.logical(tree, steps, ct.logical_and, "_&&_")
-
-    def logical(self, tree: lark.Tree, steps: int, func: Callable, name: str) -> Closure:
-        """cel-python evaluates both sides (no short circuit) and lets the operator absorb errors.
-        Two bools give a bool, which needs no sizing; anything else goes through the operator."""
-        left, right = (self.node(c) for c in tree.children)
-        either = name == "_||_"
-
-        def mixed(a: Any, b: Any) -> Any:
-            try:
-                return func(a, b)  # it may hand back a non-bool operand (``x || false`` is x)
-            except TypeError as ex:
-                return CELEvalError(f"found no matching overload for {name} applied to '({type(a)}, {type(b)})'",
-                                    ex.__class__, ex.args)
-
-        sized_mixed = self.sized(lambda operands, budget: mixed(*operands))
+    def _Index(self, tree: Index) -> Closure:
+        target, key = self.node(tree.target), self.node(tree.index)
+        if _planned(key) and type(key.constant) not in _QUALIFIERS:  # type: ignore[attr-defined]
+            # cel-go's planner (interpreter/attributes.go newQualifier) refuses it when the policy is created
+            raise CelSyntaxError(f"invalid qualifier type: {type_name(key.constant)}",  # type: ignore[attr-defined]
+                                 tree.line, tree.column)
+        operation = operators.index_optional if tree.optional else operators.index
 
         def run(env: dict, budget: Any) -> Any:
-            budget.left -= steps
+            budget.left -= 1
             if budget.left < 0:
                 budget.settle()
-            a, b = left(env, budget), right(env, budget)
-            if type(a) is ct.BoolType:
-                if type(b) is ct.BoolType:
-                    return _TRUE if ((a or b) if either else (a and b)) else _FALSE
-                if isinstance(b, CELEvalError):  # the operator's answer: a bool or the error, unsized
-                    return b if bool(a) != either else a
-            elif type(b) is ct.BoolType and isinstance(a, CELEvalError):
-                return a if bool(b) != either else b
-            return sized_mixed((a, b), budget)
+            value, k = target(env, budget), key(env, budget)
+            if type(value) is list and type(k) is int:
+                if 0 <= k < len(value) and not tree.optional:
+                    return value[k]
+            elif type(value) is dict and type(k) is str and not tree.optional:
+                found = dict.get(value, k, ABSENT)
+                if found is not ABSENT:
+                    return found
+            return operation(value, k)
 
         return run
 
-    def operands(self, tree: lark.Tree) -> tuple[str, Closure, Closure]:
-        """``[op_node(left), right]``: cel-python visits the op node too (one more step)."""
-        op_tree, right_tree = tree.children
-        (left_tree,) = op_tree.children
-        return op_tree.data, self.node(left_tree), self.node(right_tree)
+    def _Has(self, tree: Has) -> Closure:
+        target = self.node(tree.target)
+        name = tree.field
+        chain = getattr(target, "chain", None)
+        if chain is not None:
+            return _presence(chain[0], chain[1], name)
+        return _unary_step(target, lambda value: operators.present(value, name))
 
-    def node_relation(self, tree: lark.Tree, steps: int) -> Closure:
-        name, left, right = self.operands(tree)
-        steps += 1
-        label = repr(name)
-        if name == "relation_in":
-            strings = _string_set(getattr(right, "constant", None))
+    # --- literals of collections ---------------------------------------------------------------
 
+    def _ListLit(self, tree: ListLit) -> Closure:
+        items = [self.node(e) for e in tree.elements]
+        optional = frozenset(tree.optional)
+        if not optional:
             def run(env: dict, budget: Any) -> Any:
-                budget.left -= steps
+                budget.left -= 1
+                if budget.left < 0:
+                    budget.settle()
+                values = [item(env, budget) for item in items]
+                for value in values:
+                    if type(value) is Err:
+                        return value
+                return values
+            built = self.sized(run)
+            built.planned = all(map(_planned, items))  # type: ignore[attr-defined]
+            return built
+
+        def run_optional(env: dict, budget: Any) -> Any:
+            budget.left -= 1
+            if budget.left < 0:
+                budget.settle()
+            values = []
+            for i, item in enumerate(items):
+                value = item(env, budget)
+                if type(value) is Err:
+                    return value
+                if i in optional:
+                    if type(value) is not Optional:
+                        return no_such_overload(value)
+                    if value.present:
+                        values.append(value.value)
+                else:
+                    values.append(value)
+            return values
+
+        return self.sized(run_optional)
+
+    def _MapLit(self, tree: MapLit) -> Closure:
+        entries = [(self.node(k), self.node(v), optional) for k, v, optional in tree.entries]
+
+        def run(env: dict, budget: Any) -> Any:
+            budget.left -= 1
+            if budget.left < 0:
+                budget.settle()
+            result: dict = {}
+            for key, value, optional in entries:
+                k, v = key(env, budget), value(env, budget)
+                if type(k) is Err:
+                    return k
+                if type(v) is Err:
+                    return v
+                if type(k) not in _KEY_TYPES:
+                    return Err(f"unsupported key type: {type(k).__name__}")
+                if optional:
+                    if type(v) is not Optional:
+                        return no_such_overload(v)
+                    if not v.present:
+                        continue
+                    v = v.value
+                result[k] = v
+            return result
+
+        built = self.sized(run)
+        built.planned = all(_planned(k) and _planned(v) and not o for k, v, o in entries)  # type: ignore[attr-defined]
+        return built
+
+    def _MessageLit(self, tree: MessageLit) -> Closure:
+        known = wellknown.TYPES.get(tree.type_name)
+        if known is None:
+            raise CelSyntaxError(f"undeclared reference to '{tree.type_name}' (in container '')", tree.line, tree.column)
+        allowed, build = known
+        for name, _ in tree.fields:
+            if name not in allowed:
+                raise CelSyntaxError(f"undefined field '{name}'", tree.line, tree.column)
+        fields = [(name, self.node(value)) for name, value in tree.fields]
+
+        def run(env: dict, budget: Any) -> Any:
+            budget.left -= 1
+            if budget.left < 0:
+                budget.settle()
+            values = {}
+            for name, value in fields:
+                found = value(env, budget)
+                if type(found) is Err:
+                    return found
+                values[name] = found
+            return build(values)
+
+        return run
+
+    # --- calls -----------------------------------------------------------------------------------
+
+    def _Call(self, tree: Call) -> Closure:
+        name = tree.function
+        special = _OPERATOR_BUILDERS.get(name)
+        if special is not None and tree.target is None:
+            return special(self, tree)
+        member = tree.target is not None
+        nodes = ([tree.target] if member else []) + list(tree.args)
+        candidates = self.registry.candidates(name, member, len(nodes))
+        if not candidates:
+            raise self.no_function(tree, len(nodes))
+        if member and name in ("or", "orValue") and len(nodes) == 2:
+            return self.optional_default(tree)
+        if member and name == "format" and len(nodes) == 2:
+            self.check_format(tree)
+        args = [self.node(n) for n in nodes]
+        if name in CONVERSIONS and not member and len(args) == 1 and _planned(args[0]):
+            value = _guarded(dispatcher(name, candidates), *(a.constant for a in args))  # type: ignore[attr-defined]
+            if type(value) is Err:  # cel-go's OptOptimize: refused when the policy is created
+                raise CelSyntaxError(value.message, tree.line, tree.column)
+            return _constant(value, planned=True)
+        position = _REGEX_ARGUMENT.get(name)
+        if position is not None and position < len(args) and _planned(args[position]):
+            pattern = args[position].constant  # type: ignore[attr-defined]
+            if type(pattern) is str:
+                try:
+                    compile_regex(pattern)
+                except ValueError as exc:
+                    raise CelSyntaxError(f"invalid {name} argument: {exc}", tree.line, tree.column) from None
+        call = dispatcher(name, candidates)
+        sized = any(_may_be_sized(o.result) for o in candidates)
+        exact = [exact_type(t) for t in candidates[0].args] if len(candidates) == 1 else None
+        if len(args) == 1:
+            (only,) = args
+            by_type = {}
+            for candidate in reversed(candidates):  # the first of equal types wins, as in cel-go's order
+                by_type[exact_type(candidate.args[0])] = candidate.impl
+            if None not in by_type:  # each overload known by its argument's class: a lookup, then the call
+
+                def direct(env: dict, budget: Any) -> Any:
+                    budget.left -= 1
+                    if budget.left < 0:
+                        budget.settle()
+                    value = only(env, budget)
+                    impl = by_type.get(type(value))
+                    if impl is not None:
+                        try:
+                            return impl(value)
+                        except _FAILURES as exc:
+                            return _failure(exc)
+                    return _guarded(call, value)
+
+                return self.sized(direct) if sized else direct
+
+            def unary(env: dict, budget: Any) -> Any:
+                budget.left -= 1
+                if budget.left < 0:
+                    budget.settle()
+                return _guarded(call, only(env, budget))
+
+            return self.sized(unary) if sized else unary
+        if len(args) == 2:
+            first, second = args
+            if exact is not None and exact[0] is not None and exact[1] is not None:
+                impl, kind_a, kind_b = candidates[0].impl, exact[0], exact[1]
+
+                def direct_binary(env: dict, budget: Any) -> Any:
+                    budget.left -= 1
+                    if budget.left < 0:
+                        budget.settle()
+                    a, b = first(env, budget), second(env, budget)
+                    if type(a) is kind_a and type(b) is kind_b:
+                        try:
+                            return impl(a, b)
+                        except _FAILURES as exc:
+                            return _failure(exc)
+                    return _guarded(call, a, b)
+
+                return self.sized(direct_binary) if sized else direct_binary
+
+            def binary(env: dict, budget: Any) -> Any:
+                budget.left -= 1
+                if budget.left < 0:
+                    budget.settle()
+                return _guarded(call, first(env, budget), second(env, budget))
+
+            return self.sized(binary) if sized else binary
+
+        def variadic(env: dict, budget: Any) -> Any:
+            budget.left -= 1
+            if budget.left < 0:
+                budget.settle()
+            return _guarded(call, *[a(env, budget) for a in args])
+
+        return self.sized(variadic) if sized else variadic
+
+    def optional_default(self, tree: Call) -> Closure:
+        """``opt.or(other)`` and ``opt.orValue(value)``: the argument is evaluated only when the
+        optional is empty (an error there does not matter otherwise), and a receiver that is no
+        optional is the answer itself, as cel-go's evalOptionalOr evaluates them."""
+        target, fallback = self.node(tree.target), self.node(tree.args[0])
+        unwrap = tree.function == "orValue"
+
+        def run(env: dict, budget: Any) -> Any:
+            budget.left -= 1
+            if budget.left < 0:
+                budget.settle()
+            value = target(env, budget)
+            if type(value) is not Optional:
+                return value  # cel-go's evalOptionalOr: what is not an optional is the answer itself
+            if value.present:
+                return value.value if unwrap else value
+            return fallback(env, budget)
+
+        return run
+
+    def check_format(self, tree: Call) -> None:
+        """cel-go's validator of ``'<constant>'.format([<list literal>])``, at compile time."""
+        template, (arguments,) = tree.target, tree.args
+        if not (isinstance(template, Literal) and type(template.value) is str and isinstance(arguments, ListLit)):
+            return
+        kinds = [type_name(e.value) if isinstance(e, Literal) else _literal_kind(e) for e in arguments.elements]
+        problem = check_format(template.value, kinds)
+        if problem is not None:
+            raise CelSyntaxError(problem, tree.line, tree.column)
+
+    def no_function(self, tree: Call, count: int) -> CelSyntaxError:
+        if not self.registry.by_name.get(tree.function):
+            return CelSyntaxError(f"undeclared reference to '{tree.function}' (in container '')", tree.line, tree.column)
+        style = "a method" if tree.target is not None else "a function"
+        return CelSyntaxError(f"found no matching overload for '{tree.function}' called as {style} with "
+                              f"{count - (tree.target is not None)} argument(s)", tree.line, tree.column)
+
+    def logical(self, tree: Call) -> Closure:
+        left, right = (self.node(a) for a in tree.args)
+        stop = tree.function == OR  # the value that decides: true for ||, false for &&
+
+        def run(env: dict, budget: Any) -> Any:
+            budget.left -= 1
+            if budget.left < 0:
+                budget.settle()
+            a = left(env, budget)
+            if a is stop:
+                return stop
+            b = right(env, budget)
+            if b is stop:
+                return stop
+            if type(a) is bool:
+                if type(b) is bool:
+                    return not stop
+                return b if type(b) is Err else _NO_OVERLOAD
+            return a if type(a) is Err else _NO_OVERLOAD
+
+        return run
+
+    def conditional(self, tree: Call) -> Closure:
+        condition, yes, no = (self.node(a) for a in tree.args)
+
+        def run(env: dict, budget: Any) -> Any:
+            budget.left -= 1
+            if budget.left < 0:
+                budget.settle()
+            c = condition(env, budget)
+            if c is True:
+                return yes(env, budget)
+            if c is False:
+                return no(env, budget)
+            return no_such_overload(c)
+
+        return run
+
+    def negation(self, tree: Call) -> Closure:
+        return _unary_step(self.node(tree.args[0]), operators.logical_not)
+
+    def minus(self, tree: Call) -> Closure:
+        return _unary_step(self.node(tree.args[0]), operators.negate)
+
+    def arithmetic(self, tree: Call) -> Closure:
+        left, right = (self.node(a) for a in tree.args)
+        name = tree.function
+        operation = _ARITHMETIC[name]
+        if name == "_+_":
+            def add(env: dict, budget: Any) -> Any:
+                budget.left -= 1
                 if budget.left < 0:
                     budget.settle()
                 a, b = left(env, budget), right(env, budget)
-                if strings is not None and type(a) is ct.StringType:
-                    return _TRUE if a in strings else _FALSE
-                try:
-                    return operator_in(a, b)
-                except TypeError as ex:
-                    return CELEvalError(f"found no matching overload for {label} applied to '({type(a)}, "
-                                        f"{type(b)})'", ex.__class__, ex.args)
-            return self.sized(run)
-        op, plain = _RELATIONS[name], _PLAIN[name]
+                if type(a) is int and type(b) is int:
+                    total = a + b
+                    return total if INT64_MIN <= total <= INT64_MAX else INT_OVERFLOW
+                if type(a) is Err:
+                    return a
+                return b if type(b) is Err else operators.add(a, b)
+            return self.sized(add)
 
-        def compare(env: dict, budget: Any) -> Any:
-            budget.left -= steps
+        def run(env: dict, budget: Any) -> Any:
+            budget.left -= 1
             if budget.left < 0:
                 budget.settle()
             a, b = left(env, budget), right(env, budget)
-            if isinstance(a, CELEvalError):
+            if type(a) is Err:
                 return a
-            if isinstance(b, CELEvalError):
-                return b
-            kind = type(a)
-            if kind is type(b) and kind in plain:
-                return _TRUE if plain[kind](a, b) else _FALSE
-            try:
-                value = op(a, b)
-            except TypeError as ex:
-                return CELEvalError(f"found no matching overload for {label} applied to '({type(a)}, {type(b)})'",
-                                    ex.__class__, ex.args)
-            if value == NotImplemented:
-                return value
-            return _TRUE if value else _FALSE
+            return b if type(b) is Err else operation(a, b)
 
-        return compare  # a BoolType: nothing to size
+        return run
 
-    def node_addition(self, tree: lark.Tree, steps: int) -> Closure:
-        return self.arithmetic(tree, steps)
-
-    def node_multiplication(self, tree: lark.Tree, steps: int) -> Closure:
-        return self.arithmetic(tree, steps)
-
-    def arithmetic(self, tree: lark.Tree, steps: int) -> Closure:
-        name, left, right = self.operands(tree)
-        op, label, steps = _ARITHMETIC[name], repr(name), steps + 1
+    def relation(self, tree: Call) -> Closure:
+        left, right = (self.node(a) for a in tree.args)
+        test = _ORDER[tree.function]
+        symbol = tree.function.strip("_")
 
         def run(env: dict, budget: Any) -> Any:
-            budget.left -= steps
+            budget.left -= 1
             if budget.left < 0:
                 budget.settle()
             a, b = left(env, budget), right(env, budget)
-            try:
-                return op(a, b)
-            except TypeError as ex:
-                return CELEvalError(f"found no matching overload for {label} applied to '({type(a)}, {type(b)})'",
-                                    ex.__class__, ex.args)
-            except ZeroDivisionError as ex:
-                if not name.startswith("multiplication"):
-                    raise
-                return CELEvalError("modulus or divide by zero", ex.__class__, ex.args)
-            except (ValueError, OverflowError) as ex:
-                return CELEvalError("return error for overflow", ex.__class__, ex.args)
-
-        return self.sized(run)
-
-    def node_unary(self, tree: lark.Tree, steps: int) -> Closure:
-        op_tree, operand_tree = tree.children
-        op, label, operand, steps = _UNARY[op_tree.data], repr(op_tree.data), self.node(operand_tree), steps + 1
-        negation = op_tree.data == "unary_not"
-
-        def run(env: dict, budget: Any) -> Any:
-            budget.left -= steps
-            if budget.left < 0:
-                budget.settle()
-            value = operand(env, budget)
-            if negation and type(value) is ct.BoolType:
-                return _FALSE if value else _TRUE
-            try:
-                return op(value)
-            except TypeError as ex:
-                return CELEvalError(f"found no matching overload for {label} applied to '({type(value)})'",
-                                    ex.__class__, ex.args)
-            except ValueError as ex:
-                return CELEvalError("return error for overflow", ex.__class__, ex.args)
-
-        return run if negation else self.sized(run)  # a negation gives a bool or an error: nothing to size
-
-    # --- members -------------------------------------------------------------------------------
-
-    def node_member_dot(self, tree: lark.Tree, steps: int) -> Closure:
-        target_tree, token = tree.children
-        target, name = self.node(target_tree), str(token)
-        chain = getattr(target, "chain", None)
-        if chain is not None:  # a.b.c on a variable: one closure, charged up front (lookups cannot raise)
-            root, fields, before = chain
-            return _field_chain(root, (*fields, name), before + steps)
-        missing = f"no such member in mapping: {name!r}"
-
-        def run(env: dict, budget: Any) -> Any:
-            budget.left -= steps
-            if budget.left < 0:
-                budget.settle()
-            value = target(env, budget)
-            if type(value) is ct.MapType:  # the common case, as cel-python's MapType branch
-                try:
-                    return dict.__getitem__(value, name)
-                except KeyError:
-                    return CELEvalError(missing, KeyError, None)
-            return _select(value, name, missing)
-
-        return run  # a lookup: cel-python does not size it
-
-    def node_member_index(self, tree: lark.Tree, steps: int) -> Closure:
-        target, index = (self.node(c) for c in tree.children)
-
-        def run(env: dict, budget: Any) -> Any:
-            budget.left -= steps
-            if budget.left < 0:
-                budget.settle()
-            a, b = target(env, budget), index(env, budget)
-            try:
-                return operator.getitem(a, b)
-            except TypeError as ex:
-                return CELEvalError(f"found no matching overload for _[_] applied to '({type(a)}, {type(b)})'",
-                                    ex.__class__, ex.args)
-            except KeyError as ex:
-                return CELEvalError("no such key", ex.__class__, ex.args)
-            except IndexError as ex:
-                return CELEvalError("invalid_argument", ex.__class__, ex.args)
+            ta = type(a)
+            if ta is type(b) and (ta is int or ta is str):
+                return test(-1 if a < b else (1 if a > b else 0))
+            if ta is Err:
+                return a
+            if type(b) is Err:
+                return b
+            c = compare(a, b)
+            if type(c) is Err:
+                return operator_error(symbol, a, b) if c.message == "no such overload" else c
+            return test(c)
 
         return run
 
-    def node_member_dot_arg(self, tree: lark.Tree, steps: int) -> Closure:
-        name = str(tree.children[1])
-        if name in ("map", "filter", "all", "exists", "exists_one"):
-            return self.sized(self.macro(tree, steps, name))
-        if name == "min":
-            return self.sized(self.list_min(tree, steps))
-        func = self.function(name)
-        unsized = name in _UNSIZED and func is _FASTER[name]
-        if len(tree.children) == 3 and len(tree.children[2].children) == 1:
-            return self.method(tree.children[0], func, tree.children[2], steps, unsized)
-        target = self.node(tree.children[0])
-        args = self.exprlist(tree.children[2]) if len(tree.children) == 3 else None
-        missing = len(tree.children) == 2
+    def equality(self, tree: Call) -> Closure:
+        left, right = (self.node(a) for a in tree.args)
+        negated = tree.function == "_!=_"
 
         def run(env: dict, budget: Any) -> Any:
-            budget.left -= steps
+            budget.left -= 1
             if budget.left < 0:
                 budget.settle()
-            value = target(env, budget)
-            values = None if missing else args(env, budget)
-            if isinstance(value, CELEvalError):
-                return value
-            if isinstance(values, CELEvalError):
-                return values
-            return _call(func, (value, *(values or ())))
-
-        return run if unsized else self.sized(run)
-
-    def method(self, target_tree: lark.Tree, func: Callable, exprs: lark.Tree, steps: int, unsized: bool) -> Closure:
-        """``target.name(arg)``: the argument list's own visit charged, but no list built for one item."""
-        if not isinstance(exprs, lark.Tree) or exprs.data != "exprlist":
-            raise Unsupported("argument list")
-        target = self.node(target_tree, steps + 1)  # this node's steps, taken when the target takes its own
-        arg = self.node(exprs.children[0])
-
-        def run(env: dict, budget: Any) -> Any:
-            value = target(env, budget)
-            budget.left -= 1  # the exprlist node
-            if budget.left < 0:
-                budget.settle()
-            item = arg(env, budget)
-            if isinstance(value, CELEvalError):
-                return value
-            if isinstance(item, CELEvalError):
-                return item
-            return _call(func, (value, item))
-
-        return run if unsized else self.sized(run)
-
-    def macro(self, tree: lark.Tree, steps: int, name: str) -> Closure:
-        target = self.node(tree.children[0])
-        args = tree.children[2] if len(tree.children) == 3 else None
-        if args is None or len(args.children) != 2:
-            raise Unsupported(f"{name} with other than two arguments")
-        idents = list(args.children[0].find_data("ident"))
-        if len(idents) != 1:
-            raise Unsupported(f"{name} variable")
-        variable = str(idents[0].children[0])
-        body = self.iteration(self.node(args.children[1]))
-
-        def items(env: dict, budget: Any) -> Any:
-            """(values, scope, evaluate one) or an error value."""
-            values = target(env, budget)
-            if isinstance(values, CELEvalError):
-                return values
-            scope = dict(env)
-
-            def one(item: Any) -> Any:
-                scope[variable] = item
-                return body(scope, budget)
-
-            return values, one
-
-        combine, start = (_ALL, _TRUE) if name == "all" else (_EXISTS, _FALSE)
-        both_true = name == "all"
-
-        def fold(values: Any, one: Callable) -> Any:
-            """cel-python's reduce over every item (no short circuit), an item's error a value."""
-            result = start
-            for item in values:
-                try:
-                    value = one(item)
-                except CELEvalError as ex:
-                    value = ex
-                if type(result) is ct.BoolType and type(value) is ct.BoolType:
-                    result = _TRUE if (result and value if both_true else result or value) else _FALSE
-                else:
-                    result = combine(result, value)
-            return result
-
-        def run(env: dict, budget: Any) -> Any:
-            budget.left -= steps
-            if budget.left < 0:
-                budget.settle()
-            found = items(env, budget)
-            if isinstance(found, CELEvalError):
-                return found
-            values, one = found
-            if name == "map":
-                return ct.ListType(map(one, values))
-            if name == "filter":
-                return ct.ListType(filter(one, values))
-            if name in ("all", "exists"):
-                return fold(values, one)
-            return ct.BoolType(sum(1 for value in values if bool(one(value))) == 1)
+            a, b = left(env, budget), right(env, budget)
+            ta = type(a)
+            if ta is type(b) and (ta is str or ta is int or ta is bool):
+                return (a != b) if negated else (a == b)
+            if ta is Err:
+                return a
+            if type(b) is Err:
+                return b
+            result = equals(a, b)
+            if type(result) is Err or not negated:
+                return result
+            return not result
 
         return run
 
-    def list_min(self, tree: lark.Tree, steps: int) -> Closure:
-        """cel-python's ``list.min()`` (a reduction it treats as a macro)."""
-        target = self.node(tree.children[0])
+    def membership(self, tree: Call) -> Closure:
+        item, container = (self.node(a) for a in tree.args)
+        strings = _string_set(getattr(container, "constant", None))
 
         def run(env: dict, budget: Any) -> Any:
-            budget.left -= steps
+            budget.left -= 1
             if budget.left < 0:
                 budget.settle()
-            values = target(env, budget)
-            if isinstance(values, CELEvalError):
-                return values
-            try:
-                return min(values)
-            except ValueError as ex:
-                return CELEvalError("Attempt to reduce an empty sequence or a sequence with a None value",
-                                    ex.__class__, ex.args)
+            a, b = item(env, budget), container(env, budget)
+            if strings is not None and type(a) is str:
+                return a in strings
+            if type(a) is Err:
+                return a
+            return b if type(b) is Err else operators.contained(a, b)
 
         return run
 
-    def node_exprlist(self, tree: lark.Tree, steps: int) -> Closure:
-        items = [self.node(c) for c in tree.children]
+    # --- macros ----------------------------------------------------------------------------------
 
-        def run(env: dict, budget: Any) -> Any:
-            budget.left -= steps
-            if budget.left < 0:
-                budget.settle()
-            values = [item(env, budget) for item in items]
-            for value in values:
-                if isinstance(value, CELEvalError):
-                    return value
-            return ct.ListType(values)
-
-        return self.sized(run) if len(items) > 1 else run
-
-    def exprlist(self, tree: Any) -> Closure:
-        if not isinstance(tree, lark.Tree) or tree.data != "exprlist":
-            raise Unsupported("argument list")
-        return self.node_exprlist(tree, 1)
-
-    def node_mapinits(self, tree: lark.Tree, steps: int) -> Closure:
-        items = [self.node(c) for c in tree.children]
-
-        def run(env: dict, budget: Any) -> Any:
-            budget.left -= steps
-            if budget.left < 0:
-                budget.settle()
-            values = [item(env, budget) for item in items]
-            result = ct.MapType()
-            for key, value in zip(values[0::2], values[1::2]):
-                if key in result:
-                    raise ValueError(f"Duplicate key {key!r}")
-                result[key] = value
-            return result
-
-        return self.sized(run)
-
-    def function(self, name: str) -> Callable:
+    def _Comprehension(self, tree: Comprehension) -> Closure:
+        source = self.node(tree.range)
+        saved = self.bound
+        self.bound = (*saved, *tree.variables)
+        self.reads += 1  # the body reads the iteration variables: never constant as a whole
         try:
-            return self.functions[name]
-        except KeyError:
-            raise Unsupported(f"function {name}") from None
+            bodies = [self.node(a) for a in tree.args]
+        finally:
+            self.bound = saved
+        return self.sized(_COMPREHENSIONS[tree.macro](source, tree.variables, bodies, self.iteration_steps))
 
-    # --- primaries (the primary node's own step is ``steps``) ------------------------------------
-
-    def primary(self, child: lark.Tree, steps: int) -> Closure:
-        kind = child.data
-        if kind == "paren_expr":
-            return self.node(child.children[0], steps + 1)
-        if kind == "ident":
-            return self.ident(str(child.children[0]), steps)
-        if kind == "list_lit":
-            return self.list_literal(child, steps)
-        if kind == "map_lit":
-            return self.map_literal(child, steps)
-        if kind == "ident_arg":
-            return self.call(child, steps)
-        raise Unsupported(kind)
-
-    def ident(self, name: str, steps: int) -> Closure:
-        self.names += 1
-        return _field_chain(name, (), steps)
-
-    def list_literal(self, child: lark.Tree, steps: int) -> Closure:
-        if not child.children:
-            return _literal(ct.ListType(), steps)
-        return _charged(self.node(child.children[0]), steps, absorbs=())
-
-    def map_literal(self, child: lark.Tree, steps: int) -> Closure:
-        if not child.children:
-            return _literal(ct.MapType(), steps)
-        return _charged(self.node(child.children[0]), steps, absorbs=(ValueError, TypeError))
-
-    def call(self, child: lark.Tree, steps: int) -> Closure:
-        """``name(args)``: the has() and dyn() macros, or a function."""
-        name = str(child.children[0])
-        if len(child.children) == 1:
-            args: list[Closure] = []
-        else:
-            exprs = child.children[1]
-            if not isinstance(exprs, lark.Tree) or exprs.data != "exprlist":
-                raise Unsupported("argument list")
-            args = [self.node(c) for c in exprs.children]
-        if name in ("has", "dyn"):
-            if len(args) != 1:
-                raise Unsupported(f"{name} with other than one argument")
-            (arg,) = args
-            if name == "has" and hasattr(arg, "chain"):
-                return _has_field(*arg.chain, steps)
-
-            def macro(env: dict, budget: Any) -> Any:
-                budget.left -= steps
-                if budget.left < 0:
-                    budget.settle()
-                value = arg(env, budget)
-                if name == "dyn":
-                    return value
-                return _FALSE if isinstance(value, CELEvalError) else _TRUE
-
-            return macro
-        func = self.function(name)
+    def _OptionalMacro(self, tree: OptionalMacro) -> Closure:
+        target = self.node(tree.target)
+        saved = self.bound
+        self.bound = (*saved, tree.variable)
+        self.reads += 1
+        try:
+            body = self.node(tree.body)
+        finally:
+            self.bound = saved
+        variable, flat = tree.variable, tree.macro == "optFlatMap"
 
         def run(env: dict, budget: Any) -> Any:
-            budget.left -= steps
+            budget.left -= 1
             if budget.left < 0:
                 budget.settle()
-            values = [a(env, budget) for a in args]
-            for value in values:
-                if isinstance(value, CELEvalError):
-                    return value
-            return _call(func, values)
+            value = target(env, budget)
+            if type(value) is not Optional:
+                return no_such_overload(value)
+            if not value.present:
+                return NONE
+            scope = dict(env)
+            scope[variable] = value.value
+            result = body(scope, budget)
+            if type(result) is Err:
+                return result
+            if flat:
+                return result if type(result) is Optional else no_such_overload(result)
+            return Optional(result)
 
         return run
 
 
-def _string_set(value: Any) -> Optional[frozenset]:
-    """A constant list of strings as a set: ``s in`` it is operator_in's answer for a string ``s``
-    (string equality never raises, so no item can turn the answer into an error)."""
-    if type(value) is ct.ListType and all(type(item) is ct.StringType for item in value):
+_QUALIFIERS = frozenset({str, int, UInt, bool, float})  # the constant indexes cel-go plans
+_KEY_TYPES = _QUALIFIERS | {type(None)}  # a map literal's keys: those, and null
+_ARITHMETIC = {"_+_": operators.add, "_-_": operators.subtract, "_*_": operators.multiply,
+               "_/_": operators.divide, "_%_": operators.modulo}
+_ORDER = {"_<_": lambda c: c < 0, "_<=_": lambda c: c <= 0, "_>_": lambda c: c > 0, "_>=_": lambda c: c >= 0}
+_OPERATOR_BUILDERS: dict[str, Callable[[_Compiler, Call], Closure]] = {
+    AND: _Compiler.logical, OR: _Compiler.logical, CONDITIONAL: _Compiler.conditional, NOT: _Compiler.negation,
+    NEGATE: _Compiler.minus, "@in": _Compiler.membership, "_==_": _Compiler.equality, "_!=_": _Compiler.equality,
+    **{name: _Compiler.arithmetic for name in _ARITHMETIC}, **{name: _Compiler.relation for name in _ORDER},
+}
+
+
+def _literal_kind(node: Node) -> Maybe[str]:
+    """The static type of a list element where it shows without a type checker, else None."""
+    if isinstance(node, ListLit):
+        return "list"
+    if isinstance(node, MapLit):
+        return "map"
+    return None
+
+
+_FAILURES = (ValueError, TypeError, AttributeError, KeyError, IndexError, OverflowError, ArithmeticError)
+
+
+def _guarded(call: Callable, *args: Any) -> Any:
+    """A library function's result; a Python failure inside one (a bug, or input it did not
+    expect) is an evaluation error, never a crash and never a value."""
+    try:
+        return call(*args)
+    except _FAILURES as exc:
+        return _failure(exc)
+
+
+def _failure(exc: Exception) -> Err:
+    return Err(f"{type(exc).__name__}: {exc}")
+
+
+def _may_be_sized(result: str) -> bool:
+    """Whether a function declared to give ``result`` may build a string, bytes, a list or a map."""
+    return not (result in ("bool", "int", "uint", "double", "null_type") or result.startswith(("optional_type", "type(")))
+
+
+def _failing(closure: Closure, error: Err) -> Closure:
+    """A constant part that evaluates to an error: the error per evaluation (not at compile time:
+    cel-go folds only conversions), charged as the part would be."""
+    def run(env: dict, budget: Any) -> Any:
+        budget.left -= 1
+        if budget.left < 0:
+            budget.settle()
+        return error
+
+    return run
+
+
+def _unary_step(operand: Closure, operation: Callable[[Any], Any]) -> Closure:
+    def run(env: dict, budget: Any) -> Any:
+        budget.left -= 1
+        if budget.left < 0:
+            budget.settle()
+        value = operand(env, budget)
+        return value if type(value) is Err else operation(value)
+
+    return run
+
+
+def _string_set(value: Any) -> Maybe[frozenset]:
+    """A constant list of strings as a set: ``s in`` it is the list's answer for a string ``s``."""
+    if type(value) is list and all(type(item) is str for item in value):
         return frozenset(value)
     return None
 
 
-def _field_chain(root: str, fields: tuple[str, ...], steps: int) -> Closure:
-    """A variable and the fields selected from it, as member_dot selects them one after another."""
-    missing = {name: f"no such member in mapping: {name!r}" for name in fields}
+def _variable(name: str) -> Closure:
+    def run(env: dict, budget: Any) -> Any:
+        budget.left -= 1
+        if budget.left < 0:
+            budget.settle()
+        return env.get(name)
+
+    run.chain = (name, ())  # type: ignore[attr-defined]
+    return run
+
+
+def _field_chain(root: str, fields: tuple[str, ...]) -> Closure:
+    """``a.b.c`` on a variable: the maps walked in one closure (one step per field)."""
+    steps = 1 + len(fields)
+    missing = {name: Err(f"no such key: {name}") for name in fields}
 
     def run(env: dict, budget: Any) -> Any:
         budget.left -= steps
         if budget.left < 0:
             budget.settle()
-        return _walk(env[root], fields, missing)
-
-    run.chain = (root, fields, steps)  # type: ignore[attr-defined]
-    return run
-
-
-def _has_field(root: str, fields: tuple[str, ...], chain_steps: int, steps: int) -> Closure:
-    """``has(a.b.c)``: the field chain walked for its presence only, without building the error
-    value a missing field would be (the same steps as the macro and the chain)."""
-    steps += chain_steps
-
-    def run(env: dict, budget: Any) -> Any:
-        budget.left -= steps
-        if budget.left < 0:
-            budget.settle()
-        value = _walk(env[root], fields, None)
-        return _FALSE if value is _ABSENT or isinstance(value, CELEvalError) else _TRUE
-
-    return run
-
-
-_ABSENT = object()
-
-
-def _walk(value: Any, fields: tuple[str, ...], missing: Optional[dict[str, str]]) -> Any:
-    """``value``'s fields selected one after another, as member_dot selects them. A key missing
-    from a map gives the error value with its message in ``missing``, or _ABSENT when that is None
-    (has() needs no message)."""
-    for name in fields:
-        if type(value) is ct.MapType:
-            found = dict.get(value, name, _ABSENT)
-            if found is _ABSENT:
-                return _ABSENT if missing is None else CELEvalError(missing[name], KeyError, None)
-            value = found
-        else:
-            value = _select(value, name, "" if missing is None else missing[name])
-    return value
-
-
-def _select(value: Any, name: str, missing: str) -> Any:
-    """Field selection on anything but a plain MapType, as cel-python's member_dot does it."""
-    if isinstance(value, CELEvalError):
+        value = env.get(root)
+        for name in fields:
+            if type(value) is dict:
+                value = dict.get(value, name, ABSENT)
+                if value is ABSENT:
+                    return missing[name]
+            else:
+                value = operators.select(value, name)
+                if type(value) is Err:
+                    return value
         return value
-    if isinstance(value, ct.MessageType):
-        return value.get(name)
-    if isinstance(value, ct.MapType):
-        try:
-            return value[name]
-        except KeyError:
-            return CELEvalError(missing, KeyError, None)
-    return CELEvalError(f"{value!r} with type: '{type(value)}' does not support field selection", TypeError, None)
+
+    run.chain = (root, fields)  # type: ignore[attr-defined]
+    return run
 
 
-def _call(func: Callable, args: Any) -> Any:
-    """A function or method call, its Python errors turned into CEL errors as cel-python does."""
-    try:
-        return func(*args)
-    except ValueError as ex:
-        return CELEvalError("return error for overflow", ex.__class__, ex.args)
-    except (TypeError, AttributeError) as ex:
-        return CELEvalError("no such overload", ex.__class__, ex.args)
-
-
-def _charged(inner: Closure, steps: int, absorbs: tuple[type[Exception], ...]) -> Closure:
-    """``inner`` after charging ``steps``; the exceptions in ``absorbs`` become CEL error values
-    (a map literal's duplicate or ill-typed key), as cel-python makes them."""
+def _presence(root: str, fields: tuple[str, ...], name: str) -> Closure:
+    """``has(a.b.c)``: the chain walked (a missing map on the way is the chain's error), then the
+    last key tested."""
+    chain = _field_chain(root, fields)
 
     def run(env: dict, budget: Any) -> Any:
-        budget.left -= steps
-        if budget.left < 0:
-            budget.settle()
-        try:
-            return inner(env, budget)
-        except absorbs as ex:
-            return CELEvalError(ex.args[0], ex.__class__, ex.args)
+        value = chain(env, budget)
+        if type(value) is dict:
+            return name in value
+        return operators.present(value, name)
 
     return run
+
+
+# --- comprehensions (cel-go parser/macro.go and ext/comprehensions.go, as they evaluate) -----------
+
+def _items(values: Any, two: bool) -> Any:
+    """What a comprehension iterates: a list's elements (with their index), a map's keys (with
+    their value); anything else is no overload."""
+    if isinstance(values, list):
+        return enumerate(values) if two else values
+    if isinstance(values, dict):
+        return values.items() if two else values
+    return None
+
+
+def _loop(source: Closure, variables: tuple[str, ...], steps: int, fold: Callable[..., Any]) -> Closure:
+    """The shared frame: the range evaluated, a scope per evaluation (a copy of the variables), then
+    ``fold(items, scope, two, first, second, budget, steps)``, which sets the iteration variables
+    and charges each iteration itself (inline: a call per iteration costs as much as the work)."""
+    two = len(variables) == 2
+    first, second = variables[0], variables[-1]
+
+    def run(env: dict, budget: Any) -> Any:
+        budget.left -= 1
+        if budget.left < 0:
+            budget.settle()
+        values = source(env, budget)
+        if type(values) is Err:
+            return values
+        items = _items(values, two)
+        if items is None:
+            return no_such_overload(values)
+        return fold(items, dict(env), two, first, second, budget, steps)
+
+    return run
+
+
+def _all_or_exists(decisive: bool) -> Callable:
+    def build(source: Closure, variables: tuple[str, ...], bodies: list[Closure], steps: int) -> Closure:
+        (predicate,) = bodies
+        other = not decisive
+
+        def fold(items: Any, scope: dict, two: bool, first: str, second: str, budget: Any, steps: int) -> Any:
+            error = None
+            for item in items:
+                budget.left -= steps
+                budget._ticks -= 1
+                if budget.left < 0 or budget._ticks <= 0:
+                    budget.settle()
+                if two:
+                    scope[first], scope[second] = item
+                else:
+                    scope[first] = item
+                value = predicate(scope, budget)
+                if value is decisive:
+                    return decisive
+                if value is not other and error is None:
+                    error = value if type(value) is Err else _NO_OVERLOAD
+            return error if error is not None else other
+
+        return _loop(source, variables, steps, fold)
+    return build
+
+
+def _exists_one(source: Closure, variables: tuple[str, ...], bodies: list[Closure], steps: int) -> Closure:
+    (predicate,) = bodies
+
+    def fold(items: Any, scope: dict, two: bool, first: str, second: str, budget: Any, steps: int) -> Any:
+        count = 0
+        for item in items:
+            _spend(budget, steps)
+            if two:
+                scope[first], scope[second] = item
+            else:
+                scope[first] = item
+            value = predicate(scope, budget)
+            if value is True:
+                count += 1
+            elif value is not False:
+                return value if type(value) is Err else _NO_OVERLOAD
+        return count == 1
+
+    return _loop(source, variables, steps, fold)
+
+
+def _mapping(kind: str) -> Callable:
+    """map, filter, transformList, transformMap, transformMapEntry: with a filter when there are
+    two bodies (``map(x, p, f)``), the element itself for filter."""
+    def build(source: Closure, variables: tuple[str, ...], bodies: list[Closure], steps: int) -> Closure:
+        condition = bodies[0] if len(bodies) == 2 or kind == "filter" else None
+        transform = bodies[-1] if kind != "filter" else None
+
+        def fold(items: Any, scope: dict, two: bool, first: str, second: str, budget: Any, steps: int) -> Any:
+            out: Any = {} if kind in ("transformMap", "transformMapEntry") else []
+            for item in items:
+                budget.left -= steps
+                budget._ticks -= 1
+                if budget.left < 0 or budget._ticks <= 0:
+                    budget.settle()
+                if two:
+                    scope[first], scope[second] = item
+                else:
+                    scope[first] = item
+                if condition is not None:
+                    keep = condition(scope, budget)
+                    if keep is False:
+                        continue
+                    if keep is not True:
+                        return keep if type(keep) is Err else _NO_OVERLOAD
+                if transform is None:
+                    out.append(item)
+                    continue
+                value = transform(scope, budget)
+                if type(value) is Err:
+                    return value
+                if kind == "transformMap":
+                    out[scope[first]] = value
+                elif kind == "transformMapEntry":
+                    if not isinstance(value, dict):
+                        return no_such_overload(value)
+                    for k, v in value.items():
+                        if k in out:
+                            return Err(f"insert failed: key {operators.key_text(k)} already exists")
+                        out[k] = v
+                else:
+                    out.append(value)
+            return out
+
+        return _loop(source, variables, steps, fold)
+    return build
+
+
+def _sort_by(source: Closure, variables: tuple[str, ...], bodies: list[Closure], steps: int) -> Closure:
+    """``list.sortBy(e, key)``: cel-go expands it to @sortByAssociatedKeys(list, list.map(e, key))."""
+    from .lists import sort_by_associated_keys  # the lists library holds the sort's rules
+    keys = _mapping("map")(source, variables, bodies, steps)
+
+    def run(env: dict, budget: Any) -> Any:
+        values = source(env, budget)
+        if type(values) is Err:
+            return values
+        if not isinstance(values, list):
+            return no_such_overload(values)
+        found = keys(env, budget)
+        if type(found) is Err:
+            return found
+        return sort_by_associated_keys(values, found)
+
+    return run
+
+
+_COMPREHENSIONS: dict[str, Callable[..., Closure]] = {
+    "all": _all_or_exists(False), "exists": _all_or_exists(True), "exists_one": _exists_one,
+    "map": _mapping("map"), "filter": _mapping("filter"), "transformList": _mapping("transformList"),
+    "transformMap": _mapping("transformMap"), "transformMapEntry": _mapping("transformMapEntry"), "sortBy": _sort_by,
+}

@@ -19,7 +19,9 @@ from functools import lru_cache
 from typing import Any, Callable, Optional
 
 import lark
-from celpy import celparser
+
+from . import tables
+from .ast import CelSyntaxError
 
 LITERALS = ("INT_LIT", "UINT_LIT", "FLOAT_LIT", "STRING_LIT", "MLSTRING_LIT", "BYTES_LIT")
 MAX_SHAPES = 2048  # templates kept; a bundle with more shapes than that parses the rest with lark
@@ -45,8 +47,24 @@ class Shape:
     key: str
     spans: tuple[tuple[int, int], ...]  # where each literal is in the text
 
+    @property
+    def kinds(self) -> list[str]:
+        """The terminal of each literal (INT_LIT, STRING_LIT, ...), in the order of ``spans``."""
+        return re.findall(f"{_MARK}(\\w+){_MARK}", self.key)
 
-def parse(text: str, lark_parse: Callable[[str], lark.Tree]) -> tuple[lark.Tree, Any]:
+
+def lark_parse(text: str) -> lark.Tree:
+    """lark's parse of ``text`` with our parser (policies/cel/tables.py); a syntax error is a
+    CelSyntaxError whose message points at where it is."""
+    try:
+        return tables.parser().parse(text)
+    except (lark.exceptions.UnexpectedToken, lark.exceptions.UnexpectedCharacters) as exc:
+        raise CelSyntaxError(f"syntax error:\n{exc.get_context(text).rstrip()}", exc.line, exc.column) from None
+    except lark.exceptions.LarkError as exc:
+        raise CelSyntaxError(f"syntax error: {str(exc).splitlines()[0] if str(exc) else exc!r}") from None
+
+
+def parse(text: str, lark_parse: Callable[[str], lark.Tree] = lark_parse) -> tuple[lark.Tree, Any]:
     """The tree ``lark_parse(text)`` gives (its errors included), from a template when one fits,
     with the facts remembered with the template (None from lark)."""
     shape = shape_of(text)
@@ -125,10 +143,8 @@ def shape_of(text: str) -> Optional[Shape]:
 def _patterns() -> dict[str, re.Pattern]:
     """lark's own regular expressions for the literal terminals."""
     if not _PATTERNS:
-        if celparser.CELParser.CEL_PARSER is None:
-            celparser.CELParser()
         for name in LITERALS:  # compiled as the parser compiles them (g_regex_flags=re.M)
-            pattern = celparser.CELParser.CEL_PARSER.get_terminal(name).pattern.to_regexp()
+            pattern = tables.parser().get_terminal(name).pattern.to_regexp()
             _PATTERNS[name] = re.compile(pattern, re.M)
     return _PATTERNS
 

@@ -1,5 +1,7 @@
-"""The CEL parser's LALR tables from a per-user cache, so that a CLI process does not rebuild them
-from cel-python's grammar at every start (about 90 ms of a `review`; loading them takes about 10).
+"""The CEL parser: cel-python's lark grammar with what cel-go's grammar has beyond it (optional
+selection ``a.?b`` and ``a[?b]``, optional entries ``[?x]`` and ``{?k: v}``, trailing commas in list
+and map literals), and its LALR tables from a per-user cache, so that a CLI process does not rebuild
+them at every start (about 90 ms of a `review`; loading them takes about 10).
 
 The cache is JSON, never pickle: loading JSON runs no code, whereas a pickle (lark's own cache
 format) is a program, and a cache directory shared or left writable by others would run it in
@@ -13,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
 import tempfile
 from functools import lru_cache
@@ -26,7 +29,7 @@ from lark.lexer import TerminalDef
 from lark.parsers.lalr_analysis import IntParseTable, ParseTable
 from lark.utils import SerializeMemoizer
 
-FORMAT = 1  # of the file below: a new layout changes the key
+FORMAT = 2  # of the file below: a new layout changes the key
 MAX_BYTES = 4 << 20  # the tables are about 100 KB; a bigger file is not ours
 # Options that are objects (callbacks, classes): not serialised, given again when loading.
 _OBJECT_OPTIONS = frozenset({"lexer_callbacks", "tree_class", "postlex", "transformer", "_plugins"})
@@ -44,31 +47,82 @@ def cache_dir() -> Path | None:
         return None
 
 
+# cel-go's grammar (github.com/google/cel-go@v0.26.0 parser/gen/CEL.g4) beyond cel-python's: each
+# rule of cel.lark on the left is replaced by the text on the right (the rule itself, extended). An
+# expression cel-python's grammar parses gets the very tree it gets there.
+EXTENSIONS = (
+    ("member         : member_dot | member_dot_arg | member_index | member_object | primary",
+     "member         : member_dot | member_dot_arg | member_index | member_object | primary\n"
+     "               | member_dot_opt | member_index_opt\n"
+     'member_dot_opt : member "." "?" IDENT\n'
+     'member_index_opt : member "[" "?" expr "]"'),
+    ('list_lit       : "[" [exprlist] "]"', 'list_lit       : "[" [exprlist] "]" | "[" "," "]"'),
+    ('map_lit        : "{" [mapinits] "}"', 'map_lit        : "{" [mapinits] "}" | "{" "," "}"'),
+    # left-recursive and inlined (``_``), so that the children of exprlist and mapinits are
+    # cel-python's (expr, expr, ... and key, value, key, value, ...), with a trailing_comma last
+    # when there is one (ast.py refuses it in a call, as cel-go's grammar does)
+    ('exprlist       : expr ("," expr)*',
+     "exprlist       : _exprs | _exprs trailing_comma\n"
+     '_exprs         : _element | _exprs "," _element\n'
+     "_element       : expr | optional_element\n"
+     'optional_element : "?" expr\n'
+     'trailing_comma : ","'),
+    ('mapinits       : expr ":" expr ("," expr ":" expr)*',
+     "mapinits       : _inits | _inits trailing_comma\n"
+     '_inits         : _element ":" expr | _inits "," _element ":" expr'),
+)
+PARSER: lark.Lark | None = None  # the one parser of this process (see parser())
+
+
+def grammar() -> str:
+    """cel-python's grammar with EXTENSIONS; a rule they expect that is not there is an error (a
+    new cel-python changed its grammar: look at the extensions again)."""
+    text = Path(celparser.__file__).with_name("cel.lark").read_text()
+    for rule, extended in EXTENSIONS:
+        if rule not in text:
+            raise RuntimeError(f"cel-python's grammar has no rule {rule!r} to extend")
+        text = text.replace(rule, extended)
+    return text
+
+
+def build() -> lark.Lark:
+    """The parser from the grammar, with cel-python's parser options (celparser.CELParser)."""
+    return lark.Lark(grammar(), parser="lalr", start="expr", debug=True, g_regex_flags=re.M,
+                     lexer_callbacks={"IDENT": celparser.CELParser.ambiguous_literals}, propagate_positions=True,
+                     maybe_placeholders=False, priority="invert", tree_class=lark.Tree)
+
+
+def parser() -> lark.Lark:
+    """This process's parser: from the cache when one is installed, else built now."""
+    if PARSER is None:
+        install()
+    return PARSER
+
+
 @lru_cache(maxsize=1)
 def key() -> str:
-    """What the tables are made from: lark's version, cel-python's grammar and the module that
-    holds its parser options, and this file's format."""
+    """What the tables are made from: lark's version, the grammar (cel-python's and its extensions),
+    the module that holds cel-python's parser options, and this file's format."""
     digest = hashlib.sha256(f"{FORMAT} lark {lark.__version__}".encode())
-    source = Path(celparser.__file__)
-    for path in (source.with_name("cel.lark"), source):
-        digest.update(path.read_bytes())
+    digest.update(grammar().encode())
+    digest.update(Path(celparser.__file__).read_bytes())
     return digest.hexdigest()
 
 
 def install(directory: Path | None = None) -> None:
-    """Give cel-python its parser from the cache, or build it and write the cache. Call before
-    the first ``celpy.Environment()`` (policies.cel.environment makes one when imported); once is enough."""
-    if celparser.CELParser.CEL_PARSER is not None:
+    """Load the parser from the cache, or build it and write the cache; once per process is enough."""
+    global PARSER
+    if PARSER is not None:
         return
     directory = directory or cache_dir()
     path = directory / f"cel-parser-{key()[:32]}.json" if directory else None
-    parser = load(path) if path else None
-    if parser is not None:
-        celparser.CELParser.CEL_PARSER = parser
+    loaded = load(path) if path else None
+    if loaded is not None:
+        PARSER = loaded
         return
-    celparser.CELParser()  # builds the tables
+    PARSER = build()
     if path:
-        save(celparser.CELParser.CEL_PARSER, path)
+        save(PARSER, path)
 
 
 def save(parser: lark.Lark, path: Path) -> None:

@@ -14,8 +14,13 @@ class Finding:
     """What is wrong, with the numbers, and the fix."""
 
     message: str
-    remediation: str = ""
+    remediation: str = ""  # the fix, besides fewer nodes (below)
     severity: str | None = None  # None: the rule's own severity; "warn" for advice that cannot be certain
+    # The largest value of the job's count field (spec.trainer.numNodes; an MPIJob's Worker replicas)
+    # with which this problem is gone, when fewer nodes fix it. The engine turns it into the fix
+    # "set <field> to N" with one N for the whole decision: the least of these, so that every fix
+    # agrees and satisfies every limit at once (policies/decide/engine.py _agree_on_nodes).
+    nodes_at_most: int | None = None
 
 
 @dataclass

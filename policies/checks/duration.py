@@ -174,7 +174,7 @@ def _workers_stop(obj: dict, old: dict | None) -> list[Finding]:
         return []
     shown = f"{policy!r}" if policy is not None else "not set (mpi-operator takes None)"
     return [Finding(f"{CLEAN_POD_POLICY} is {shown}: at spec.runPolicy.activeDeadlineSeconds mpi-operator stops only "
-                    "the launcher, and the workers keep running and holding their GPUs",
+                    "the launcher, and the other nodes (Worker replicas) keep running and holding their GPUs",
                     f"set {CLEAN_POD_POLICY} to Running (or All)")]
 
 

@@ -5,22 +5,6 @@ from __future__ import annotations
 from ..job.effective_job import EffectiveJob, PodSet, runtime_only
 
 
-def plural(count: int, word: str) -> str:
-    return f"{count} {word}" if count == 1 else f"{count} {word}s"
-
-
-def workers_field(job: EffectiveJob) -> str:
-    """Where the submitter sets the number of workers, in the kind they submitted."""
-    return "spec.trainer.numNodes" if job.kind == "TrainJob" else "spec.mpiReplicaSpecs.Worker.replicas"
-
-
-def fewer_workers(job: EffectiveJob, fits: int) -> str:
-    """The fix that leaves ``fits`` workers, in the field the submitter sets (a TrainJob's
-    numNodes counts the launcher too when it runs as a node)."""
-    nodes = fits + (1 if job.mpi.get("runLauncherAsNode") and job.launcher else 0)
-    return f"reduce {workers_field(job)} to {nodes if job.kind == 'TrainJob' else fits}"
-
-
 def resource_path(section: str, resource: str) -> str:
     """``requests.cpu``; ``limits["nvidia.com/gpu"]`` where the name has dots or slashes."""
     return f'{section}["{resource}"]' if "/" in resource or "." in resource else f"{section}.{resource}"

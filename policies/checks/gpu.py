@@ -1,4 +1,4 @@
-"""GPU limits: accelerators per worker and per job, which accelerator resources are allowed, and
+"""GPU limits: accelerators per node and per job, which accelerator resources are allowed, and
 no GPUs on a launcher that only coordinates (unless the launcher also runs as a node)."""
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pydantic import Field
 from ..k8s.apitypes import Strict
 from ..k8s.quantity import DEFAULT_ACCELERATORS
 from .base import CheckContext, Finding
-from .fields import per_worker_field, plural, workers_field
+from ..job.vocabulary import field_value, is_node, plural
+from .fields import per_worker_field
 
 
 class GpuCheck(Strict):
@@ -42,8 +43,8 @@ def check(context: CheckContext, settings: GpuCheck) -> list[Finding]:
             if job.kind == "TrainJob" and "resources" in ps.from_trainer:
                 # The runtime labels its launcher as the trainer job: resourcesPerNode lands there.
                 fix = ("remove the GPUs from spec.trainer.resourcesPerNode: in this runtime Trainer applies it to "
-                       "the launcher, not to the workers, whose GPUs come from the runtime itself; for GPU "
-                       "workers use a runtime that gives them GPUs, or ask your admin to allow GPUs on launchers")
+                       "the launcher, not to the nodes, whose GPUs come from the runtime itself; for GPU "
+                       "nodes use a runtime that gives them GPUs, or ask your admin to allow GPUs on launchers")
             else:
                 fix = ("remove the GPU request from the launcher (a runtime whose launcher has none, or "
                        "one with runLauncherAsNode: true) or ask your admin to allow GPUs on launchers")
@@ -51,7 +52,7 @@ def check(context: CheckContext, settings: GpuCheck) -> list[Finding]:
                 f"the launcher pod requests {resources}, but the launcher only starts mpirun and does not "
                 "train; GPUs there sit idle", fix))
 
-    nodes = [ps for ps in job.with_pods if ps.role == "worker" or (ps.role == "launcher" and launcher_is_node)]
+    nodes = [ps for ps in job.with_pods if is_node(job, ps)]
     limit = settings.maxPerWorker
     # Every other pod is held to the same per-pod limit: a replicated job that a runtimePatch adds
     # under another name must not carry what a worker may not.
@@ -66,27 +67,16 @@ def check(context: CheckContext, settings: GpuCheck) -> list[Finding]:
     if over:
         worst = max(over, key=lambda ps: ps.gpu_count)
         resource = max(worst.gpus, key=worst.gpus.get)
-        who = "each worker" if all(ps.role == "worker" for ps in over) else "each node (launcher and workers)"
-        total = sum(ps.gpu_count * ps.count for ps in nodes)
+        who = "each node" if all(ps.role == "worker" for ps in over) else "each node, the launcher among them,"
         fix = f"set {per_worker_field(job, 'limits', resource, worst)} to {limit} or less"
-        if limit and (settings.maxPerJob is None or total <= settings.maxPerJob):
-            # Only where the job's total may stand; the quota and maxWorkers are judged on their own.
-            needed = -(-total // limit)
-            fix += (f" and use more workers (the same {total} GPUs fit in {needed} workers x {limit}, "
-                    "if your quota and worker limit allow)")
-        findings.append(Finding(
-            f"{who} requests {worst.gpu_count} {resource}; the limit is {limit} per worker", fix))
+        findings.append(Finding(f"{who} requests {worst.gpu_count} {resource}; the limit is {limit} per node", fix))
     total = job.totals["gpus"]
     if settings.maxPerJob is not None and total > settings.maxPerJob:
         worker = job.workers
         per = worker.gpu_count if worker else 0
-        breakdown = f" ({plural(worker.count, 'worker')} x {per})" if worker and per else ""
+        fits = (settings.maxPerJob - (total - worker.count * per)) // per if per else 0
         fix = "ask your admin for a larger GPU budget"
-        if per:
-            other = total - worker.count * per
-            fits = (settings.maxPerJob - other) // per
-            if fits >= 1:
-                fix = f"reduce workers to {fits} ({workers_field(job)}) or GPUs per worker, or " + fix
         findings.append(Finding(
-            f"job requests {total} GPUs{breakdown}; the limit is {settings.maxPerJob} per job", fix))
+            f"job requests {total} GPUs ({plural(job.num_nodes, 'node')}); the limit is {settings.maxPerJob} per job",
+            f"reduce GPUs per node, or {fix}" if per else fix, nodes_at_most=field_value(job, fits) if fits >= 1 else None))
     return findings

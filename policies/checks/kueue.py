@@ -17,7 +17,7 @@ from ..job.queueing import runs_elsewhere
 from ..k8s.apitypes import LabelSelector, Strict
 from ..k8s.quantity import format_amount
 from .base import CheckContext, Finding
-from .fields import fewer_workers, plural
+from ..job.vocabulary import field_value, plural
 
 
 class KueueCheck(Strict):
@@ -269,7 +269,7 @@ def _never(context: CheckContext, tree: Forest, cq_name: str, where: str, sets: 
                 f"pod set {ps.name} needs {_show(resource, asked[resource])} {resource} ({ps.breakdown(resource)}) in "
                 f"one flavor; {where} can ever provide at most {_show(resource, most[best])} in flavor {best}"
                 f"{_whence(tree, cq_name, (best, resource))}, so Kueue never admits the job",
-                _fewer(context, ps, most_pods(ps, group, fit)))]
+                **_fewer(context, ps, most_pods(ps, group, fit)))]
     for group in groups:
         flavors = usable(group)
         for resource, total in _group_totals(sets, group, allowed).items():
@@ -281,7 +281,7 @@ def _never(context: CheckContext, tree: Forest, cq_name: str, where: str, sets: 
                     f"job needs {_show(resource, total)} {resource} in all ({parts}); {where} can ever provide at most "
                     f"{_show(resource, most)} in the flavors its pods may use ({', '.join(flavors)}), so Kueue never "
                     "admits the job",
-                    _fewer(context, largest, most_pods(largest, group, allowed.get(largest.name, {}).get(group, []))))]
+                    **_fewer(context, largest, most_pods(largest, group, allowed.get(largest.name, {}).get(group, []))))]
     return []
 
 
@@ -345,9 +345,10 @@ def _whence(tree: Forest, cq_name: str, fr: tuple[str, str]) -> str:
     return f" (nominal {_show(fr[1], nominal)})"
 
 
-def _fewer(context: CheckContext, ps: QueuedSet, fits: int) -> str:
-    """The fix: the most workers that fit, when the pod set is the workers; else less per pod."""
+def _fewer(context: CheckContext, ps: QueuedSet, fits: int) -> dict:
+    """The fix (Finding's remediation and nodes_at_most): the most nodes that fit, when the pod set
+    is the nodes; else less per pod."""
     job = context.job
     if job.workers is not None and ps.name == job.workers.name and fits >= 1:
-        return f"{fewer_workers(job, fits)}, or {ASK_ADMIN} to raise the quota"
-    return f"less per pod or fewer pods in {ps.name}, or {ASK_ADMIN} to raise the quota"
+        return {"remediation": f"{ASK_ADMIN} to raise the quota", "nodes_at_most": field_value(job, fits)}
+    return {"remediation": f"less per pod or fewer pods in {ps.name}, or {ASK_ADMIN} to raise the quota"}

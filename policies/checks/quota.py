@@ -16,15 +16,16 @@ from __future__ import annotations
 from typing import Iterable
 
 from ..capacity.objectcounts import counts_key, objects
-from ..capacity.quotademand import Need, POD_COMPUTE, needs, pod_key, unenforced
+from ..capacity.quotademand import Need, POD_COMPUTE, needs, pod_key, quota_amounts, unenforced
 from ..capacity.quotascope import describe, is_scoped, matching
 from ..capacity.reservations import Reservation
 from ..job.effective_job import EffectiveJob, PodSet, container_field
 from ..job.queueing import runs_elsewhere, suspended
 from ..k8s.apitypes import Strict
-from ..k8s.quantity import QuantityError, format_amount, numbers
+from ..k8s.quantity import format_amount
 from .base import CheckContext, Finding
-from .fields import fewer_workers, plural, resource_path
+from ..job.vocabulary import breakdown, field_value
+from .fields import resource_path
 
 
 class QuotaCheck(Strict):
@@ -40,17 +41,6 @@ def demand(job: EffectiveJob, quota: dict, injected: Iterable[str] = ()) -> dict
     (cpu in millicores; keys it adds nothing to are left out). ``injected``: the kinds
     trainjob-admission creates beside the job (policies/decide/injections.py)."""
     return {key: need.amount for key, need in needs(job, quota, injected).items() if need.amount}
-
-
-def _amounts(values: dict | None) -> dict[str, int | None]:
-    """Each quota value as a number, None where it is not one we can count (see check)."""
-    amounts: dict[str, int | None] = {}
-    for key, value in (values or {}).items():
-        try:
-            amounts[key] = numbers({key: value})[key]
-        except QuantityError:
-            amounts[key] = None
-    return amounts
 
 
 def check(context: CheckContext, settings: QuotaCheck) -> list[Finding]:
@@ -71,7 +61,7 @@ def check(context: CheckContext, settings: QuotaCheck) -> list[Finding]:
     for quota in context.quotas:
         meta, spec, status = quota.get("metadata") or {}, quota.get("spec") or {}, quota.get("status") or {}
         label = f'quota "{meta.get("name", "?")}"' + (f" ({describe(quota)})" if is_scoped(quota) else "")
-        hard, used = _amounts(status.get("hard") or spec.get("hard")), _amounts(status.get("used"))
+        hard, used = quota_amounts(status.get("hard") or spec.get("hard")), quota_amounts(status.get("used"))
         for key in set(hard) | set(used):
             if hard.get(key, 0) is None or used.get(key, 0) is None:
                 # The API server validated these values, so one we cannot count is beyond 2^63-1
@@ -125,13 +115,14 @@ def _queued(job: EffectiveJob, label: str, need: Need, previous: int | None, lim
     if need.amount > limit:
         return [_over_quota(job, label, need, need.amount, limit, in_use, 0, (), queued=True)]
     if need.amount > limit - in_use:
+        bound, change = _change(job, need, need.amount, limit - in_use)
         return [Finding(
             f"job is suspended and creates no pods until it is resumed; then it needs "
             f"{_amount(need, need.amount)} {_unit(need)} ({_breakdown(job, need)}) and {label} in {job.namespace} "
             f"allows {_amount(need, limit)} with {_amount(need, in_use)} in use now",
             "none needed: it starts once enough is free (Kueue waits for that)"
-            + (f"; to start sooner, {change}" if (change := _change(job, need, need.amount, limit - in_use)) else ""),
-            severity="warn",
+            + (f"; to start sooner, {change}" if change else ""),
+            severity="warn", nodes_at_most=bound,
         )]
     return []
 
@@ -157,19 +148,20 @@ def _over_quota(job: EffectiveJob, label: str, need: Need, growth: int, limit: i
     if need.kind == "objects":
         return Finding(message, f"delete finished jobs in {job.namespace} (their objects count until they are "
                                 f"deleted) or {RAISE}")
-    change = _change(job, need, need.amount, room)
+    bound, change = _change(job, need, need.amount, room)
     fixes = [f"wait for {', '.join(name for name, _ in held.jobs)} to start or finish"] if held else []
     fixes += [change] if change else []
-    return Finding(message, ", ".join(fixes) + f" or {RAISE}" if fixes else RAISE)
+    return Finding(message, ", ".join(fixes) + f" or {RAISE}" if fixes else RAISE, nodes_at_most=bound)
 
 
-def _change(job: EffectiveJob, need: Need, total: int, room: int) -> str | None:
-    """Fewer workers, else less per worker, when that alone makes the job fit in ``room``: the
-    workers' share must fit beside what runs with them, and every other phase must fit alone."""
+def _change(job: EffectiveJob, need: Need, total: int, room: int) -> tuple[int | None, str | None]:
+    """(the most nodes, in the count field's units, or None; else the fix of less per node) when
+    that alone makes the job fit in ``room``: the nodes' share must fit beside what runs with them,
+    and every other phase must fit alone."""
     workers = job.workers
     per_worker = next((amount for ps, amount in need.parts if ps is workers), 0)
     if workers is None or per_worker <= 0 or need.per_pod is None:
-        return None
+        return None, None
     beside = total - workers.count * per_worker
     def others(ps: PodSet) -> int:
         return 0 if ps is workers else need.per_pod(ps)
@@ -177,25 +169,18 @@ def _change(job: EffectiveJob, need: Need, total: int, room: int) -> str | None:
     # count/pods counts finished pods too: every other pod set at once, not the busiest phase
     rest = sum(others(ps) * ps.count for ps in job.pod_sets) if need.key == "count/pods" else job.peak(others)[0]
     if rest > room:
-        return None
+        return None, None
     fits = (room - beside) // per_worker
     if fits >= 1:
-        return fewer_workers(job, fits)
+        return field_value(job, fits), None
     if need.section and room > beside:
         per = (room - beside) // workers.count
-        return f"reduce {need.resource} per worker to {format_amount(need.resource, per)} or less"
-    return None
-
-
-def _label(job: EffectiveJob, ps: PodSet) -> str:
-    if ps.role == "launcher" or ps is job.workers:
-        return ps.role
-    return ps.name
+        return None, f"reduce {need.resource} per node to {format_amount(need.resource, per)} or less"
+    return None, None
 
 
 def _breakdown(job: EffectiveJob, need: Need) -> str:
-    shown = " + ".join(f"{plural(ps.count, _label(job, ps))} x {format_amount(need.resource, amount)}"
-                       for ps, amount in need.parts)
+    shown = breakdown(job, [(ps, format_amount(need.resource, amount)) for ps, amount in need.parts])
     if need.elsewhere:
         names = ", ".join(ps.name for ps in need.elsewhere)
         shown += f"; {names} {'runs' if len(need.elsewhere) == 1 else 'run'} at another time (dependsOn Complete)"

@@ -15,6 +15,7 @@ provide it. ``nodesMayBeAdded`` makes every "never" a warning.
 from __future__ import annotations
 
 import fnmatch
+from dataclasses import replace
 from typing import Annotated
 
 from pydantic import Field
@@ -28,7 +29,8 @@ from ..k8s.apitypes import Strict
 from ..k8s.clusterstate import ClusterState
 from ..k8s.quantity import format_amount
 from .base import CheckContext, Finding
-from .fields import per_worker_field, plural, workers_field
+from ..job.vocabulary import breakdown, count_field, field_value, plural, pods, who
+from .fields import per_worker_field
 
 
 class SchedulabilityCheck(Strict):
@@ -83,9 +85,9 @@ def check(context: CheckContext, settings: SchedulabilityCheck) -> list[Finding]
     except TooComplex:
         findings.append(Finding(
             f"the job's node selection (nodeSelector, node affinity, tolerations) is too complex to pre-check "
-            f"against the {plural(len(state.nodes), 'node')}: it would take more than {MAX_WORK} comparisons",
-            "none needed: the scheduler still judges it; to have it pre-checked, name fewer nodes or use fewer "
-            "node affinity terms and expressions", severity="warn"))
+            f"against the {plural(len(state.nodes), 'cluster node')}: it would take more than {MAX_WORK} comparisons",
+            "none needed: the scheduler still judges it; to have it pre-checked, name fewer cluster nodes or use "
+            "fewer node affinity terms and expressions", severity="warn"))
     return _unique(findings)
 
 
@@ -104,11 +106,11 @@ def _nevers(context: CheckContext, settings: SchedulabilityCheck, phases: list[l
         if problem is not None:
             finding = _never(job, pod_sets, fits, problem)
             if settings.nodesMayBeAdded:
-                finding = Finding(f"{finding.message}; it runs only if the cluster adds nodes that take it",
-                                  finding.remediation, severity="warn")
+                finding = replace(finding, message=f"{finding.message}; it runs only if cluster nodes that take it "
+                                                   "are added", severity="warn")
             # The job already exists on UPDATE: refusing the change frees nothing, so advise.
             if problem.kind == "packing" or context.operation != "CREATE":
-                finding = Finding(finding.message, finding.remediation, severity="warn")
+                finding = replace(finding, severity="warn")
             findings.append(finding)
     return findings
 
@@ -143,11 +145,11 @@ def _unoffered(job: EffectiveJob, resources: frozenset[str], settings: Schedulab
 def _not_offered(missing: list[str], nodes: int) -> Finding:
     names = ", ".join(missing)
     return Finding(
-        f"no node offers {names} now (of the {plural(nodes, 'node')}), so the pre-check leaves "
+        f"no cluster node offers {names} now (of the {plural(nodes, 'cluster node')}), so the pre-check leaves "
         f"{'it' if len(missing) == 1 else 'them'} out",
-        f"none needed if your cluster adds nodes with {names} on demand (node autoscaling) or serves "
+        f"none needed if your cluster adds cluster nodes with {names} on demand (node autoscaling) or serves "
         f"{'it' if len(missing) == 1 else 'them'} through DRA (DRAExtendedResource); else its pods stay Pending: "
-        "ask your admin which nodes offer it", severity="warn")
+        "ask your admin which cluster nodes offer it", severity="warn")
 
 
 def free_classes(state: ClusterState) -> list[NodeClass]:
@@ -189,24 +191,8 @@ def _split_by_usage(shapes: list[NodeClass], used: dict[str, dict[str, int]]) ->
     return free
 
 
-def _who(ps: PodSet) -> str:
-    if ps.role == "worker":
-        return "each worker"
-    return "the launcher" if ps.role == "launcher" else f"each {ps.name} pod"
-
-
-def _pods(ps: PodSet) -> str:
-    return plural(ps.count, ps.role) if ps.role in ("worker", "launcher") else f"{ps.count} {ps.name}"
-
-
-def _fewer_workers(job: EffectiveJob, workers: int) -> str:
-    """The change that leaves ``workers`` worker pods: numNodes counts a launcher that runs as a node."""
-    nodes = workers + (1 if job.kind == "TrainJob" and job.mpi.get("runLauncherAsNode") and job.launcher else 0)
-    return f"reduce {workers_field(job)} to {nodes}"
-
-
 def _reasons(fit: SetFit) -> str:
-    return "; ".join(f"{plural(n, 'node')} {_agreeing(why, n)}"
+    return "; ".join(f"{plural(n, 'cluster node')} {_agreeing(why, n)}"
                      for why, n in sorted(fit.refusals.items(), key=lambda item: -item[1]))
 
 
@@ -249,95 +235,102 @@ def _never(job: EffectiveJob, pod_sets: list[PodSet], fits: list[SetFit], proble
     if problem.kind == "pods":
         assert problem.set is not None
         ps = by_name[problem.set.name]
-        shapes = ", ".join(f"{plural(n, 'node')} x {k}" for n, k in zip(problem.set.eligible, problem.set.per_node) if n and k)
-        fix = _fewer(job, pod_sets, fits, problem, "ask for less per pod so that more fit on a node")
+        shapes = ", ".join(f"{plural(n, 'cluster node')} x {k}"
+                           for n, k in zip(problem.set.eligible, problem.set.per_node) if n and k)
+        fix = _fewer(job, pod_sets, fits, problem, "ask for less per pod so that more fit on a cluster node")
+        if ps.role != "worker":
+            fix["remediation"] = f"use fewer pods, or {fix['remediation']}"
         return Finding(
-            f"the job runs {_pods(ps)} at once, but the {plural(problem.nodes, 'node')} that can take "
-            f"one {_agreeing(f'hold {problem.available} of them in all', problem.nodes)} ({shapes})",
-            fix if ps.role == "worker" else f"use fewer pods, or {fix}")
+            f"the job runs {pods(job, ps)} at once, but the {plural(problem.nodes, 'cluster node')} that can take "
+            f"one {_agreeing(f'hold {problem.available} of them in all', problem.nodes)} ({shapes})", **fix)
     if problem.kind == "cross":
         r = problem.resource
-        asking = [(ps, fit) for ps, fit in zip(pod_sets, fits) if r in fit.needs.requests]
-        breakdown = " + ".join(f"{_pods(ps)} x {format_amount(r, fit.needs.requests[r])}" for ps, fit in asking)
         return Finding(
-            f"the job runs {problem.amount} pods that ask for {r} at once ({breakdown}); a node holds at most its "
-            f"{r} divided by the smallest of these requests, so the {plural(problem.nodes, 'node')} that can take "
-            f"them {_agreeing(f'hold {problem.available} of them in all', problem.nodes)}",
-            _fewer(job, pod_sets, fits, problem, f"ask for less {r} per pod, or ask your admin for more nodes"))
+            f"the job runs {problem.amount} pods that ask for {r} at once ({_breakdown(job, pod_sets, fits, r)}); a "
+            f"cluster node holds at most its {r} divided by the smallest of these requests, so the "
+            f"{plural(problem.nodes, 'cluster node')} that can take them "
+            f"{_agreeing(f'hold {problem.available} of them in all', problem.nodes)}",
+            **_fewer(job, pod_sets, fits, problem, f"ask for less {r} per pod, or ask your admin for more cluster nodes"))
     return Finding(
-        f"the job's {problem.amount} pods may not fit the nodes all at once: a first-fit packing placed "
+        f"the job's {problem.amount} pods may not fit the cluster nodes all at once: a first-fit packing placed "
         f"{problem.available} of them",
-        f"none needed if the scheduler finds room; else use fewer workers ({workers_field(job)})")
+        f"none needed if the scheduler finds room; else use fewer nodes ({count_field(job)})")
+
+
+def _breakdown(job: EffectiveJob, pod_sets: list[PodSet], fits: list[SetFit], resource: str) -> str:
+    return breakdown(job, [(ps, format_amount(resource, fit.needs.requests[resource]))
+                           for ps, fit in zip(pod_sets, fits) if resource in fit.needs.requests])
 
 
 def _nowhere(job: EffectiveJob, ps: PodSet, fit: SetFit) -> Finding:
     asks = _asks(fit.needs, fit.short)
-    message = f"{_who(ps)}{f' asks {asks} and' if asks else ''} fits on none of the {plural(fit.nodes, 'node')}: {_reasons(fit)}"
+    message = (f"{who(job, ps)}{f' asks {asks} and' if asks else ''} fits on none of the "
+               f"{plural(fit.nodes, 'cluster node')}: {_reasons(fit)}")
     fixes = []
     for resource in fit.short:
         largest = fit.largest.get(resource, 0)
         if 0 < largest < fit.needs.requests[resource]:
-            more = f" and more nodes ({workers_field(job)})" if ps.role == "worker" else ""
             fixes.append(f"ask for at most {format_amount(resource, largest)} {resource} per pod "
-                         f"({per_worker_field(job, _section(resource), resource, ps)}){more}")
+                         f"({per_worker_field(job, _section(resource), resource, ps)})")
     if any(why.startswith("have the taint") for why in fit.refusals):
-        fixes.append(f"add the tolerations these nodes need ({_pod_field(job, ps, 'tolerations')})")
+        fixes.append(f"add the tolerations these cluster nodes need ({_pod_field(job, ps, 'tolerations')})")
     if any(why.startswith(("lack label", "do not match")) for why in fit.refusals):
-        fixes.append(f"select labels the nodes have ({_pod_field(job, ps, 'nodeSelector')} or affinity)")
-    fixes.append("ask your admin which nodes this job may use")
+        fixes.append(f"select labels the cluster nodes have ({_pod_field(job, ps, 'nodeSelector')} or affinity)")
+    fixes.append("ask your admin which cluster nodes this job may use")
     return Finding(message, "; or ".join(fixes))
 
 
 def _total(job: EffectiveJob, pod_sets: list[PodSet], fits: list[SetFit], problem: Problem) -> Finding:
     r = problem.resource
-    asking = [(ps, fit) for ps, fit in zip(pod_sets, fits) if r in fit.needs.requests]
-    breakdown = " + ".join(f"{_pods(ps)} x {format_amount(r, fit.needs.requests[r])}" for ps, fit in asking)
     amount = problem.amount if r == "pods" else format_amount(r, problem.amount)
     available = problem.available if r == "pods" else format_amount(r, problem.available)
     verb = "hold" if r == "pods" else "have"
-    message = (f"the job needs {amount} {r} at once ({breakdown}); the {plural(problem.nodes, 'node')} that can "
-               f"take its pods {_agreeing(f'{verb} {available} in all', problem.nodes)}")
-    return Finding(message, _fewer(job, pod_sets, fits, problem, "ask your admin for more nodes"))
+    message = (f"the job needs {amount} {r} at once ({_breakdown(job, pod_sets, fits, r)}); the "
+               f"{plural(problem.nodes, 'cluster node')} that can take its pods "
+               f"{_agreeing(f'{verb} {available} in all', problem.nodes)}")
+    return Finding(message, **_fewer(job, pod_sets, fits, problem, "ask your admin for more cluster nodes"))
 
 
-def _fewer(job: EffectiveJob, pod_sets: list[PodSet], fits: list[SetFit], problem: Problem, otherwise: str) -> str:
-    """``otherwise``, after the worker count that meets every certain bound (Problem.most) when
-    the workers are part of the problem and one such count is left."""
+def _fewer(job: EffectiveJob, pod_sets: list[PodSet], fits: list[SetFit], problem: Problem, otherwise: str) -> dict:
+    """The fix (Finding's remediation and nodes_at_most): ``otherwise``, with the most nodes that
+    meet every certain bound (Problem.most) when the nodes are part of the problem and one such
+    count is left."""
     for i, (ps, fit) in enumerate(zip(pod_sets, fits)):
         involved = fit is problem.set if problem.kind == "pods" else problem.resource in fit.needs.requests
-        if ps.role == "worker" and involved and 1 <= problem.most[i] < ps.count:
-            return f"{_fewer_workers(job, problem.most[i])}, or {otherwise}"
-    return otherwise
+        if ps is job.workers and involved and 1 <= problem.most[i] < ps.count:
+            return {"remediation": otherwise, "nodes_at_most": field_value(job, problem.most[i])}
+    return {"remediation": otherwise}
 
 
 def _tolerations_pending(job: EffectiveJob, pod_sets: list[PodSet], fits: list[SetFit], problem: Problem,
                          queue: str) -> Finding:
     finding = _never(job, pod_sets, fits, problem)
-    return Finding(f"{finding.message}; it names the Kueue queue {queue} ({QUEUE_LABEL}), so it runs only if that "
-                   "queue's ResourceFlavor adds the tolerations", finding.remediation, severity="warn")
+    return replace(finding, message=f"{finding.message}; it names the Kueue queue {queue} ({QUEUE_LABEL}), so it runs "
+                                    "only if that queue's ResourceFlavor adds the tolerations", severity="warn")
 
 
 def _busy(job: EffectiveJob, pod_sets: list[PodSet], fits: list[SetFit], problem: Problem) -> Finding:
     if problem.kind == "nowhere":
         assert problem.set is not None
         ps = next(p for p in pod_sets if p.name == problem.set.name)
-        now = f"no node has room for {_who(ps).replace('each ', 'one ')} now ({_reasons(problem.set)})"
+        now = f"no cluster node has room for {who(job, ps).replace('each ', 'one ')} now ({_reasons(problem.set)})"
     elif problem.kind == "total":
         r = problem.resource
         show = (lambda n: str(n)) if r == "pods" else (lambda n: format_amount(r, n))
-        now = (f"it needs {show(problem.amount)} {r} at once and the nodes with room for one of its pods "
-               f"have {show(problem.available)} free now ({plural(problem.nodes, 'node')})")
+        now = (f"it needs {show(problem.amount)} {r} at once and the cluster nodes with room for one of its pods "
+               f"have {show(problem.available)} free now ({plural(problem.nodes, 'cluster node')})")
     elif problem.kind == "pods":
         assert problem.set is not None
-        now = f"the nodes have free room now for {problem.available} of its {problem.amount} {problem.set.name} pods"
+        now = (f"the cluster nodes have free room now for {problem.available} of its {problem.amount} "
+               f"{problem.set.name} pods")
     elif problem.kind == "cross":
-        now = (f"the nodes have free room now for {problem.available} of its {problem.amount} pods that ask for "
-               f"{problem.resource}")
+        now = (f"the cluster nodes have free room now for {problem.available} of its {problem.amount} pods that "
+               f"ask for {problem.resource}")
     else:
         now = f"a first-fit packing found free room now for {problem.available} of its {problem.amount} pods"
-    return Finding(f"the job fits the cluster's nodes but not their free capacity: {now}; "
+    return Finding(f"the job fits the cluster nodes but not their free capacity: {now}; "
                    "its pods wait in Pending until enough is free",
-                   f"none needed: it starts when room frees up; to start sooner, use fewer workers ({workers_field(job)}) "
+                   f"none needed: it starts when room frees up; to start sooner, use fewer nodes ({count_field(job)}) "
                    "or ask for less per pod", severity="warn")
 
 

@@ -1,4 +1,5 @@
-"""Job shape: worker count, minimum cpu and memory per worker, allowed runtimes and registries,
+"""Job shape: how many nodes (maxWorkers, a name kept from before the words of
+policies/job/vocabulary.py), minimum cpu and memory per node, allowed runtimes and registries,
 required labels."""
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from ..k8s.apitypes import Strict, checked_quantity
 from ..k8s.imageref import registry
 from ..k8s.quantity import format_amount, to_number
 from .base import CheckContext, Finding
-from .fields import per_worker_field, workers_field
+from ..job.vocabulary import count_field, field_value, plural, who
+from .fields import per_worker_field
 
 
 class ShapeCheck(Strict):
@@ -43,8 +45,7 @@ def check(context: CheckContext, settings: ShapeCheck) -> list[Finding]:
     job = context.job
     findings: list[Finding] = []
     if settings.maxWorkers is not None and job.num_nodes > settings.maxWorkers:
-        findings.append(Finding(f"job has {job.num_nodes} workers; the limit is {settings.maxWorkers}",
-                                _fewer_workers(job, settings.maxWorkers)))
+        findings.append(_too_many_nodes(job, settings.maxWorkers))
     for resource, minimum in (("cpu", settings.minWorkerCpu), ("memory", settings.minWorkerMemory)):
         if minimum is None:
             continue
@@ -54,9 +55,8 @@ def check(context: CheckContext, settings: ShapeCheck) -> list[Finding]:
             if has >= floor:
                 continue
             asked = f"requests {format_amount(resource, has)} {resource}" if has else f"requests no {resource}"
-            who = "each worker" if worker is job.workers else f"each {worker.name} pod"
             findings.append(Finding(
-                f"{who} {asked}; the minimum per worker is {format_amount(resource, floor)}",
+                f"{who(job, worker)} {asked}; the minimum per node is {format_amount(resource, floor)}",
                 f"set {per_worker_field(job, 'requests', resource, worker)} to at least {format_amount(resource, floor)}",
             ))
     if settings.allowedRuntimes and job.kind == "TrainJob" and job.runtime["name"] not in settings.allowedRuntimes:
@@ -84,14 +84,13 @@ def check(context: CheckContext, settings: ShapeCheck) -> list[Finding]:
     return findings
 
 
-def _fewer_workers(job: EffectiveJob, limit: int) -> str:
-    """The worker count the submitter can set (numNodes sets one replicated job; the runtime fixes
-    the others), or the runtime when its fixed workers alone are over the limit."""
+def _too_many_nodes(job: EffectiveJob, limit: int) -> Finding:
+    """More nodes than ``limit``: the count field can set fewer (it sets one replicated job; the
+    runtime fixes the others), unless the runtime's own nodes alone are over the limit."""
+    message = f"job has {plural(job.num_nodes, 'node')} ({count_field(job)}); the limit is {limit}"
     adjustable = job.workers
-    fixed = job.num_nodes - (adjustable.count if adjustable else 0)
-    if job.mpi.get("runLauncherAsNode") and job.launcher and job.kind == "TrainJob":
-        fixed -= 1  # numNodes counts the launcher node
+    fixed = job.num_nodes - (field_value(job, adjustable.count) if adjustable else 0)
     if adjustable is None or limit - fixed < 1:
-        return (f"the runtime itself runs {fixed} worker pods besides those you set; use a smaller runtime "
-                f"or ask your admin to raise maxWorkers")
-    return f"set {workers_field(job)} to {limit - fixed} or less, or ask your admin to raise maxWorkers"
+        return Finding(message, f"the runtime itself runs {plural(fixed, 'node')} besides those you set; use a "
+                                f"smaller runtime or ask your admin to raise maxWorkers")
+    return Finding(message, "ask your admin to raise maxWorkers", nodes_at_most=limit - fixed)

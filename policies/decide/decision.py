@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # annotations only: the decision log's readers import this mo
     from ..bundle.schema import Injections
     from ..job.effective_job import EffectiveJob
 
-MAX_STATUS_MESSAGES = 5
+MAX_STATUS_MESSAGES = 4  # in the kubectl message; `review` lists every one
 
 
 class Result(StrEnum):
@@ -131,17 +131,30 @@ class Decision:
 
     @property
     def status_message(self) -> str:
-        """What kubectl prints after 'denied the request:'."""
+        """What kubectl prints after 'denied the request:': each problem, and each fix once, after
+        the problems it fixes (the fixes of one decision agree on the count of nodes, so several
+        problems often share one)."""
         messages = self.messages
-        lines = [f"{m['message']}: {m['remediation']}" if m["remediation"] else m["message"] for m in messages]
-        if not lines:
+        if not messages:
             return ""
-        if len(lines) == 1:
-            return f"[{messages[0]['rule']}] {lines[0]}"
-        shown = [f"({i}) [{m['rule']}] {line}" for i, (m, line) in enumerate(zip(messages, lines), 1)]
-        extra = len(lines) - MAX_STATUS_MESSAGES
-        tail = f" ... and {extra} more (trainjob-admission review -f JOB.yaml lists all)" if extra > 0 else ""
-        return f"{len(lines)} policy violations: " + " ".join(shown[:MAX_STATUS_MESSAGES]) + tail
+        if len(messages) == 1:
+            m = messages[0]
+            return f"[{m['rule']}] {m['message']}" + (f": {m['remediation']}" if m["remediation"] else "")
+        shown = messages[:MAX_STATUS_MESSAGES]
+        by_fix: dict[str, list[int]] = {}
+        for index, m in enumerate(shown):
+            by_fix.setdefault(m["remediation"], []).append(index)
+        parts, number = [], 1
+        for fix, indexes in by_fix.items():
+            numbers = list(range(number, number + len(indexes)))
+            number += len(indexes)
+            text = " ".join(f"({n}) [{shown[i]['rule']}] {shown[i]['message']}" for n, i in zip(numbers, indexes))
+            if fix:
+                text += f": {fix}" if len(numbers) == 1 else f"; fix for {numbers[0]}-{numbers[-1]}: {fix}"
+            parts.append(text)
+        extra = len(messages) - len(shown)
+        tail = f" ... and {extra} more (trainjob-admission review lists all)" if extra > 0 else ""
+        return f"{len(messages)} policy violations: " + " ".join(parts) + tail
 
     def as_json(self) -> dict:
         return {

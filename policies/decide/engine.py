@@ -11,10 +11,9 @@ from typing import Any, Callable
 
 from ..bundle import custommutations, rulenames
 from ..capacity import clusterqueues, objectcounts, quotascope
-from ..job import effective_job, queueing
+from ..job import effective_job, queueing, vocabulary
 from ..k8s import redaction
 from . import exceptions, injections, limits, mutations
-from celpy.celtypes import MapType
 
 from ..bundle.compile import Bundle, CompiledRule, Conditions, accelerators
 from ..bundle.schema import Injections, Mutations, merged
@@ -25,7 +24,7 @@ from ..cel.environment import (
 from ..checks import duration
 from ..checks.base import CheckContext, Finding
 from ..checks.registry import CHECKS
-from ..job.effective_job import EffectiveJob, JobModelError, MutationRefused, RuntimeNotFound
+from ..job.effective_job import EffectiveJob, JobModelError, MutationRefused, PodRefused, RuntimeNotFound
 from ..job.snapshot import running_state
 from ..k8s.clusterstate import ClusterState
 from . import paramref
@@ -53,6 +52,9 @@ class AdmissionInput:
     # How the CEL authorizer's checks are answered (policies/cel/authz.py): the server asks the API
     # server (webhook/admission/access.py); offline, review's --authorizer flag or no answer at all.
     access: authz.Access = authz.offline
+    # The rest of the AdmissionReview's request as the API server sent it (kind, resource,
+    # requestKind, requestResource, subResource, options, userInfo.extra); offline, derived.
+    context: dict = field(default_factory=dict)
 
     @property
     def namespace(self) -> str:
@@ -63,15 +65,28 @@ class AdmissionInput:
         return str(self.object.get("kind", ""))
 
     def as_cel_request(self) -> dict:
-        return {
-            "uid": self.uid,
-            "operation": self.operation,
-            "namespace": self.namespace,
-            "name": (self.object.get("metadata") or {}).get("name", ""),
-            "dryRun": self.dry_run,
-            "kind": {"group": str(self.object.get("apiVersion", "")).split("/")[0], "kind": self.kind},
-            "userInfo": {"username": self.username, "groups": list(self.groups), "uid": self.user_uid},
-        }
+        """``request`` as ValidatingAdmissionPolicy has it (admission/plugin/cel/condition.go
+        CreateAdmissionRequest, converted as its JSON is: an empty optional field is left out, so
+        has() is false for it, as there)."""
+        group, _, version = str(self.object.get("apiVersion", "")).rpartition("/")
+        kind = {"group": group, "version": version, "kind": self.kind}
+        resource = {"group": group, "version": version, "resource": self.kind.lower() + "s"}
+        options = {"kind": f"{self.operation.title()}Options", "apiVersion": "meta.k8s.io/v1"}
+        if self.dry_run:
+            options["dryRun"] = ["All"]
+        known = self.context
+        # username and groups kept even when empty (a review offline may name none; every request to
+        # the API server has them), uid and extra left out when empty, as the JSON leaves them out
+        user = {"username": self.username, "groups": list(self.groups)} | {
+            k: v for k, v in (("uid", self.user_uid), ("extra", known.get("extra"))) if v}
+        request = {"uid": self.uid, "kind": known.get("kind") or kind, "resource": known.get("resource") or resource,
+                   "requestKind": known.get("requestKind") or kind,
+                   "requestResource": known.get("requestResource") or resource,
+                   "operation": self.operation, "userInfo": user,
+                   "dryRun": self.dry_run, "options": known.get("options") or options}
+        optional = {"name": (self.object.get("metadata") or {}).get("name", ""), "namespace": self.namespace,
+                    "subResource": known.get("subResource"), "requestSubResource": known.get("requestSubResource")}
+        return request | {k: v for k, v in optional.items() if v}
 
     def authorizer(self) -> authz.Authorizer:
         """The CEL ``authorizer`` for the submitter; ``requestResource`` is the job itself."""
@@ -115,7 +130,7 @@ class _Activation:
             if name not in self._values:
                 self._values[name] = self._sources[name]()
             value = self._values[name]  # a CEL value already (the authorizer) is used as it is
-            self._cache[key] = value if isinstance(value, MapType) else to_cel(prune(value, fields))
+            self._cache[key] = value if isinstance(value, authz.Authorizer) else to_cel(prune(value, fields))
         return self._cache[key]
 
     def for_bundle(self, reads: dict[str, Fields]) -> dict[str, Any]:
@@ -197,14 +212,21 @@ def _conditions_hold(conditions: Conditions, variables: dict[str, Any], budget: 
     return True
 
 
+MAX_MESSAGE_BYTES = 5 * 1024  # k8s.io/apiserver/pkg/apis/cel MaxEvaluatedMessageExpressionSizeBytes
+
+
 def _message(compiled: CompiledRule, variables: dict[str, Any], budget: Budget) -> str:
     """What the submitter reads for a failed rule: its messageExpression, else its message, else
-    a sentence naming the rule; never the rule's CEL text."""
+    a sentence naming the rule; never the rule's CEL text. As ValidatingAdmissionPolicy takes a
+    messageExpression's result (validating/validator.go): trimmed, and not when it fails, is
+    empty, has a line break or is longer than 5 KiB."""
     if compiled.message_expression is not None:
         try:
             rendered = to_python(compiled.message_expression.evaluate(variables, budget))
-            if isinstance(rendered, str) and rendered.strip():
-                return rendered
+            if isinstance(rendered, str):
+                rendered = rendered.strip()
+                if rendered and "\n" not in rendered and len(rendered.encode()) <= MAX_MESSAGE_BYTES:
+                    return rendered
         except CelEvalError:
             pass  # the static message stands, as in ValidatingAdmissionPolicy
     return compiled.rule.message or f"the job fails rule {compiled.rule.name}; ask your admin what it requires"
@@ -280,27 +302,58 @@ def _matching(active: list[Bundle], shared: _Activation, obj: dict, budget: Budg
     return kept, results
 
 
-def _builtin(bundle: str, rule: str, findings: list[Finding]) -> list[RuleResult]:
+Found = list[tuple[RuleResult, list[Finding]]]  # built-in results and the findings their fixes come from
+
+
+def _builtin(bundle: str, rule: str, findings: list[Finding], found: Found) -> list[RuleResult]:
     """Built-in findings deny, except those that soften themselves to a warning (advice the
-    webhook cannot be sure of); those are reported as a separate warn result of the same rule."""
+    webhook cannot be sure of); those are reported as a separate warn result of the same rule.
+    Their fixes are written once every check has run (:func:`_agree_on_nodes`)."""
     denies = [f for f in findings if f.severity != "warn"]
     warns = [f for f in findings if f.severity == "warn"]
     results = [RuleResult(bundle, rule, Result.FAIL, Effect.DENY, [f.message for f in denies],
                           [f.remediation for f in denies])
                if denies else RuleResult(bundle, rule, Result.PASS, Effect.ALLOW)]
+    found += [(results[0], denies)] if denies else []
     if warns:
         results.append(RuleResult(bundle, rule, Result.FAIL, Effect.WARN, [f.message for f in warns],
                                   [f.remediation for f in warns]))
+        found.append((results[-1], warns))
     return results
 
 
-def _checks(bundle: Bundle, context: CheckContext) -> list[RuleResult]:
+def _checks(bundle: Bundle, context: CheckContext, found: Found) -> list[RuleResult]:
     results = []
     for check in CHECKS:
         settings = check.settings(bundle.spec.checks)
         if settings is not None:
-            results += _builtin(bundle.name, check.rule, check.run(context, settings))
+            results += _builtin(bundle.name, check.rule, check.run(context, settings), found)
     return results
+
+
+def _agree_on_nodes(job: EffectiveJob, found: Found, audit: set[str]) -> None:
+    """One count of nodes in every fix of the decision: the least of the findings' bounds
+    (Finding.nodes_at_most), which satisfies every quota, limit, cluster node and queue at once,
+    and lets the job start now where a warning says it would wait (each bound holds for any
+    smaller count: fewer nodes never ask for more). An audit bundle's findings bound nothing but
+    themselves."""
+    bounds = [f.nodes_at_most for r, fs in found if r.bundle not in audit for f in fs if f.nodes_at_most is not None]
+    agreed = min(bounds, default=None)
+    for result, findings in found:
+        result.remediations = [_fix(job, f, agreed) for f in findings]
+
+
+def _fix(job: EffectiveJob, finding: Finding, agreed: int | None) -> str:
+    """The finding's fix with the count of nodes stated: "set spec.trainer.numNodes to 2, or ..."
+    for a refusal; "...; to start sooner, set ..." for a warning."""
+    bounds = [b for b in (finding.nodes_at_most, agreed) if b is not None]
+    if finding.nodes_at_most is None or job.workers is None \
+            or not 1 <= min(bounds) < vocabulary.field_value(job, job.workers.count):
+        return finding.remediation
+    fewer = vocabulary.set_nodes(job, min(bounds))
+    if finding.severity == "warn":
+        return f"{finding.remediation}; to start sooner, {fewer}" if finding.remediation else fewer
+    return f"{fewer}, or {finding.remediation}" if finding.remediation else fewer
 
 
 def _old_job(request: AdmissionInput, state: ClusterState, active: list[Bundle]) -> EffectiveJob | None:
@@ -337,8 +390,9 @@ def _job_model_error(request: AdmissionInput, exc: JobModelError, active: list[B
         refused = exc if isinstance(exc, MutationRefused) else None
         owner = next((b for b in active if refused and b.spec.mode == "enforce"
                       and getattr(b.spec.mutations, refused.mutation) is not None), None)
-        return [RuleResult(b.name, refused.rule if refused else "job-model", Result.FAIL, Effect.DENY, [str(exc)],
-                           [refused.remediation if refused else ""])
+        messages = exc.messages if isinstance(exc, PodRefused) else [str(exc)]
+        return [RuleResult(b.name, refused.rule if refused else "job-model", Result.FAIL, Effect.DENY, messages,
+                           [refused.remediation if refused else ""] * len(messages))
                 for b in ([owner] if owner else active)]
     message = (f"{exc.missing} and no valid runtime snapshot of this job: this update changes nothing that shapes "
                "its pods (only metadata or spec.suspend), so it is admitted unchecked; Trainer cannot rebuild the "
@@ -439,7 +493,9 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
     budget = budget or Budget()
     obj = request.object
     namespace = state.namespace(request.namespace)
-    runtime_name = str(((obj.get("spec") or {}).get("runtimeRef") or {}).get("name", ""))
+    spec = obj.get("spec")
+    ref = spec.get("runtimeRef") if isinstance(spec, dict) else None  # ill-typed: the job model refuses it below
+    runtime_name = str(ref.get("name", "")) if isinstance(ref, dict) else ""
     active = [b for b in bundles if matches(b, request, namespace, runtime_name)]
     shared = _Activation({"oldObject": lambda: request.old_object, "request": request.as_cel_request,
                           "namespaceObject": lambda: namespace, "authorizer": request.authorizer})
@@ -488,7 +544,9 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
         except JobModelError as exc:
             missing_runtime = exc if isinstance(exc, RuntimeNotFound) else None
             results += _job_model_error(request, exc, active)
-            job = None
+            # Pods the API server would refuse: the job is judged without the refused values, so every
+            # other problem is reported with it (unmutated: it is denied).
+            job = exc.job if isinstance(exc, PodRefused) else None
 
     planned: list[dict] = []  # planned before the checks: object-count quotas count what the server adds
     injection_settings = None
@@ -507,12 +565,14 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
             limit_ranges=state.namespace_limit_ranges(request.namespace), injections=planned, state=state,
             operation=request.operation, username=request.username, groups=tuple(request.groups),
             submitted=obj, budget=budget, facts=facts)
+        fixes: Found = []
         for bundle in active:
             budget.check()
-            results += _checks(bundle, context)
+            results += _checks(bundle, context, fixes)
             found, annotations = paramref.run_each(bundle, resolved, lambda b: _run_cel(b, activation, budget))
             results += found
             audit_annotations.update(annotations)
+        _agree_on_nodes(job, fixes, {b.name for b in active if b.spec.mode == "audit"})
 
     audit = {b.name for b in active if b.spec.mode == "audit"}
     results = _audited(results, audit)

@@ -12,12 +12,12 @@ from dataclasses import replace
 
 from ..bundle.schema import Mutations
 from ..checks import duration
-from ..job import effective_job, queueing, smp
+from ..job import effective_job, queueing, runtimepatch, smp
 from ..job.effective_job import EffectiveJob, all_containers
 from . import nodetargeting
 from .patch_diff import make_patch
 
-MANAGER = "trainjob-admission.io/webhook"
+MANAGER = runtimepatch.OWN_MANAGER
 ISTIO_INJECT = "sidecar.istio.io/inject"
 
 

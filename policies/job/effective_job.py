@@ -53,6 +53,17 @@ class MutationRefused(JobModelError):
         self.remediation = remediation  # the fix, in the denial's remediation field
 
 
+class PodRefused(JobModelError):
+    """Pods the API server would refuse (policies/k8s/podvalidation.py): the job is refused, and
+    ``job`` is the job without the refused values, so every other problem can be judged and
+    reported too (a negative GPU count must not hide the quota and shape failures). The message is
+    the first refusal; ``messages`` has one per pod set."""
+
+    def __init__(self, messages: list[str], job: EffectiveJob):
+        super().__init__(messages[0])
+        self.messages, self.job = messages, job
+
+
 class RuntimeNotFound(JobModelError):
     """The runtime the TrainJob names is not in the state: offline, state the reviewer left out."""
 
@@ -340,6 +351,7 @@ def _as_admitted(job: EffectiveJob, state: ClusterState, accelerators: tuple[str
         claim_spec = claim.get("spec")
         if storage_class and isinstance(claim_spec, dict) and claim_class(claim) is None:
             claim["spec"] = {**claim_spec, "storageClassName": storage_class}  # not in place: the runtime is shared
+    refusals: dict[str, list[str]] = {}  # what is refused -> the pod sets it is refused in
     for pod_set in job.pod_sets:
         pod_spec = pod_set.pod["spec"]
         dropped = versions.drop_disabled_fields(pod_spec, state.versions)
@@ -358,8 +370,34 @@ def _as_admitted(job: EffectiveJob, state: ClusterState, accelerators: tuple[str
             containers_only = {k: v for k, v in pod_spec.items() if k not in ("resources", "overhead")}
             refused = podvalidation.pod_level_refusals(pod_spec, pod_resources(containers_only)[0])
         if refused:
-            raise JobModelError(_refusal_message(job, pod_set, refused))
+            refusals.setdefault(_refusal(job, pod_set, refused), []).append(pod_set.name)
+            _drop(pod_spec, refused)
+            _finish(pod_set, accelerators)
+    if refusals:  # one message per value (resourcesPerNode reaches the launcher and the nodes alike)
+        raise PodRefused([f"{' and '.join(names)} pods would be refused by Kubernetes: {what}"
+                          for what, names in refusals.items()], job)
     return job
+
+
+def _drop(pod_spec: dict, refused: list[tuple[str, str]]) -> None:
+    """The pod without the values the API server refuses (fields as podvalidation names them:
+    ``containers[name=x].resources.limits.nvidia.com/gpu``, ``resources.requests.cpu``,
+    ``priorityClassName``), so the rest of the job can still be judged. Only pods of this job's
+    model are changed: they are its own clones."""
+    for path, _ in refused:
+        in_container = _CONTAINER_REFUSAL.fullmatch(path)
+        where = pod_spec
+        if in_container:
+            key, name, path = in_container.groups()
+            where = next((c for c in pod_spec.get(key) or [] if isinstance(c, dict) and c.get("name") == name), {})
+        head, _, rest = path.partition(".")
+        if head != "resources":
+            where.pop(head, None)
+            continue
+        section, _, resource = rest.partition(".")
+        values = (where.get("resources") or {}).get(section)
+        if isinstance(values, dict):
+            values.pop(resource, None)
 
 
 def claim_class(claim: dict) -> str | None:
@@ -403,7 +441,7 @@ def runtime_only(what: str, ps: PodSet) -> str:
     return f"{what} of {ps.source} (only the runtime sets it; spec.runtimePatches cannot change it)"
 
 
-def _refusal_message(job: EffectiveJob, pod_set: PodSet, refused: list[tuple[str, str]]) -> str:
+def _refusal(job: EffectiveJob, pod_set: PodSet, refused: list[tuple[str, str]]) -> str:
     """The first refusal, at the field the submitter sets: a container's through container_field
     (spec.trainer.resourcesPerNode for the node container Trainer fills from it), else the pod's."""
     field, problem = refused[0]
@@ -416,7 +454,7 @@ def _refusal_message(job: EffectiveJob, pod_set: PodSet, refused: list[tuple[str
     else:
         where = f"spec.mpiReplicaSpecs.{pod_set.name.capitalize()}.template.spec.{field}"
     more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
-    return f"{pod_set.name} pods would be refused by Kubernetes: {where}: {problem}{more}"
+    return f"{where}: {problem}{more}"
 
 
 def from_trainjob(trainjob: dict, state: ClusterState,
@@ -468,7 +506,7 @@ def from_trainjob(trainjob: dict, state: ClusterState,
             raise JobModelError(str(exc)) from exc
         if template.get("spec"):
             jobset_spec = smp.merge(jobset_spec, template["spec"])
-            for rjob in template["spec"].get("replicatedJobs") or []:
+            for rjob in template["spec"].get("replicatedJobs") or [] if _cited(patch) else []:
                 patched_by.setdefault(rjob.get("name", ""), []).append(f"spec.runtimePatches[{index}]")
     replicated_jobs = jobset_spec.get("replicatedJobs") or []
     if not replicated_jobs:
@@ -600,6 +638,12 @@ def _add_flux_installer(pod_spec: dict, node_container: dict | None) -> str:
     return FLUX_INSTALLER
 
 
+def _cited(patch: dict) -> bool:
+    """Whether messages name this runtimePatch as one that shapes the pods: the submitter's (and
+    other tools') patches, never the service's own (runtimepatch.OWN_MANAGER)."""
+    return not (isinstance(patch, dict) and patch.get("manager") == runtimepatch.OWN_MANAGER)
+
+
 def with_patch(job: EffectiveJob, obj: dict, index: int) -> EffectiveJob:
     """``job``, built from ``obj`` without its ``spec.runtimePatches[index]``, with that patch
     merged into its pods as Trainer merges it, for a patch of pod metadata, securityContext,
@@ -613,7 +657,8 @@ def with_patch(job: EffectiveJob, obj: dict, index: int) -> EffectiveJob:
     for ps in job.pod_sets:
         pod_patch = _pod_template(by_name[ps.name]) if ps.name in by_name else None
         if pod_patch:
-            ps = replace(ps, pod=smp.merge(ps.pod, pod_patch), patches=(*ps.patches, f"spec.runtimePatches[{index}]"))
+            cited = (f"spec.runtimePatches[{index}]",) if _cited(obj["spec"]["runtimePatches"][index]) else ()
+            ps = replace(ps, pod=smp.merge(ps.pod, pod_patch), patches=(*ps.patches, *cited))
         pod_sets.append(ps)
     return replace(job, labels=dict((obj.get("metadata") or {}).get("labels") or {}), pod_sets=pod_sets)
 

@@ -19,6 +19,9 @@ from ..k8s.versions import NEWEST, Versions
 
 # Field -> nested schema (a dict), or True for a value kept whole (a full Kubernetes type).
 _META = {key: True for key in ("annotations", "finalizers", "labels", "name", "namespace")}
+# The manager of the service's own runtimePatch (Istio off, security defaults, node targeting):
+# messages never cite it as a patch the submitter wrote.
+OWN_MANAGER = "trainjob-admission.io/webhook"
 CONTAINER_FIELDS = ("env", "volumeMounts", "securityContext")  # with its name, all a patch may set
 _CONTAINER = {key: True for key in ("name", *CONTAINER_FIELDS)}
 _POD_SPEC = {

@@ -333,8 +333,22 @@ def _put(items: dict, key: Any, value: Any, keep: bool) -> None:
         items.pop(key, None)
 
 
+SUFFIXES = (".yaml", ".yml", ".json")  # the files of a directory that are read, as `kubectl -f DIR` does
+
+
+def object_files(directory: Path) -> list[Path]:
+    """A directory's *.yaml, *.yml and *.json files, sorted by name, not recursive (kubectl -f DIR)."""
+    return sorted(p for p in directory.iterdir() if p.suffix in SUFFIXES and p.is_file())
+
+
 def load_objects(path: str | Path) -> list[dict]:
-    """Kubernetes objects from a YAML (multi-document or a List) or JSON file."""
+    """Kubernetes objects from a YAML (multi-document or a List) or JSON file, or from each such
+    file of a directory."""
+    if Path(path).is_dir():
+        files = object_files(Path(path))
+        if not files:
+            raise StateError(f"{path}: the directory holds no *.yaml, *.yml or *.json file")
+        return [obj for file in files for obj in load_objects(file)]
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:

@@ -1,12 +1,13 @@
 """``policy lint`` beyond loading: every expression evaluated against sample jobs, and advice.
 
-Loading (policies/bundle/schema.py, bundlecel.py) refuses what the text alone shows: schema, CEL syntax,
-unknown variables, functions, ``variables.X`` and ``params.X``, built-in rule names. cel-python is
-dynamically typed, so a type error (a messageExpression adding a string to an int, a rule that
-gives a number instead of true or false) shows only when the expression runs; lint runs every
-expression, messages and unreached branches' rules included, on sample jobs and reports those
-as errors. A missing field in a sample is not one: real jobs differ, and ``has()`` guards them.
-Warnings (legal but confusing to submitters) never stop a bundle.
+Loading (policies/bundle/schema.py, compile.py, expressions.py, typecheck.py) refuses what the text
+alone shows: schema, CEL syntax, unknown variables, functions, ``variables.X`` and ``params.X``,
+built-in rule names, type errors as the API server finds them when a policy is created, costs over
+the limits. What the type checker cannot see (a value ``dyn()`` hid from it, a custom mutation
+that builds no JSON patch) shows only when the expression runs; lint runs every expression,
+messages and unreached branches' rules included, on sample jobs and reports those as errors. A
+missing field in a sample is not one: real jobs differ, and ``has()`` guards them. Warnings (legal
+but confusing to submitters) never stop a bundle.
 """
 from __future__ import annotations
 
@@ -105,15 +106,9 @@ def _type_error(message: str) -> str | None:
 
 
 def _wrong_result(path: tuple, value: Any, source: str) -> str | None:
-    """What the expression at ``path`` must give (a rule or condition a bool, a message a string,
-    an audit annotation a string or null), if it gave something else."""
+    """A custom mutation's result that is no JSON patch or apply configuration (rules, messages
+    and annotations give what they must: the type checker refuses any other at load)."""
     key = path[-1]
-    if key == "messageExpression" and not isinstance(value, str):
-        return f"messageExpression must give a string, got {type(value).__name__} {value!r:.60}"
-    if key == "valueExpression" and value is not None and not isinstance(value, str):
-        return f"valueExpression must give a string or null, got {type(value).__name__} {value!r:.60}"
     if key == "expression" and path[-2] in ("jsonPatch", "applyConfiguration"):
         return custommutations.shape_error(str(path[-2]), value, refused=custommutations.constant_paths(source))
-    if key == "expression" and path[1] != "variables" and not isinstance(value, bool):
-        return f"expression must give true or false, got {type(value).__name__} {value!r:.60}"
     return None

@@ -1,8 +1,8 @@
 """Renderings of decisions and explanations, shared by the CLI and the demo."""
 from __future__ import annotations
 
-from ..checks.fields import plural
 from ..decide.decision import Decision, Verdict
+from ..job.vocabulary import plural, shape
 from ..k8s.quantity import format_amount
 
 HEADLINES = {Verdict.ALLOW: "ALLOWED", Verdict.WARN: "ALLOWED with warnings", Verdict.DENY: "DENIED"}
@@ -14,8 +14,7 @@ def job_summary(decision: Decision) -> str:
         return "job: could not be built"
     totals = job.totals
     gpus = ", ".join(f"{n} {r}" for r, n in sorted(totals["gpusByResource"].items())) or "no GPUs"
-    shape = " + ".join(f"{ps.count} {ps.name}" for ps in job.pod_sets)
-    return (f"job: {totals['pods']} pods ({shape}), {gpus}, cpu {format_amount('cpu', totals['cpu'])}, "
+    return (f"job: {totals['pods']} pods ({shape(job)}), {gpus}, cpu {format_amount('cpu', totals['cpu'])}, "
             f"memory {format_amount('memory', totals['memory'])}"
             + (f", {plural(job.mpi['numProcPerNode'], 'slot')} per node" if job.mpi else ""))
 
@@ -25,9 +24,11 @@ def decision_text(obj: dict, decision: Decision) -> str:
     head = HEADLINES[decision.decision]
     bundles = ", ".join(f"{b['name']} {b['version']}" for b in decision.bundles) or "none matched"
     lines = [f"{head}  {obj.get('kind')} {meta.get('namespace', '')}/{meta.get('name', '')}  (bundles: {bundles})"]
-    for message in decision.messages:
+    messages = decision.messages
+    for index, message in enumerate(messages):
         lines.append(f"  x {message['rule']}: {message['message']}")
-        if message["remediation"]:
+        following = messages[index + 1]["remediation"] if index + 1 < len(messages) else None
+        if message["remediation"] and message["remediation"] != following:  # a fix shared by a run of problems: once
             lines.append(f"    fix: {message['remediation']}")
     for warning in decision.warnings:
         lines.append(f"  ! {warning}")

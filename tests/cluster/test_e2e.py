@@ -289,6 +289,34 @@ def test_denied_with_our_message_and_nothing_created(e2e, case):
     nothing_created(e2e.ns, obj["metadata"]["name"])
 
 
+def test_one_record_per_answer_and_deletions_recorded(e2e):
+    """Issue 31: the /mutate record of a refused submission says what /mutate answered (allowed, no
+    message), so `decisions query` counts the refusal once; a deletion is recorded by the DELETE
+    entry with who deleted the job and where it stood."""
+    refused, kept = "counted-once", "deleted-by-alice"
+    err = denial(submit(trainjob(refused, e2e.ns, nodes=9, gpus=4), kubeconfig=e2e.alice))
+    assert "quota" in err
+    assert submit(trainjob(kept, e2e.ns, nodes=2, gpus=0), kubeconfig=e2e.alice).returncode == 0
+    d = kc("delete", "trainjob", kept, "-n", e2e.ns, "--wait=false", kubeconfig=e2e.alice)
+    assert d.returncode == 0, d.stderr
+    mine = wait("the deletion's record", lambda: (lambda rs: rs if any(r.get("operation") == "DELETE" for r in rs)
+                                                  else None)([r for r in e2e.svc.records()
+                                                               if r.get("name") in (refused, kept)]), 30)
+    by = {(r["name"], r["endpoint"], r["operation"]): r for r in mine}
+    assert by[(refused, "mutate", "CREATE")]["allowed"] is True and by[(refused, "mutate", "CREATE")]["messages"] == []
+    assert by[(refused, "validate", "CREATE")]["decision"] == "deny"
+    deleted = by[(kept, "validate", "DELETE")]
+    assert deleted["user"] == "alice" and deleted["allowed"] is True and deleted["kind"] == "TrainJob"
+    assert deleted["jobStatus"]["state"] in ("Pending", "Running"), deleted  # KWOK may have started its pods
+    log = e2e.svc.decision_log
+    counted = subprocess.run([str(CLI), "decisions", "query", "--log", str(log), "--name", refused, "-o", "json"],
+                             capture_output=True, text=True, timeout=60)
+    assert [r["endpoint"] for r in json.loads(counted.stdout)] == ["validate"], counted.stdout + counted.stderr
+    deletions = subprocess.run([str(CLI), "decisions", "query", "--log", str(log), "--operation", "DELETE",
+                                "--name", kept, "-o", "json"], capture_output=True, text=True, timeout=60)
+    assert [r["user"] for r in json.loads(deletions.stdout)] == ["alice"], deletions.stdout + deletions.stderr
+
+
 def test_server_dry_run_of_an_allowed_job_creates_nothing(e2e):
     name = "dry-run"
     before = len(e2e.svc.records())

@@ -30,6 +30,7 @@ pytestmark = pytest.mark.cluster
 cluster = sys.modules["trainjob_cluster"]  # hack/cluster/cluster.py, loaded by conftest
 REPO = Path(__file__).resolve().parents[2]
 SA = f"system:serviceaccount:{NS}:trainjob-admission"
+LEDGER = "trainjob-admission-reservations"  # webhook/admission/ledger.py NAME
 MANAGED_BY = ("app.kubernetes.io/managed-by", "trainjob-admission")
 NAMESPACED = {"ServiceAccount", "Role", "RoleBinding", "Deployment", "PodDisruptionBudget", "Service",
               "NetworkPolicy", "Secret", "ConfigMap", "ServiceMonitor", "PrometheusRule", "Issuer", "Certificate"}
@@ -38,9 +39,11 @@ NAMESPACED = {"ServiceAccount", "Role", "RoleBinding", "Deployment", "PodDisrupt
 # ---------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------
-def granted(rules: list[dict], group: str, resource: str, verb: str) -> bool:
+def granted(rules: list[dict], group: str, resource: str, verb: str, name: str = "") -> bool:
+    """Whether ``rules`` allow ``verb`` (on the object ``name``, else on any: a rule limited to
+    names does not grant that)."""
     return any(group in r.get("apiGroups", []) and resource in r.get("resources", []) and verb in r["verbs"]
-               for r in rules)
+               and (not r.get("resourceNames") or name in r["resourceNames"]) for r in rules)
 
 
 def service_rules(docs: list[dict], namespace: str | None = None) -> list[dict]:
@@ -108,6 +111,8 @@ def test_base_holds_exactly_the_service(base):
         ("ValidatingAdmissionPolicyBinding", "trainjob-admission-managed-objects-only"),
         ("ValidatingAdmissionPolicy", "trainjob-admission-deadline-events-only"),
         ("ValidatingAdmissionPolicyBinding", "trainjob-admission-deadline-events-only"),
+        ("ValidatingAdmissionPolicy", "trainjob-admission-own-leases-only"),
+        ("ValidatingAdmissionPolicyBinding", "trainjob-admission-own-leases-only"),
         ("Deployment", "trainjob-admission"), ("PodDisruptionBudget", "trainjob-admission"),
         ("Service", "trainjob-admission"), ("NetworkPolicy", "trainjob-admission"),
         ("MutatingWebhookConfiguration", "trainjob-admission"), ("ValidatingWebhookConfiguration", "trainjob-admission"),
@@ -166,7 +171,7 @@ def test_base_deployment_is_restricted_and_highly_available(base):
 def test_base_webhooks(base):
     paths = {"MutatingWebhookConfiguration": "/mutate", "ValidatingWebhookConfiguration": "/validate"}
     for kind, path in paths.items():
-        (hook,) = find(base, kind, "trainjob-admission")["webhooks"]
+        hook = find(base, kind, "trainjob-admission")["webhooks"][0]
         assert hook["clientConfig"] == {"service": {"name": "trainjob-admission", "namespace": NS,
                                                     "path": path, "port": 443}}
         assert {(r["apiGroups"][0], r["apiVersions"][0], r["resources"][0]) for r in hook["rules"]} == {
@@ -181,6 +186,14 @@ def test_base_webhooks(base):
         assert exprs["trainjob-admission.io/ignore"] == {"key": "trainjob-admission.io/ignore", "operator": "NotIn",
                                                          "values": ["true"]}
     assert find(base, "Namespace", NS)["metadata"]["labels"]["trainjob-admission.io/ignore"] == "true"
+    # deletions: a second validating entry that records them and never stands in their way
+    (mutate,) = find(base, "MutatingWebhookConfiguration", "trainjob-admission")["webhooks"]
+    submit, delete = find(base, "ValidatingWebhookConfiguration", "trainjob-admission")["webhooks"]
+    assert delete["name"] == "audit-delete.trainjob-admission.io" and delete["clientConfig"] == submit["clientConfig"]
+    assert [(r["resources"], r["operations"]) for r in delete["rules"]] == [(["trainjobs"], ["DELETE"]),
+                                                                            (["mpijobs"], ["DELETE"])]
+    assert (delete["failurePolicy"], delete["timeoutSeconds"], delete["sideEffects"]) == ("Ignore", 3, "None")
+    assert delete["namespaceSelector"] == submit["namespaceSelector"] == mutate["namespaceSelector"]
 
 
 def test_base_rbac_is_least_privilege(base):
@@ -225,9 +238,13 @@ def test_base_rbac_is_least_privilege(base):
                 have.setdefault((g, res), set()).update(r["verbs"])
     assert have == wanted, "no Secret or NetworkPolicy permission cluster-wide: only per namespace"
     injector = find(base, "ClusterRole", "trainjob-admission-injector")["rules"]
-    assert {(r["apiGroups"][0], r["resources"][0]): set(r["verbs"]) for r in injector} == {
-        ("", "secrets"): {"get", "list", "watch", "create", "patch", "delete"},
-        ("networking.k8s.io", "networkpolicies"): {"get", "list", "watch", "create", "patch", "delete"}}
+    assert {(r["apiGroups"][0], r["resources"][0], tuple(r.get("resourceNames", ()))): set(r["verbs"])
+            for r in injector} == {
+        ("", "secrets", ()): {"get", "list", "watch", "create", "patch", "delete"},
+        ("networking.k8s.io", "networkpolicies", ()): {"get", "list", "watch", "create", "patch", "delete"},
+        # the quota reservation ledger: get and update by name only; create cannot be limited to one
+        ("coordination.k8s.io", "leases", (LEDGER,)): {"get", "update"},
+        ("coordination.k8s.io", "leases", ()): {"create"}}
 
 
 def test_service_rbac_covers_every_call_the_code_makes(tmp_path):
@@ -258,11 +275,15 @@ def test_service_rbac_covers_every_call_the_code_makes(tmp_path):
     bound = sorted(b["metadata"]["namespace"] for b in docs if b["kind"] == "RoleBinding"
                    and b["roleRef"]["name"] == "trainjob-admission-injector")
     assert namespaces and sorted(namespaces) == bound, "a RoleBinding per --reconcile-namespace, and no other"
+    from trainjob_admission.webhook.admission.ledger import LEDGER_VERBS
+
     for ns in namespaces:
         here = service_rules(docs, ns)
         missing += [(ns, res.plural, v) for res in resources.INJECTED.values()
                     for v in ("get", "list", "watch", "create", "patch", "delete")
                     if not granted(here, group(res.api_version), res.plural, v)]
+        missing += [(ns, LEDGER, v) for v in LEDGER_VERBS
+                    if not granted(here, "coordination.k8s.io", resources.LEASES.plural, v, LEDGER)]
     assert not missing, f"manifests/base/rbac.yaml or components/injection-namespaces lacks {missing}"
 
 
@@ -280,9 +301,11 @@ def test_checkpoint_role_is_exactly_the_lease_calls(base):
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                   "name": "trainjob-admission-checkpoint"}
     assert [f"system:serviceaccount:{s['namespace']}:{s['name']}" for s in binding["subjects"]] == [SA]
-    assert not any(r["kind"] in ("ClusterRole", "Role") and r["metadata"]["name"] != role["metadata"]["name"]
+    assert not any(r["kind"] in ("ClusterRole", "Role")
+                   and r["metadata"]["name"] not in (role["metadata"]["name"], "trainjob-admission-injector")
                    and any("leases" in rule.get("resources", []) and set(rule["verbs"]) - {"get", "list"}
-                           for rule in r.get("rules", [])) for r in base), "only the checkpoint Role writes Leases"
+                           for rule in r.get("rules", [])) for r in base), \
+        "only the checkpoint Role and the injector (the reservation ledger, per namespace) write Leases"
 
 
 def test_local_ca_overlay_fills_secret_and_ca_bundle(tmp_path):
@@ -298,9 +321,9 @@ def test_local_ca_overlay_fills_secret_and_ca_bundle(tmp_path):
     for key in secret["data"]:
         assert base64.b64decode(secret["data"][key]) == (tls / key).read_bytes()
     for kind in WEBHOOK_KINDS:
-        (hook,) = find(docs, kind, "trainjob-admission")["webhooks"]
-        assert base64.b64decode(hook["clientConfig"]["caBundle"]) == (tls / "ca.crt").read_bytes()
-        assert "".join(hook["clientConfig"]["caBundle"].split()) == (tls / "ca-bundle.b64").read_text().strip()
+        for hook in find(docs, kind, "trainjob-admission")["webhooks"]:
+            assert base64.b64decode(hook["clientConfig"]["caBundle"]) == (tls / "ca.crt").read_bytes()
+            assert "".join(hook["clientConfig"]["caBundle"].split()) == (tls / "ca-bundle.b64").read_text().strip()
     dep = find(docs, "Deployment", "trainjob-admission")
     assert {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}["tls"]["secret"]["secretName"] \
         == secret["metadata"]["name"]
@@ -365,8 +388,8 @@ def test_components_fail_open_and_monitoring(tmp_path):
         "resources": ["../manifests/overlays/local-ca"],
         "components": ["../manifests/components/fail-open", "../manifests/components/monitoring"]})
     docs = kustomize(overlay)
-    for kind in WEBHOOK_KINDS:
-        assert [h["failurePolicy"] for h in find(docs, kind, "trainjob-admission")["webhooks"]] == ["Ignore"]
+    for kind in WEBHOOK_KINDS:  # the deletions' entry is Ignore already
+        assert {h["failurePolicy"] for h in find(docs, kind, "trainjob-admission")["webhooks"]} == {"Ignore"}
     svc = find(docs, "Service", "trainjob-admission")
     monitor = find(docs, "ServiceMonitor", "trainjob-admission")["spec"]
     assert monitor["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
@@ -445,11 +468,13 @@ def test_installed_service_runs_two_restricted_replicas(installed, kubectl, get_
 def test_installed_webhooks_and_default_bundle(installed, get_json):
     ca = (installed.tls / "ca.crt").read_bytes()
     for kind in WEBHOOK_KINDS:
-        (hook,) = get_json(kind.lower(), "trainjob-admission")["webhooks"]
+        hooks = get_json(kind.lower(), "trainjob-admission")["webhooks"]
+        hook = hooks[0]
         assert hook["sideEffects"] == "NoneOnDryRun" and hook["timeoutSeconds"] == 10
         assert hook["failurePolicy"] == "Fail" and hook["matchPolicy"] == "Equivalent"
-        assert base64.b64decode(hook["clientConfig"]["caBundle"]) == ca
-        assert hook["namespaceSelector"] == {"matchLabels": {TEST_LABEL: installed.run}}
+        for each in hooks:  # the deletions' entry too
+            assert base64.b64decode(each["clientConfig"]["caBundle"]) == ca
+            assert each["namespaceSelector"] == {"matchLabels": {TEST_LABEL: installed.run}}
     bundle = get_json("policybundle", "default")
     source = yaml.safe_load((REPO / "policies" / "bundle" / "builtin" / "default.yaml").read_text())
     source["spec"]["match"]["namespaces"] = [f"nowhere-{installed.run}"]
@@ -477,8 +502,14 @@ def test_service_account_has_least_privilege(installed, kubectl):
                ("create", "secrets", "-n", "team-a"), ("delete", "secrets", "-n", "team-a"),
                ("create", "networkpolicies.networking.k8s.io", "-n", "team-a"),
                ("patch", "networkpolicies.networking.k8s.io", "-n", "team-a"),
-               ("create", "leases.coordination.k8s.io", "-n", NS), ("patch", "leases.coordination.k8s.io", "-n", NS)]
-    denied = [("create", "leases.coordination.k8s.io", "-n", "team-a"), ("delete", "leases.coordination.k8s.io", "-n", NS),
+               ("create", "leases.coordination.k8s.io", "-n", NS), ("patch", "leases.coordination.k8s.io", "-n", NS),
+               # the reservation ledger where it injects: create, and get and update of its name
+               ("create", "leases.coordination.k8s.io", "-n", "team-a"),
+               ("update", f"leases.coordination.k8s.io/{LEDGER}", "-n", "team-a"),
+               ("get", f"leases.coordination.k8s.io/{LEDGER}", "-n", "team-a")]
+    denied = [("update", "leases.coordination.k8s.io/other", "-n", "team-a"),
+              ("delete", f"leases.coordination.k8s.io/{LEDGER}", "-n", "team-a"),
+              ("create", "leases.coordination.k8s.io", "-n", "team-b"), ("delete", "leases.coordination.k8s.io", "-n", NS),
               ("get", "nodes"), ("get", "nodes", "--subresource=proxy"), ("create", "pods", "-n", "team-a"),
               ("create", "pods", "-n", NS), ("create", "pods", "--subresource=exec", "-n", NS),
               ("escalate", "clusterroles.rbac.authorization.k8s.io"), ("bind", "clusterroles.rbac.authorization.k8s.io"),
@@ -600,6 +631,26 @@ def test_guard_lets_the_service_account_write_only_managed_objects(installed, ku
         assert p.returncode == 0, f"the service account could not {what}: {p.stderr}"
     # anybody else is not matched by the policy at all
     assert kubectl("label", "secret", "foreign-mpi-ssh-auth", "x=y", "-n", namespace).returncode == 0
+
+
+def test_guard_lets_the_service_account_write_only_its_own_leases(installed, kubectl, namespace, wait_for):
+    """RBAC lets the service account create a Lease of any name where it injects (create cannot be
+    limited to a name); the guard narrows that to the quota reservation ledger."""
+    def lease(name: str) -> dict:
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": name, "namespace": namespace},
+                "spec": {}}
+
+    def as_sa(body: dict):
+        return kubectl("create", "-f", "-", f"--as={SA}", "-n", namespace, input=json.dumps(body), check=False)
+
+    kubectl("create", "rolebinding", "trainjob-admission-injector", "-n", namespace,
+            "--clusterrole=trainjob-admission-injector", f"--serviceaccount={NS}:trainjob-admission")
+    wait_for("the guard to refuse another application's Lease", lambda: "trainjob-admission may only write the Lease" in
+             as_sa(lease("some-controller-leader")).stderr, timeout=60)
+    p = as_sa(lease(LEDGER))
+    assert p.returncode == 0, f"the service account could not create its reservation ledger: {p.stderr}"
+    # anybody else is not matched by the policy at all
+    assert kubectl("create", "-f", "-", "-n", namespace, input=json.dumps(lease("other"))).returncode == 0
 
 
 def test_guard_lets_the_service_account_create_only_deadline_events(installed, kubectl, namespace, wait_for):

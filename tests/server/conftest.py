@@ -18,12 +18,15 @@ import trustme
 import yaml
 
 from tests.support.memoryapi import MemoryApi
+from trainjob_admission.policies.capacity.reservations import Reservations
 from trainjob_admission.webhook.admission.config import ServerConfig
+from trainjob_admission.webhook.admission.ledger import CALL_TIMEOUT, Ledger
 from trainjob_admission.webhook.admission.server import WebhookServer
 from trainjob_admission.webhook.cli.demo import admission_review, sample_state
 from trainjob_admission.webhook.decisionlog import DecisionLog
 from trainjob_admission.webhook.inject.injector import Injector
 from trainjob_admission.webhook.inject.provenance import Provenance
+from trainjob_admission.webhook.kube.calls import Calls
 from trainjob_admission.webhook.kube.client import KubeApi
 
 DEFAULT_BUNDLE = Path(__file__).resolve().parents[2] / "policies" / "bundle" / "builtin" / "default.yaml"
@@ -77,7 +80,7 @@ class Running:
         return body["response"]
 
     def records(self) -> list[dict]:
-        return [json.loads(line) for line in self.log_path.read_text().splitlines() if line.strip()]
+        return [json.loads(line) for line in self.log_path.read_text().split("\n") if line.strip()]
 
 
 def decode_patch(response: dict) -> list[dict]:
@@ -152,12 +155,15 @@ def memory_api():
 
 @pytest.fixture
 def injecting_server(tmp_path: Path, memory_api: MemoryApi):
-    """injecting_server(adopt=False, failure_mode="deny", creation_burst=50) -> Running: the default
-    bundle (``adoptExisting`` as given), injecting through ``memory_api``; each call another replica
-    (its own log and certificate, the same provenance key)."""
+    """injecting_server(adopt=False, failure_mode="deny", creation_burst=50, ledger=None) -> Running:
+    the default bundle (``adoptExisting`` as given), injecting through ``memory_api``; each call
+    another replica (its own log and certificate, the same provenance key). ``ledger``: the URL of
+    the API holding the namespaces' reservation ledgers (webhook/admission/ledger.py; "memory" for
+    ``memory_api``'s), which the replica then keeps reservations with; None: it keeps none."""
     stops = []
 
-    def _start(adopt: bool = False, failure_mode: str = "deny", creation_burst: int = 50) -> Running:
+    def _start(adopt: bool = False, failure_mode: str = "deny", creation_burst: int = 50,
+               ledger: str | None = None) -> Running:
         work = tmp_path / f"server-{len(stops)}"
         work.mkdir()
         bundle = yaml.safe_load(DEFAULT_BUNDLE.read_text())
@@ -172,8 +178,14 @@ def injecting_server(tmp_path: Path, memory_api: MemoryApi):
                               bundle_specs=[str(work / "bundle.yaml")])
         config.reviewer.failure_mode = failure_mode
         config.reviewer.creation_burst, config.reviewer.creation_rate = creation_burst, 1e-6  # no refill in a test
-        server = WebhookServer(config, sample_state(), injector=Injector(KubeApi(configuration), PROVENANCE, timeout=5),
-                               decision_log=DecisionLog(work / "decisions.jsonl", stdout=None))
+        state, ledgers = sample_state(), None
+        if ledger is not None:
+            state.reservations = Reservations(state)
+            ledger_api = kubernetes.client.Configuration()
+            ledger_api.host, ledger_api.retries = configuration.host if ledger == "memory" else ledger, 0
+            ledgers = Ledger(Calls(KubeApi(ledger_api), CALL_TIMEOUT), f"replica-{len(stops)}")
+        server = WebhookServer(config, state, injector=Injector(KubeApi(configuration), PROVENANCE, timeout=5),
+                               decision_log=DecisionLog(work / "decisions.jsonl", stdout=None), ledger=ledgers)
         loop = asyncio.new_event_loop()
         port = loop.run_until_complete(server.start())
         thread = threading.Thread(target=loop.run_forever, daemon=True)

@@ -50,7 +50,7 @@ pytestmark = pytest.mark.server
 SEED = 3
 CASES = 10_000
 CLIENTS = 6  # client processes
-SAMPLES = ["allowed.yaml", "over-quota.yaml", "too-many-gpus.yaml", "too-many-workers.yaml", "privileged.yaml",
+SAMPLES = ["allowed.yaml", "over-quota.yaml", "too-many-gpus.yaml", "too-many-nodes.yaml", "privileged.yaml",
            "legacy-mpijob.yaml"]
 JOBS = {name: example_job(name) for name in SAMPLES}
 UNICODE = ["é", "ß", "中文", "🚀", "\u202eevil", "\u200b", "\x00", "\ud800", "\udfff", "𝔘𝔫𝔦", "\\", '"', "\n"]
@@ -103,7 +103,7 @@ def _deny_worthy(rng: random.Random) -> dict:
         obj = copy.deepcopy(JOBS["allowed.yaml"])
         obj["spec"]["trainer"]["numNodes"] = rng.randint(9, 64)
     elif choice == 2:  # more workers than the bundle allows
-        obj = copy.deepcopy(JOBS["too-many-workers.yaml"])
+        obj = copy.deepcopy(JOBS["too-many-nodes.yaml"])
         obj["spec"]["trainer"]["numNodes"] = rng.randint(65, 100_000)
     elif choice == 3:  # a privileged runtime
         obj = copy.deepcopy(JOBS["privileged.yaml"])

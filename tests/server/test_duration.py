@@ -75,5 +75,5 @@ def test_an_mpijob_gets_a_clean_pod_policy_that_stops_its_workers_at_the_deadlin
     stored["spec"]["runPolicy"]["cleanPodPolicy"] = "None"
     refused = server.review(stored, "validate")
     assert refused["allowed"] is False
-    assert ("the workers keep running and holding their GPUs: set spec.runPolicy.cleanPodPolicy to Running (or All)"
+    assert ("the other nodes (Worker replicas) keep running and holding their GPUs: set spec.runPolicy.cleanPodPolicy to Running (or All)"
             in refused["status"]["message"])

@@ -43,7 +43,7 @@ def test_over_quota_denied_with_numbers_and_fix(webhook_server):
     assert response["status"]["code"] == 403
     message = response["status"]["message"]
     assert "job needs 32 nvidia.com/gpu" in message and "24 are in use" in message
-    assert "reduce spec.trainer.numNodes to 2" in message
+    assert "set spec.trainer.numNodes to 2, or ask your admin to raise the quota" in message
 
 
 def test_privileged_runtime_denied(webhook_server):
@@ -140,7 +140,8 @@ def test_health_ready_and_metrics(webhook_server):
     webhook_server.review(example_job("over-quota.yaml"))
     status, text = webhook_server.get("/metrics")
     assert status == 200
-    assert 'trainjob_admission_requests_total{decision="deny",endpoint="validate",kind="TrainJob"} 1.0' in text
+    assert ('trainjob_admission_requests_total{decision="deny",endpoint="validate",kind="TrainJob",operation="CREATE"} '
+            '1.0') in text
     assert 'trainjob_admission_rule_results_total{bundle="default",effect="deny",rule="quota"} 1.0' in text
     assert "trainjob_admission_certificate_expiry_timestamp_seconds" in text
     assert "trainjob_admission_request_duration_seconds_bucket" in text
@@ -267,3 +268,33 @@ def test_a_stopping_server_answers_its_open_connections_and_closes_each_after_it
         conn.close()
         running.loop.call_soon_threadsafe(running.loop.stop)
         thread.join(15)
+
+
+def test_a_refusal_counts_once_and_a_deletion_is_recorded(webhook_server):
+    """Issue 31: /mutate answers a job /validate refuses with allowed (no patch), and says so in its
+    record and the metrics, so the refusal is counted once, as submitters saw it; a DELETE (the
+    fail-open entry of manifests/base/webhooks.yaml) is recorded with who deleted the job and its state."""
+    job = example_job("over-quota.yaml")
+    mutated = webhook_server.review(job, "mutate")
+    refused = webhook_server.review(job, "validate")
+    assert mutated["allowed"] is True and refused["allowed"] is False
+    stored = {**example_job("allowed.yaml"), "status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+    deleted = webhook_server.review(stored, "validate", operation="DELETE", object=None, oldObject=stored,
+                                    userInfo={"username": "bob", "groups": ["team-a"]})
+    assert deleted["allowed"] is True
+    mutate_record, validate_record, deletion = webhook_server.records()[-3:]
+    assert (mutate_record["endpoint"], mutate_record["decision"], mutate_record["allowed"]) == ("mutate", "allow", True)
+    assert mutate_record["messages"] == [] and validate_record["decision"] == "deny"
+    assert (deletion["operation"], deletion["user"], deletion["name"], deletion["jobStatus"]["state"]) == (
+        "DELETE", "bob", "resnet-allreduce", "Complete")
+    _, text = webhook_server.get("/metrics")
+    counts = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith(("trainjob_admission_requests_total{", "trainjob_admission_rule_results_total{"))}
+    assert counts['trainjob_admission_requests_total{decision="allow",endpoint="mutate",kind="TrainJob",'
+                  'operation="CREATE"}'] >= 1
+    assert not any('endpoint="mutate"' in key and 'decision="deny"' in key for key in counts)
+    assert counts['trainjob_admission_requests_total{decision="allow",endpoint="validate",kind="TrainJob",'
+                  'operation="DELETE"}'] == 1
+    quota = counts['trainjob_admission_rule_results_total{bundle="default",effect="deny",rule="quota"}']
+    denials = sum(v for k, v in counts.items() if 'decision="deny",endpoint="validate"' in k)
+    assert quota == denials  # one count per refused submission, not one per webhook call

@@ -29,6 +29,8 @@ CRD_FILES = {CRD: CRD_FILE, EXCEPTION_CRD: REPO / "manifests/base/policyexceptio
 TEST_LABEL = "trainjob-admission.io/manifest-test"
 CLI = Path(sys.executable).parent / "trainjob-admission"
 WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+# the entries of each in manifests/base/webhooks.yaml: the validating one also records deletions
+WEBHOOKS = {"MutatingWebhookConfiguration": 1, "ValidatingWebhookConfiguration": 2}
 
 
 def kustomize(path: Path) -> list[dict]:
@@ -113,16 +115,17 @@ def install(work: Path, run: str, *, bundle_namespaces: list[str], extra: dict |
             *({"patch": yaml.safe_dump({"$patch": "delete", "apiVersion": "apiextensions.k8s.io/v1",
                                        "kind": "CustomResourceDefinition", "metadata": {"name": name}})}
               for name in CRD_FILES),
-            {"target": {"group": "admissionregistration.k8s.io", "kind": "(Mutating|Validating)WebhookConfiguration",
-                        "name": "trainjob-admission"},
-             "patch": json.dumps([{"op": "replace", "path": "/webhooks/0/namespaceSelector", "value": narrow}])},
+            *({"target": {"group": "admissionregistration.k8s.io", "kind": kind, "name": "trainjob-admission"},
+               "patch": json.dumps([{"op": "replace", "path": f"/webhooks/{i}/namespaceSelector", "value": narrow}
+                                    for i in range(hooks)])}
+              for kind, hooks in WEBHOOKS.items()),
             {"target": {"kind": "PolicyBundle", "name": "default"},
              "patch": json.dumps([{"op": "replace", "path": "/spec/match/namespaces", "value": bundle_namespaces}])},
             *extra.pop("patches", []),
         ], **extra})
     docs = kustomize(install)
-    for kind in WEBHOOK_KINDS:  # the guarantee that nothing outside this test reaches the fake pods
-        assert [h["namespaceSelector"] for h in find(docs, kind, "trainjob-admission")["webhooks"]] == [narrow]
+    for kind, hooks in WEBHOOKS.items():  # the guarantee that nothing outside this test reaches the fake pods
+        assert [h["namespaceSelector"] for h in find(docs, kind, "trainjob-admission")["webhooks"]] == [narrow] * hooks
     assert not any(d["kind"] == "CustomResourceDefinition" for d in docs)
 
     for name, file in CRD_FILES.items():

@@ -93,7 +93,7 @@ class Serve:
         """Decision-log records written so far (the file sink, rotated files not included)."""
         if not self.decision_log.exists():
             return []
-        return [json.loads(line) for line in self.decision_log.read_text().splitlines() if line.strip()]
+        return [json.loads(line) for line in self.decision_log.read_text().split("\n") if line.strip()]
 
     def output(self) -> str:
         """The tail of the service's stderr, for failure messages."""

@@ -15,11 +15,13 @@ tier's conftest uses the same one).
 """
 from __future__ import annotations
 
+import base64
 import contextlib
 import importlib.util
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -38,6 +40,19 @@ def _cluster_module():
 
 
 cluster = _cluster_module()
+
+
+def ensure_cluster() -> None:
+    """The control plane up, for a bench: built and started if it is not (SystemExit if it cannot be)."""
+    if cluster.is_up():
+        return
+    if cluster.find_go() is None and not cluster.built():
+        raise SystemExit("no Go toolchain to build the control plane (set GO= or PATH)")
+    if cluster.cmd_build() != 0:
+        raise SystemExit("building the control plane failed")
+    cluster.up()
+
+
 # Rules for both kinds the service reviews (cluster.TRAINJOB_RULES: TrainJob + v2beta1 MPIJob).
 RULES = cluster.TRAINJOB_RULES
 
@@ -74,17 +89,40 @@ def start_service(workdir: Path, kubeconfig: Path, cert: tuple[Path, Path, bytes
 
 
 def register(svc: Serve, name: str, namespaces: list[str], *, timeout_seconds: int = 10,
-             failure_policy: str = "Fail") -> list:
-    """Register the service for TrainJobs and MPIJobs (CREATE, UPDATE) in `namespaces` only."""
+             failure_policy: str = "Fail", condition: str | None = None) -> list:
+    """Register the service for TrainJobs and MPIJobs in `namespaces` only: CREATE and UPDATE
+    (mutating and validating), and DELETE through the entry manifests/base/webhooks.yaml has for it
+    (configuration `<name>-deletions`); ``condition``: a CEL matchCondition the CREATE and UPDATE
+    requests must meet too (replicas splitting the requests)."""
     selector = {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In",
                                       "values": sorted(namespaces)}]}
-    return cluster.register_webhook(name, svc.url, svc.ca_pem, rules=RULES, side_effects="NoneOnDryRun",
+    made = cluster.register_webhook(name, svc.url, svc.ca_pem, rules=RULES, side_effects="NoneOnDryRun",
                                     failure_policy=failure_policy, timeout_seconds=timeout_seconds,
-                                    namespace_selector=selector)
+                                    namespace_selector=selector, settle_seconds=0,
+                                    match_conditions=[{"name": "replica", "expression": condition}] if condition else None)
+    deletions = {**deletion_webhook(), "name": f"audit-delete.{name}.admission.test", "namespaceSelector": selector,
+                 "clientConfig": {"url": svc.url + "/validate", "caBundle": base64.b64encode(svc.ca_pem).decode()}}
+    cluster.apply_objects([{"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+                            "metadata": {"name": f"{name}-deletions",
+                                         "labels": {"app.kubernetes.io/managed-by": "trainjob-admission-tests"}},
+                            "webhooks": [deletions]}])
+    time.sleep(1.0)  # the API server picks up new webhook configurations asynchronously
+    return [*made, ("ValidatingWebhookConfiguration", f"{name}-deletions")]
+
+
+def deletion_webhook() -> dict:
+    """The entry of manifests/base/webhooks.yaml that records deletions."""
+    import yaml
+
+    documents = yaml.safe_load_all((REPO / "manifests" / "base" / "webhooks.yaml").read_text())
+    validating = next(d for d in documents if d["kind"] == "ValidatingWebhookConfiguration")
+    return next(hook for hook in validating["webhooks"] if hook["rules"][0]["operations"] == ["DELETE"])
 
 
 def unregister(name: str) -> None:
     cluster.unregister_webhook(name)
+    cluster.kubectl("delete", "validatingwebhookconfiguration", f"{name}-deletions", "--ignore-not-found",
+                    "--wait=true", check=False)
 
 
 READER, INJECTOR = "trainjob-admission-reader", "trainjob-admission-injector"  # manifests/base/rbac.yaml
@@ -134,16 +172,35 @@ def service_as_installed(workdir: Path, name: str, namespaces: list[str], select
     """The service as the install runs it, for one test module: its own user holding only the
     manifests' roles (service_kubeconfig), serving the PolicyBundles labelled ``selector``,
     registered as webhook ``name`` for ``namespaces``; unregistered, stopped and unbound after."""
-    svc, bindings = None, []
+    with replicas_as_installed(workdir, name, namespaces, selector, [None]) as (svc,):
+        yield svc
+
+
+@contextlib.contextmanager
+def replicas_as_installed(workdir: Path, name: str, namespaces: list[str], selector: str,
+                          conditions: list[str | None]) -> Iterator[list[Serve]]:
+    """One replica of the service as installed (see service_as_installed: one user, the manifests'
+    roles) per entry of ``conditions``, each in its own process and registered as its own webhook
+    whose CEL matchCondition is that entry (None: every request), so the API server splits the
+    requests between the replicas as a Service would. Webhook ``name`` for a single replica,
+    ``name-<i>`` for several."""
+    replicas: list[Serve] = []
+    hooks = [name] if len(conditions) == 1 else [f"{name}-{i}" for i in range(len(conditions))]
+    bindings: list[str] = []
     try:
         kubeconfig, bindings = service_kubeconfig(workdir, f"{name}-webhook", namespaces)
-        svc = start_service(workdir, kubeconfig, cluster.issue_serving_cert(workdir / "certs", name=name),
-                            namespaces=namespaces, args=("--bundle-selector", selector))
-        register(svc, name, namespaces)
-        yield svc
+        cert = cluster.issue_serving_cert(workdir / "certs", name=name)
+        for hook, condition in zip(hooks, conditions):
+            own = workdir / hook if len(hooks) > 1 else workdir
+            own.mkdir(exist_ok=True)
+            replicas.append(start_service(own, kubeconfig, cert, namespaces=namespaces,
+                                          args=("--bundle-selector", selector)))
+            register(replicas[-1], hook, namespaces, condition=condition)
+        yield replicas
     finally:
-        unregister(name)
-        if svc:
+        for hook in hooks:
+            unregister(hook)
+        for svc in replicas:
             svc.stop()
         delete_bindings(bindings)
 

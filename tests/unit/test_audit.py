@@ -70,7 +70,7 @@ def test_finished_and_deleted_jobs_are_not_judged(job, state, default, build) ->
     done = job("too-many-gpus", conditions=[{"type": "Complete", "status": "True"}])
     mpi = build.load_one(build.examples / "jobs" / "legacy-mpijob.yaml")
     mpi["status"] = {"conditions": [{"type": "Succeeded", "status": "True"}]}
-    deleting = job("too-many-workers")
+    deleting = job("too-many-nodes")
     deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     found = audit.audit([done, mpi, deleting], default, lambda ns: state)
     assert found.results == [] and found.jobs == 0 and not found.failed
@@ -146,7 +146,7 @@ def _state_file(tmp_path, job, *jobs: dict) -> list[str]:
 def test_cli_offline(job, tmp_path, capsys, monkeypatch, build) -> None:
     monkeypatch.chdir(build.root)
     args = _state_file(tmp_path, job, job("too-many-gpus"), job("allowed"),
-                       job("too-many-workers", conditions=[{"type": "Failed", "status": "True"}]))
+                       job("too-many-nodes", conditions=[{"type": "Failed", "status": "True"}]))
     assert main(["audit", *args]) == 1
     out = capsys.readouterr().out
     assert "FAIL  team-a/TrainJob/llm-9gpu  default/gpu-limits: each node" in out

@@ -12,7 +12,8 @@ from trainjob_admission.policies.cel.environment import (
 from trainjob_admission.policies.decide import limits
 from trainjob_admission.policies.decide.decision import Effect, Result
 
-ENV_PAIRS = "object.spec.trainer.env.all(e, object.spec.trainer.env.exists(f, f.name == e.name))"
+# every entry against every other; comparing sizes, not names, keeps its estimated cost under lint's limit
+ENV_PAIRS = "object.spec.trainer.env.all(e, object.spec.trainer.env.exists(f, size(f.name) == size(e.name)))"
 
 
 def env(count: int) -> list[dict]:
@@ -62,8 +63,8 @@ def test_find_and_find_all_use_re2_so_a_backtracking_pattern_is_linear():
     # With Python's re this stalls for hours ('a' * 28 took 13 s); RE2 answers at once.
     assert run("object.s.find('^([a-z0-9]+)*$')", object={"s": "a" * 5000 + "!"}) == ""
     assert run("object.s.findAll('(a|aa)+b')", object={"s": "a" * 5000}) == []
-    with pytest.raises(CelEvalError, match="RE2"):
-        run("'aa'.find('(a)\\\\1')")  # backreferences are not RE2
+    with pytest.raises(CelEvalError, match="Illegal regex"):
+        run("'aa'.find(object.p)", object={"p": "(a)\\1"})  # backreferences are not RE2
 
 
 def test_replace_refuses_to_build_a_huge_string():

@@ -1,10 +1,7 @@
 """CEL: the Kubernetes helper functions, lint of unknown names, and readable evaluation errors."""
 from __future__ import annotations
 
-import celpy
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from trainjob_admission.policies.cel.environment import (
     CelCompileError, CelEvalError, compile_expression, prune, to_cel, to_python,
@@ -34,7 +31,6 @@ def run(expression: str, **variables):
     ("[1.5, 2.5].sum()", 4.0),
     ("[3, 1, 2].min()", 1),
     ("[3, 1, 2].max()", 3),
-    ("[quantity('1'), quantity('500m')].sum() == quantity('1500m')", True),
     ("[1, 2, 3].isSorted() && ![2, 1].isSorted()", True),
     ("[5, 6].indexOf(6)", 1),
     ("' MiXed '.trim().lowerAscii()", "mixed"),
@@ -61,15 +57,15 @@ def test_functions_over_the_job_variable():
 
 
 def test_min_of_an_empty_list_is_an_eval_error():
-    with pytest.raises(CelEvalError, match="empty"):  # cel-python handles .min() itself
+    with pytest.raises(CelEvalError, match="min called on empty list"):
         run("[].min()")
 
 
 def test_bad_quantity_and_bad_regex_are_eval_errors():
-    with pytest.raises(CelEvalError, match="not a Kubernetes quantity"):
+    with pytest.raises(CelEvalError, match="quantities must match the regular expression"):
         run("quantity('lots').isLessThan(quantity('1'))")
-    with pytest.raises(CelEvalError, match="invalid regex"):
-        run("'x'.find('(')")
+    with pytest.raises(CelEvalError, match="Illegal regex: error parsing regexp"):
+        run("'x'.find(object.pattern)", object={"pattern": "("})
 
 
 def test_missing_field_error_is_readable_and_does_not_dump_the_activation():
@@ -162,28 +158,11 @@ def test_reads_are_the_field_chains_an_expression_selects():
     assert compile_expression("size(job) > 0 && job.totals.gpus > 0").reads == {"job": None}
 
 
-def _same_cel(a, b) -> bool:
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same_cel(a[k], b[k]) for k in a)
-    if isinstance(a, list):
-        return len(a) == len(b) and all(_same_cel(x, y) for x, y in zip(a, b))
-    return a == b or (a != a and b != b)
-
-
-@given(st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**63 - 1) | st.floats() | st.text(max_size=8),
-                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
-                    max_leaves=20))
-def test_to_cel_converts_like_the_library(value):
-    assert _same_cel(to_cel(value), celpy.json_to_cel(value))
-
-
 SECRET_ENV = "hf_RUNTIMESECRETabcdef123456-and-some-more-of-it"
 
 
 @pytest.mark.parametrize("expression", [
-    "object.spec.trainer.env.all(e, !isQuantity(e.value) || quantity(e.value) <= quantity('64Gi'))",
+    "object.spec.trainer.env.all(e, !isQuantity(e.value) || quantity(e.value).compareTo(quantity('64Gi')) <= 0)",
     "object.spec.trainer.env.all(e, isQuantity(e.value) && quantity(e.value).isGreaterThan(quantity('64Gi')) "
     "|| true)",
     "true || quantity(object.spec.trainer.env[0].value).asInteger() > 0",
@@ -195,9 +174,9 @@ def test_a_function_error_is_a_cel_error_value_that_or_and_and_absorb(expression
     assert run(expression, object=obj) is True
 
 
-def test_function_errors_name_long_values_by_length_only():
-    with pytest.raises(CelEvalError, match="a 48-character value is not a Kubernetes quantity") as info:
-        run("quantity(object.v) <= quantity('1')", object={"v": SECRET_ENV})
+def test_function_errors_do_not_echo_the_value():
+    """cel-go's quantity error names the format, not the value: a secret in an env var stays out
+    of the rule's message (and so of the decision log)."""
+    with pytest.raises(CelEvalError, match="quantities must match the regular expression") as info:
+        run("quantity(object.v).isLessThan(quantity('1'))", object={"v": SECRET_ENV})
     assert SECRET_ENV[:10] not in str(info.value)
-    with pytest.raises(CelEvalError, match="'lots' is not a Kubernetes quantity"):
-        run("quantity('lots') <= quantity('1')")

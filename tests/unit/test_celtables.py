@@ -1,5 +1,6 @@
-"""The CEL parser from the per-user cache (policies/cel/tables.py): it parses as cel-python's own,
-and a cache that is corrupt, for other versions, or not private to the user is never used."""
+"""The CEL parser from the per-user cache (policies/cel/tables.py): it parses as the parser built
+from the grammar does, and a cache that is corrupt, for other versions, or not private to the user
+is never used."""
 from __future__ import annotations
 
 import os
@@ -9,14 +10,13 @@ from pathlib import Path
 import lark
 import pytest
 import yaml
-from celpy import celparser
 
 from trainjob_admission.policies.cel import tables
 from tests.unit.test_cel_conformance import SUITE, cases
 from tests.unit.test_cli import ROOT, SCRIPT, STATE
 
 BUNDLES = [*sorted((ROOT / "policies" / "bundle" / "builtin").glob("*.yaml")), *sorted((ROOT / "examples" / "bundles").glob("*.yaml"))]
-BROKEN = ["a ==", "1 +* 2", "a.b(", "'x", "[1, 2", "{1: }", "a ? b", "x.all(y, )", "\\", ""]
+BROKEN = ["a ==", "1 +* 2", "a.b(", "'x", "[1, 2", "{1: }", "a ? b", "x.all(y, )", "\\", "", "a.?", "a[?]", "[?]"]
 
 
 def expressions(value: object) -> list[str]:
@@ -43,20 +43,19 @@ def outcome(parser: lark.Lark, source: str) -> object:
 
 @pytest.fixture
 def fresh_parser():
-    """cel-python's parser slot emptied for the test and restored after it."""
-    kept = celparser.CELParser.CEL_PARSER
-    celparser.CELParser.CEL_PARSER = None
+    """The process's parser slot emptied for the test and restored after it."""
+    kept = tables.PARSER
+    tables.PARSER = None
     yield
-    celparser.CELParser.CEL_PARSER = kept
+    tables.PARSER = kept
 
 
 @pytest.fixture(scope="module")
 def reference() -> lark.Lark:
-    celparser.CELParser()
-    return celparser.CELParser.CEL_PARSER
+    return tables.build()
 
 
-def test_the_cached_tables_parse_and_refuse_as_cel_pythons_own(tmp_path: Path, reference: lark.Lark) -> None:
+def test_the_cached_tables_parse_and_refuse_as_the_built_parser(tmp_path: Path, reference: lark.Lark) -> None:
     """Every expression of the shipped bundles and of the cel-spec suite: the same tree, or the same error."""
     path = tmp_path / "cache" / "tables.json"
     tables.save(reference, path)
@@ -71,11 +70,11 @@ def test_install_writes_a_private_cache_and_the_next_process_reads_it(tmp_path: 
     tables.install(tmp_path / "c")
     written, = (tmp_path / "c").iterdir()
     assert (os.stat(tmp_path / "c").st_mode & 0o777, os.stat(written).st_mode & 0o777) == (0o700, 0o600)
-    built = celparser.CELParser.CEL_PARSER
+    built = tables.PARSER
     assert built.source_path != "<deserialized>"
-    celparser.CELParser.CEL_PARSER = None
+    tables.PARSER = None
     tables.install(tmp_path / "c")
-    assert celparser.CELParser.CEL_PARSER.source_path == "<deserialized>"
+    assert tables.PARSER.source_path == "<deserialized>"
 
 
 def spoil_corrupt(path: Path) -> None:
@@ -107,9 +106,9 @@ def test_a_spoiled_cache_is_ignored_and_written_again(tmp_path: Path, fresh_pars
     path, = tmp_path.iterdir()
     spoil(path)
     assert tables.load(path) is None
-    celparser.CELParser.CEL_PARSER = None
+    tables.PARSER = None
     tables.install(tmp_path)  # rebuilt, and the file replaced by a good one
-    assert celparser.CELParser.CEL_PARSER.source_path != "<deserialized>"
+    assert tables.PARSER.source_path != "<deserialized>"
     assert tables.load(path) is not None and not path.is_symlink()
 
 
@@ -119,7 +118,7 @@ def test_a_cache_directory_others_may_write_is_not_used(tmp_path: Path, fresh_pa
     shared.chmod(0o777)
     tables.install(shared)
     assert list(shared.iterdir()) == []  # nothing written where others could swap it
-    assert celparser.CELParser.CEL_PARSER is not None  # built in memory: the command goes on
+    assert tables.PARSER is not None  # built in memory: the command goes on
 
 
 def test_review_decides_the_same_with_an_empty_a_filled_and_a_corrupt_cache(tmp_path: Path) -> None:
@@ -146,3 +145,18 @@ def test_a_relative_xdg_cache_home_is_ignored_for_the_home_directorys(tmp_path: 
     assert tables.cache_dir() == tmp_path / ".cache" / "trainjob-admission"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert tables.cache_dir() == tmp_path / "xdg" / "trainjob-admission"
+
+
+def test_the_extended_grammar_gives_cel_pythons_trees_for_what_cel_python_parses(reference: lark.Lark) -> None:
+    """The extensions (optional syntax, trailing commas) add trees, never change one: an expression
+    cel-python's own grammar parses gets the very same tree."""
+    from celpy import celparser
+
+    own = celparser.CELParser.CEL_PARSER or (celparser.CELParser() and celparser.CELParser.CEL_PARSER)
+    for source in SOURCES:
+        try:
+            expected = own.parse(source)
+        except lark.exceptions.LarkError:
+            continue
+        assert reference.parse(source) == expected, source
+    assert reference.parse("object.?spec[?'a']") is not None and reference.parse("[?a, b,]") is not None

@@ -59,9 +59,9 @@ def test_the_old_job_is_built_only_for_a_check_that_needs_it(build, make_bundle,
 def test_quota_example_over_quota_gives_numbers_and_fix(example_job, example_state):
     job = effective(example_job("over-quota"), example_state)
     (finding,) = quota_check(job, example_state.namespace_quotas("team-a"))
-    assert "job needs 32 nvidia.com/gpu (7 workers x 4 + 1 launcher x 4)" in finding.message
+    assert "job needs 32 nvidia.com/gpu (8 nodes x 4)" in finding.message  # the launcher is one of the 8
     assert 'quota "compute" in team-a allows 32 and 24 are in use' in finding.message
-    assert finding.remediation == "reduce spec.trainer.numNodes to 2 or ask your admin to raise the quota"
+    assert (finding.remediation, finding.nodes_at_most) == ("ask your admin to raise the quota", 2)
 
 
 @pytest.mark.parametrize("value", ["1e20", "lots"])
@@ -80,23 +80,23 @@ def test_quota_used_is_subtracted(build):
     assert quota_check(job, [build.quota({"requests.nvidia.com/gpu": "8"}, {"requests.nvidia.com/gpu": "0"})]) == []
     (finding,) = quota_check(job, [build.quota({"requests.nvidia.com/gpu": "8"}, {"requests.nvidia.com/gpu": "1"})])
     assert "job needs 8 nvidia.com/gpu" in finding.message and "1 are in use" in finding.message
-    assert "reduce spec.trainer.numNodes to 3" in finding.remediation  # 7 free = launcher 2 + 2 workers x 2
+    assert finding.nodes_at_most == 3  # 7 free = 3 nodes x 2, the launcher among them
 
 
 def test_quota_launcher_not_a_node_fix_counts_workers_only(build):
     job = job_of(build, build.runtime(launcher_as_node=False, ancestor="node"), numNodes=6,
                  resourcesPerNode=per_node(gpus=4))
     (finding,) = quota_check(job, [build.quota({"requests.nvidia.com/gpu": "32"}, {"requests.nvidia.com/gpu": "20"})])
-    assert "job needs 24 nvidia.com/gpu (6 workers x 4)" in finding.message
-    assert "reduce spec.trainer.numNodes to 3" in finding.remediation
+    assert "job needs 24 nvidia.com/gpu (6 nodes x 4)" in finding.message
+    assert finding.nodes_at_most == 3
 
 
 @pytest.mark.parametrize("key, hard, words", [
-    ("requests.cpu", "10", "job needs 16 cpu requests (3 workers x 4 + 1 launcher x 4)"),  # launcher is a node
+    ("requests.cpu", "10", "job needs 16 cpu requests (4 nodes x 4)"),  # the launcher is one of them
     ("cpu", "10", "job needs 16 cpu requests"),
     ("requests.memory", "16Gi", "job needs 32Gi memory requests"),
     ("memory", "16Gi", "job needs 32Gi memory requests"),
-    ("limits.cpu", "6", "job needs 8 cpu limits (3 workers x 2 + 1 launcher x 2)"),
+    ("limits.cpu", "6", "job needs 8 cpu limits (4 nodes x 2)"),
     ("pods", "3", "job needs 4 pods"),
     ("count/pods", "3", "job needs 4 pods"),
 ])
@@ -160,9 +160,9 @@ def test_quota_per_worker_fix_when_no_worker_count_fits(build):
     job = job_of(build, build.runtime(launcher_as_node=False, ancestor="node"), numNodes=2,
                  resourcesPerNode=per_node(cpu="8"))
     (finding,) = quota_check(job, [build.quota({"requests.cpu": "12"}, {"requests.cpu": "0"})])
-    # 17 cpu needed: launcher 1 fixed, 11 left, not enough for one more 8-cpu worker beyond the first
-    assert "job needs 17 cpu requests" in finding.message
-    assert "reduce spec.trainer.numNodes to 1" in finding.remediation
+    # 17 cpu needed: launcher 1 fixed, 11 left, not enough for one more 8-cpu node beyond the first
+    assert "job needs 17 cpu requests (2 nodes x 8 + the launcher x 1)" in finding.message
+    assert finding.nodes_at_most == 1
 
 
 # --- GPU --------------------------------------------------------------------------------------
@@ -171,7 +171,7 @@ def test_gpu_per_worker(example_job, example_state):
     job = effective(example_job("too-many-gpus"), example_state)
     findings = gpu.check(CheckContext(job), GpuCheck(maxPerWorker=8))
     (finding,) = findings
-    assert "requests 9 nvidia.com/gpu; the limit is 8 per worker" in finding.message
+    assert finding.message == "each node, the launcher among them, requests 9 nvidia.com/gpu; the limit is 8 per node"
     assert 'spec.trainer.resourcesPerNode.limits["nvidia.com/gpu"] to 8 or less' in finding.remediation
     assert gpu.check(CheckContext(job), GpuCheck(maxPerWorker=9)) == []
 
@@ -180,16 +180,17 @@ def test_gpu_per_worker_names_workers_when_launcher_is_not_a_node(build):
     job = job_of(build, build.runtime(launcher_as_node=False, ancestor="node"), numNodes=4,
                  resourcesPerNode=per_node(gpus=6))
     (finding,) = gpu.check(CheckContext(job), GpuCheck(maxPerWorker=4))
-    assert finding.message.startswith("each worker requests 6 nvidia.com/gpu; the limit is 4")
-    assert "the same 24 GPUs fit in 6 workers x 4" in finding.remediation
+    assert finding.message.startswith("each node requests 6 nvidia.com/gpu; the limit is 4 per node")
+    assert finding.remediation == 'set spec.trainer.resourcesPerNode.limits["nvidia.com/gpu"] to 4 or less'
 
 
 def test_gpu_per_job(build):
     job = job_of(build, build.runtime(launcher_as_node=False, ancestor="node"), numNodes=5,
                  resourcesPerNode=per_node(gpus=4))
     (finding,) = gpu.check(CheckContext(job), GpuCheck(maxPerJob=16))
-    assert finding.message == "job requests 20 GPUs (5 workers x 4); the limit is 16 per job"
-    assert finding.remediation.startswith("reduce workers to 4 (spec.trainer.numNodes)")
+    assert finding.message == "job requests 20 GPUs (5 nodes); the limit is 16 per job"
+    assert (finding.remediation, finding.nodes_at_most) == (
+        "reduce GPUs per node, or ask your admin for a larger GPU budget", 4)
     assert gpu.check(CheckContext(job), GpuCheck(maxPerJob=20)) == []
 
 
@@ -201,10 +202,11 @@ def test_per_worker_limits_hold_for_every_job_that_trains_whatever_its_name(buil
         {"name": "helper", "replicas": 3, "template": {"spec": {"template": {"spec": build.pod_spec(gpus=16)}}}})
     job = job_of(build, runtime, numNodes=2)
     (finding,) = gpu.check(CheckContext(job), GpuCheck(maxPerWorker=8))
-    assert finding.message == "each worker requests 16 nvidia.com/gpu; the limit is 8 per worker"
+    assert finding.message == "each node requests 16 nvidia.com/gpu; the limit is 8 per node"
     assert job.num_nodes == 2 + 3
     (too_many,) = shape.check(CheckContext(job), ShapeCheck(maxWorkers=4))
-    assert too_many.message == "job has 5 workers; the limit is 4"
+    assert too_many.message == "job has 5 nodes (spec.trainer.numNodes); the limit is 4"
+    assert too_many.nodes_at_most == 1  # the runtime's 3 helper nodes stay
 
 
 def test_gpu_allowed_resource_names(build):
@@ -232,10 +234,10 @@ def test_gpu_on_launcher(build, launcher_as_node, allow, denied):
 # --- shape ------------------------------------------------------------------------------------
 
 def test_shape_max_workers(example_job, example_state):
-    job = effective(example_job("too-many-workers"), example_state)
+    job = effective(example_job("too-many-nodes"), example_state)
     (finding,) = shape.check(CheckContext(job), ShapeCheck(maxWorkers=64))
-    assert finding.message == "job has 65 workers; the limit is 64"
-    assert "set spec.trainer.numNodes to 64 or less" in finding.remediation
+    assert finding.message == "job has 65 nodes (spec.trainer.numNodes); the limit is 64"
+    assert (finding.remediation, finding.nodes_at_most) == ("ask your admin to raise maxWorkers", 64)
     assert shape.check(CheckContext(job), ShapeCheck(maxWorkers=65)) == []
 
 
@@ -243,8 +245,8 @@ def test_shape_min_cpu_and_memory(build):
     job = job_of(build, numNodes=2, resourcesPerNode={"requests": {"cpu": "500m", "memory": "512Mi"}})
     findings = shape.check(CheckContext(job), ShapeCheck(minWorkerCpu="1", minWorkerMemory="1Gi"))
     assert [f.message for f in findings] == [
-        "each worker requests 500m cpu; the minimum per worker is 1",
-        "each worker requests 512Mi memory; the minimum per worker is 1Gi",
+        "each node requests 500m cpu; the minimum per node is 1",
+        "each node requests 512Mi memory; the minimum per node is 1Gi",
     ]
     assert findings[0].remediation == "set spec.trainer.resourcesPerNode.requests.cpu to at least 1"
     assert shape.check(CheckContext(job), ShapeCheck(minWorkerCpu="500m", minWorkerMemory="512Mi")) == []

@@ -23,7 +23,7 @@ CALLS: dict[str, list[str]] = {
     "allowed": ["review", "-f", "examples/jobs/allowed.yaml", *STATE],
     "allowed-json": ["review", "-f", "examples/jobs/allowed.yaml", *STATE, "-o", "json"],
     "too-many-gpus": ["review", "-f", "examples/jobs/too-many-gpus.yaml", *STATE],
-    "too-many-workers": ["review", "-f", "examples/jobs/too-many-workers.yaml", *STATE],
+    "too-many-nodes": ["review", "-f", "examples/jobs/too-many-nodes.yaml", *STATE],
     "privileged": ["review", "-f", "examples/jobs/privileged.yaml", *PRIVILEGED],
     "over-quota": ["review", "-f", "examples/jobs/over-quota.yaml", *STATE],
     "over-quota-json": ["review", "-f", "examples/jobs/over-quota.yaml", *STATE, "-o", "json"],
@@ -86,7 +86,7 @@ def test_review_allowed(cli):
     result = cli["allowed"]
     assert result.returncode == 0, out(result)
     assert result.stdout.startswith("ALLOWED  TrainJob team-a/resnet-allreduce")
-    assert "4 pods (3 node + 1 launcher), 4 nvidia.com/gpu" in result.stdout
+    assert "4 pods (4 nodes, the launcher among them), 4 nvidia.com/gpu" in result.stdout
     assert "inject: Secret resnet-allreduce-mpi-ssh-auth (keyType=ecdsa-p521)" in result.stdout
 
 
@@ -94,8 +94,11 @@ def test_review_allowed_json_has_the_istio_and_queue_patch(cli):
     result = cli["allowed-json"]
     assert result.returncode == 0, out(result)
     body = json.loads(result.stdout)  # only JSON on stdout
-    assert set(body) == {"allowed", "decision", "messages", "warnings", "patch", "injections", "job", "unchecked", "cluster"}
+    assert set(body) == {"object", "source", "allowed", "decision", "messages", "warnings", "patch", "injections", "job",
+                         "unchecked", "cluster"}
     assert body["cluster"] == {"kubernetes": "1.36", "trainer": "v2.3", "kueue": "kueue.x-k8s.io/v1beta2"}  # the newest: none given
+    assert body["object"] == {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "namespace": "team-a",
+                              "name": "resnet-allreduce"} and body["source"] == "examples/jobs/allowed.yaml"
     assert body["unchecked"] == []
     assert body["allowed"] is True and body["decision"] == "allow" and body["messages"] == []
     ops = {op["path"]: op for op in body["patch"]}
@@ -141,12 +144,13 @@ def test_strict_makes_missing_state_exit_2(cli):
 
 
 @pytest.mark.parametrize("name, rule, numbers", [
-    ("too-many-gpus", "default/gpu-limits", ["9 nvidia.com/gpu", "the limit is 8 per worker", "to 8 or less"]),
-    ("too-many-workers", "default/job-shape", ["job has 65 workers; the limit is 64", "numNodes to 64 or less"]),
+    ("too-many-gpus", "default/gpu-limits", ["9 nvidia.com/gpu", "the limit is 8 per node", "to 8 or less"]),
+    ("too-many-nodes", "default/job-shape", ["job has 65 nodes (spec.trainer.numNodes); the limit is 64",
+                                             "set spec.trainer.numNodes to 64,"]),
     ("privileged", "default/pod-security", ["spec.containers[node].securityContext.privileged",
                                             "remove privileged: true"]),
     ("over-quota", "default/quota", ["32 nvidia.com/gpu", "allows 32 and 24 are in use",
-                                     "reduce spec.trainer.numNodes to 2"]),
+                                     "set spec.trainer.numNodes to 2"]),
 ])
 def test_review_denials_exit_1_with_numbers_and_fix(cli, name, rule, numbers):
     result = cli[name]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -61,7 +62,9 @@ def test_file_from_stdin_decides_as_the_file_does() -> None:
     from_stdin = run("review", "-f", "-", *STATE, "-o", "json", stdin=text)
     from_file = run("review", "-f", "examples/jobs/over-quota.yaml", *STATE, "-o", "json")
     assert from_stdin.returncode == from_file.returncode == 1
-    assert json.loads(from_stdin.stdout) == json.loads(from_file.stdout)
+    assert (json.loads(from_stdin.stdout)["source"], json.loads(from_file.stdout)["source"]) == (
+        "<stdin>", "examples/jobs/over-quota.yaml")
+    assert {**json.loads(from_stdin.stdout), "source": ""} == {**json.loads(from_file.stdout), "source": ""}
 
 
 def test_dash_n_gives_the_namespace_of_a_job_without_one() -> None:
@@ -73,13 +76,76 @@ def test_dash_n_gives_the_namespace_of_a_job_without_one() -> None:
 
 
 def test_a_directory_decides_each_file_in_name_order() -> None:
+    """Several results are a kubectl List, each naming its job and the file it came from (issue 31:
+    a bare list did not say which answer was whose)."""
     result = run("review", "-f", "examples/jobs/", *PRIVILEGED, "-o", "json")
-    decisions = json.loads(result.stdout)
+    listed = json.loads(result.stdout)
     assert result.returncode == 1  # some are denied
+    assert (listed["apiVersion"], listed["kind"]) == ("v1", "List")
+    decisions = listed["items"]
     names = sorted(p.name for p in JOBS.iterdir())
-    assert [d["decision"] for d in decisions] == [
-        json.loads(run("review", "-f", f"examples/jobs/{name}", *PRIVILEGED, "-o", "json").stdout)["decision"]
-        for name in names]
+    assert [d["source"] for d in decisions] == [f"examples/jobs/{name}" for name in names]
+    for name, decision in zip(names, decisions):
+        alone = json.loads(run("review", "-f", f"examples/jobs/{name}", *PRIVILEGED, "-o", "json").stdout)
+        job = yaml.safe_load((JOBS / name).read_text())
+        assert decision == alone and decision["object"] == {
+            "apiVersion": job["apiVersion"], "kind": job["kind"], "namespace": job["metadata"]["namespace"],
+            "name": job["metadata"]["name"]}
+    explained = json.loads(run("policy", "explain", "-f", "examples/jobs/", *PRIVILEGED, "-o", "json").stdout)
+    assert [(i["object"]["name"], i["source"]) for i in explained["items"]] == [
+        (d["object"]["name"], d["source"]) for d in decisions]
+
+
+def test_without_cluster_state_review_says_what_to_give_instead_of_a_false_denial(tmp_path: Path) -> None:
+    """Issue 31: no state used to print DENIED ... runtime 'mpi-openmpi' not found and exit 1."""
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    for command in (["review"], ["policy", "explain"]):
+        result = run(*command, "-f", "examples/jobs/over-quota.yaml", env=env)
+        assert (result.returncode, result.stdout) == (2, ""), result
+        assert "give --cluster-state FILE|DIR" in result.stderr and "--kubeconfig" in result.stderr
+
+
+def test_without_cluster_state_review_reads_kubeconfig_as_kubectl_does(tmp_path: Path) -> None:
+    """$KUBECONFIG is read (and stderr says so): here it names a cluster nobody listens for, so the
+    answer is exit 6, cluster unreachable, not a decision against an empty state."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{port}", "insecure-skip-tls-verify": True}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}], "users": [{"name": "u", "user": {"token": "t"}}]}))
+    result = run("review", "-f", "examples/jobs/over-quota.yaml", env={**os.environ, "KUBECONFIG": str(kubeconfig)})
+    assert result.returncode == 6, result
+    assert f"reading the cluster state from $KUBECONFIG ({kubeconfig})" in result.stderr
+
+
+def test_cluster_state_may_be_a_directory(tmp_path: Path) -> None:
+    """Issue 31: --cluster-state refused a directory, which -f takes."""
+    state = tmp_path / "state"
+    state.mkdir()
+    for source in ("examples/cluster-state.yaml", "examples/runtimes/mpi-openmpi.yaml"):
+        (state / Path(source).name).write_text((ROOT / source).read_text())
+    (state / "notes.txt").write_text("not read: only *.yaml, *.yml and *.json are")
+    from_dir = run("review", "-f", "examples/jobs/over-quota.yaml", "--cluster-state", str(state), "-o", "json")
+    from_files = run("review", "-f", "examples/jobs/over-quota.yaml", *STATE, "-o", "json")
+    assert from_dir.returncode == from_files.returncode == 1, from_dir
+    assert json.loads(from_dir.stdout) == json.loads(from_files.stdout)
+    runtimes = run("review", "-f", "examples/jobs/allowed.yaml", "--cluster-state", "examples/cluster-state.yaml",
+                   "--cluster-state", "examples/runtimes")
+    assert runtimes.returncode == 0 and runtimes.stdout.startswith("ALLOWED"), runtimes
+
+
+def test_a_bundle_given_offline_says_it_replaces_the_default() -> None:
+    """Issue 31: `review --bundle mine.yaml` silently dropped the default bundle's checks."""
+    alone = run("review", "-f", "examples/jobs/too-many-nodes.yaml", *STATE, "--bundle",
+                "examples/bundles/audit-rollout.yaml")
+    assert "note: --bundle replaces the default bundle" in alone.stderr and "--bundle builtin:default" in alone.stderr
+    both = run("review", "-f", "examples/jobs/too-many-nodes.yaml", *STATE, "--bundle",
+               "examples/bundles/audit-rollout.yaml", "--bundle", "builtin:default")
+    assert "replaces" not in both.stderr and both.returncode == 1 and "default/job-shape" in both.stdout
 
 
 def test_a_missing_file_and_an_empty_directory_are_one_line_with_the_fix(tmp_path: Path) -> None:
@@ -146,6 +212,25 @@ def test_demo_runs_from_a_wheel_without_the_source_tree(tmp_path: Path) -> None:
     assert none == "None" and installed.startswith(site)
     assert "--- too-many-gpus.yaml: TrainJob" in result.stdout and "-> DENIED" in result.stdout
     assert "chain intact" in result.stdout
+    # a patch value too long for one line is cut with a mark, not mid-JSON without one (issue 31)
+    (runtime_patch,) = [line for line in result.stdout.splitlines() if "patch: add /spec/runtimePatches = " in line]
+    assert re.search(r"\.\.\.\[\+\d+ chars\]$", runtime_patch), runtime_patch
+    # Issue 31: the --help examples name files this install has (they named the repository's
+    # examples/, which a wheel lacks), and they run as printed
+    script = str(tmp_path / "venv" / "bin" / "trainjob-admission")
+    helps = {" ".join(c): subprocess.run([script, *c, "--help"], capture_output=True, text=True, timeout=60,
+                                         cwd=tmp_path).stdout
+             for c in (["review"], ["policy", "lint"], ["policy", "explain"], ["serve"])}
+    samples = {line.split("=", 1)[1].split()[0] for text in helps.values() for line in text.splitlines()
+               if line.strip().startswith("S=")}
+    assert len(samples) == 1 and next(iter(samples)).startswith(site), samples
+    named = {token for text in helps.values() for token in re.findall(r"\$S/[\w./-]+", text)}
+    assert len(named) >= 5 and all(Path(t.replace("$S", next(iter(samples)))).exists() for t in named), named
+    assert not [text for text in helps.values() if re.search(r"\bexamples/[\w.-]", text)]
+    review = next(line for line in helps["review"].splitlines() if "review -f $S/jobs/over-quota.yaml" in line)
+    ran = subprocess.run(["bash", "-c", f"S={next(iter(samples))}; {review.strip().replace('trainjob-admission', script, 1)}"],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert ran.returncode == 1 and ran.stdout.startswith("DENIED") and "default/quota" in ran.stdout, ran
 
 
 def test_help_loads_neither_the_engine_nor_cel() -> None:
@@ -209,3 +294,12 @@ def test_every_command_teaches_with_an_example_and_explains_every_argument():
         bare = [a.option_strings or [a.dest] for a in parser._actions
                 if not a.help and a.help != argparse.SUPPRESS and not isinstance(a, argparse._HelpAction)]
         assert not bare, f"`{' '.join(words)} --help` lists {bare} without saying what they do"
+
+
+def test_a_demo_patch_value_is_cut_with_a_mark() -> None:
+    from trainjob_admission.webhook.cli.demo import PATCH_VALUE_SHOWN, shown_value
+
+    value = {"labels": {"k": "v" * 400}}
+    text = json.dumps(value)
+    assert shown_value(value) == f"{text[:PATCH_VALUE_SHOWN]}...[+{len(text) - PATCH_VALUE_SHOWN} chars]"
+    assert shown_value({"k": "v"}) == '{"k": "v"}'

@@ -93,7 +93,7 @@ def test_bundles_run_in_order_and_each_sees_the_object_so_far(example_job, examp
 
 
 @pytest.mark.parametrize("expression, reason", [
-    ("object.spec.missing.field", "no such"),
+    ("object.metadata.labels['missing']", "no such"),
     ('"not a patch"', "must give a list"),
     ('[{"op": "frobnicate", "path": "/x"}]', "must be a map with op"),
     ('[{"op": "remove", "path": "/metadata/labels/a/b"}]', "does not apply"),

@@ -443,7 +443,7 @@ def test_render_table_is_aligned_and_truncated(path: Path) -> None:
 
 def test_render_rejects_unknown_format() -> None:
     with pytest.raises(ValueError, match="unknown format"):
-        render([], "yaml")  # type: ignore[arg-type]
+        render([], "xml")  # type: ignore[arg-type]
 
 
 def test_parse_time_forms() -> None:

@@ -152,7 +152,8 @@ def test_report_counts_submissions_once_per_namespace_user_and_rule(tmp_path: Pa
         "submissions": 4, "decisions": {"deny": 2, "allow": 1, "warn": 1},
         "namespaces": {"team-a": {"deny": 1, "allow": 1}, "team-b": {"deny": 1, "warn": 1}},
         "users": {HOSTILE: {"deny": 1}, "alice": {"deny": 1, "warn": 1}, "bob": {"allow": 1}},
-        "failedRules": {"default/quota": 2}, "topRefusals": [{"message": "over quota", "count": 2}]}
+        "failedRules": {"default/quota": 2}, "topRefusals": [{"message": "over quota", "count": 2}],
+        "deletions": {}}
     text = run("report", "--log", str(path), "--namespace", "team-a").stdout.decode()
     assert text.splitlines()[0] == "submissions: 2 (allow 1, deny 1)" and "team-b" not in text
     hostile = run("report", "--log", str(path)).stdout.decode()
@@ -160,3 +161,57 @@ def test_report_counts_submissions_once_per_namespace_user_and_rule(tmp_path: Pa
     path.write_bytes(path.read_bytes().replace(b'"decision":"deny"', b'"decision":"allow"', 1))
     tampered = run("report", "--log", str(path))
     assert tampered.returncode == 1 and "NOT INTACT, do not trust the numbers above" in tampered.stderr.decode()
+
+
+def two_answers_and_a_deletion(path: Path) -> None:
+    """A refused submission as the service logs it (its /mutate answer, then its /validate one) and
+    a deletion."""
+    with DecisionLog(path, stdout=None, replica="pod-a") as log:
+        log.append({"id": "m-1", "endpoint": "mutate", "decision": "allow", "allowed": True, "operation": "CREATE",
+                    "user": "alice", "namespace": "team-a", "name": "big", "messages": []})
+        log.append({"id": "v-1", "endpoint": "validate", "decision": "deny", "allowed": False, "operation": "CREATE",
+                    "user": "alice", "namespace": "team-a", "name": "big", "messages": ["over quota"]})
+        log.append({"id": "v-2", "endpoint": "validate", "decision": "allow", "allowed": True, "operation": "DELETE",
+                    "user": "bob", "namespace": "team-a", "name": "old", "jobStatus": {"state": "Complete",
+                                                                                    "conditions": ["Complete"]}})
+
+
+def test_query_counts_each_answer_once_by_default(tmp_path: Path) -> None:
+    """Issue 31: a refusal is one row (the answer the submitter got, /validate's), not two; /mutate's
+    answers are there for --endpoint mutate (or all), and for --id, which names one record."""
+    path = tmp_path / "decisions.jsonl"
+    two_answers_and_a_deletion(path)
+
+    def ids(*args: str) -> list[str]:
+        result = run("query", "--log", str(path), *args, "-o", "json")
+        assert result.returncode == 0, result
+        return [r["id"] for r in json.loads(result.stdout)]
+
+    assert ids("--decision", "deny") == ["v-1"] and ids() == ["v-1", "v-2"]
+    assert ids("--endpoint", "mutate") == ["m-1"] and ids("--endpoint", "all") == ["m-1", "v-1", "v-2"]
+    assert ids("--id", "m-1") == ["m-1"]
+    assert ids("--operation", "DELETE") == ["v-2"] and ids("--operation", "CREATE") == ["v-1"]
+
+
+def test_query_prints_yaml(tmp_path: Path, log: Path) -> None:
+    import yaml
+
+    path = tmp_path / "three.jsonl"
+    two_answers_and_a_deletion(path)
+    result = run("query", "--log", str(path), "--operation", "DELETE", "-o", "yaml")
+    assert result.returncode == 0, result
+    (record,) = yaml.safe_load(result.stdout)
+    assert record["user"] == "bob" and record["jobStatus"]["state"] == "Complete"
+    hostile = run("query", "--log", str(log), "--decision", "allow", "-o", "yaml")
+    out = hostile.stdout.decode()
+    assert "\x1b" not in out and "\u202e" not in out and HOSTILE in [r["name"] for r in yaml.safe_load(out)]
+
+
+def test_report_counts_deletions_apart(tmp_path: Path) -> None:
+    path = tmp_path / "decisions.jsonl"
+    two_answers_and_a_deletion(path)
+    summary = json.loads(run("report", "--log", str(path), "-o", "json").stdout)
+    assert summary["submissions"] == 1 and summary["decisions"] == {"deny": 1}
+    assert summary["deletions"] == {"Complete": 1}
+    assert "deletions: 1 (jobs then Complete 1)" in run("report", "--log", str(path)).stdout.decode()
+    assert "deletion,Complete,,1" in run("report", "--log", str(path), "-o", "csv").stdout.decode()

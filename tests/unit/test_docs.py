@@ -1,6 +1,6 @@
 """Every command in the user docs is run, so the docs cannot drift from the product.
 
-Conventions in docs/quickstart.md, admin-guide.md, auditor-guide.md and troubleshooting.md:
+Conventions in docs/quickstart.md, admin-guide.md, auditor-guide.md, troubleshooting.md and deploy.md:
 
 - A fenced block ```` ```console ```` holds commands: lines starting with ``$ `` (a trailing ``\\``
   continues a command on the next line). The lines after a command, up to the next ``$ ``, are
@@ -11,10 +11,11 @@ Conventions in docs/quickstart.md, admin-guide.md, auditor-guide.md and troubles
 - A command ends with ``# exit N`` when it is expected to exit with N (default 0).
 - The info string says who runs the block: ``console`` (no cluster; this file, in a temp
   directory holding a copy of ``examples/``, one directory per doc so a doc reads as one
-  session), ``console cluster`` (tests/cluster/test_docs_cluster.py, against the test control
-  plane), ``console cluster-install`` (installs the service from ``manifests/``: covered by the
-  manifest tests; here only their ``trainjob-admission`` commands run, and every manifests path
-  they name must exist and be applied by a test in tests/cluster/).
+  session), ``console cluster`` (against the test control plane: tests/cluster/test_docs_cluster.py,
+  or tests/cluster/test_newcomer.py in a doc that installs), ``console cluster-install`` (installs
+  the service: tests/cluster/test_newcomer.py runs the doc's install and cluster blocks in order
+  on the test control plane's real node; here only their ``trainjob-admission`` commands run, and
+  every manifests path they name must exist or be written by a file block before).
 - A block ```` ```yaml file=NAME ```` (or json) is written to NAME in the doc's directory before
   the next command runs, so a doc can show a bundle and then lint, test or apply it.
 - Any other block is illustration; a ``kind: PolicyBundle`` in one must still compile.
@@ -40,7 +41,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = ("docs/quickstart.md", "docs/admin-guide.md", "docs/auditor-guide.md", "docs/troubleshooting.md")
+DOCS = ("docs/quickstart.md", "docs/admin-guide.md", "docs/auditor-guide.md", "docs/troubleshooting.md", "docs/deploy.md")
 RUNNERS = {"": "unit", "cluster": "cluster", "cluster-install": "install"}
 OFFLINE_PROGRAMS = {"trainjob-admission", "make", "sed", "cp", "grep", "mkdir", "cat"}
 FENCE = re.compile(r"^```(\w[\w-]*)?\s*(.*)$")
@@ -209,17 +210,20 @@ def run(argvs: list[list[str]], cwd: Path, env: dict[str, str], timeout: float =
     data: bytes | None = None
     output, code = "", 0
     for argv in argvs:
-        result = subprocess.run(argv, cwd=cwd, env=env, input=data, capture_output=True, timeout=timeout)
+        try:
+            result = subprocess.run(argv, cwd=cwd, env=env, input=data, capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:  # a problem of this command, reported with what it printed
+            return -1, (exc.stdout or b"").decode(errors="replace") + f"\n(timed out after {timeout:g} s)"
         data, code = result.stdout, result.returncode
         output += result.stderr.decode(errors="replace")
     return code, data.decode(errors="replace") + output if data is not None else output
 
 
 def execute(command: Command, resolve: Callable[[list[str]], list[str]], cwd: Path, env: dict[str, str],
-            captures: dict[str, str]) -> list[str]:
+            captures: dict[str, str], timeout: float = TIMEOUT) -> list[str]:
     """Run one doc command and compare exit code and output; returns the problems."""
     text = substitute(command.text, captures, command.where)
-    code, output = run([resolve(argv) for argv in pipeline(text)], cwd, env)
+    code, output = run([resolve(argv) for argv in pipeline(text)], cwd, env, timeout)
     problems, found = match_output(command.output, output)
     captures.update(found)
     if code != command.exit:
@@ -287,27 +291,57 @@ def manifest_paths(text: str) -> list[str]:
     return re.findall(r"(manifests/[\w./-]+?)/?(?=\s|$)", text)
 
 
-def test_install_commands_are_applied_by_a_manifest_test() -> None:
-    """`cluster-install` blocks install from manifests/: those paths exist and a cluster test
-    applies them; the other kubectl steps are docs/deploy.md's install, which that test follows."""
-    tests = [p.read_text(encoding="utf-8") for p in (ROOT / "tests" / "cluster").glob("test_*.py")
-             if p.name != "test_docs_cluster.py"]
-    tests.append((ROOT / "tests" / "support" / "install.py").read_text(encoding="utf-8"))  # the install they share
-    deploy = " ".join((ROOT / "docs" / "deploy.md").read_text(encoding="utf-8").split())
+def test_install_blocks_install_from_the_manifests_or_the_docs_own_overlay() -> None:
+    """`cluster-install` blocks run kubectl or trainjob-admission; every manifests/ path they name is
+    in the repository or written by a file block of the same doc before the command (the reader's own
+    overlay). tests/cluster/test_newcomer.py runs them in order on the test control plane."""
     count = 0
     for doc in DOCS:
+        written: list[str] = []
         for step in steps(doc, {"install"}):
-            if isinstance(step, FileBlock) or step.text.startswith("trainjob-admission "):
+            if isinstance(step, FileBlock):
+                written.append(step.name)
                 continue
-            assert step.text.startswith("kubectl "), f"{step.where}: install blocks run kubectl or trainjob-admission"
-            paths = manifest_paths(step.text)
-            assert paths or " ".join(step.text.split()) in deploy, \
-                f"{step.where}: neither a manifests/ path nor a step of docs/deploy.md's install"
-            for path in paths:
+            assert step.text.split()[0] in ("kubectl", "trainjob-admission"), \
+                f"{step.where}: install blocks run kubectl or trainjob-admission"
+            for path in manifest_paths(step.text) if step.text.startswith("kubectl ") else []:
                 count += 1
-                assert (ROOT / path).exists(), f"{step.where}: {path} does not exist"
-                assert any(path in text for text in tests), f"{step.where}: no test in tests/cluster/ applies {path}"
-    assert count, "the quickstart installs from manifests/ in a cluster-install block"
+                assert (ROOT / path).exists() or any(name.startswith(path + "/") for name in written), \
+                    f"{step.where}: {path} is neither in the repository nor written by this doc before"
+    assert count >= 4, "the quickstart and deploy.md install from manifests/ in cluster-install blocks"
+
+
+def test_the_quickstart_and_deploy_install_alike() -> None:
+    """Both pages install; the quickstart's steps are deploy.md's (so the newcomer and the admin
+    reading the details do the same), each run as printed by tests/cluster/test_newcomer.py."""
+    def install(doc: str) -> list[str]:
+        return [(s.name + s.content) if isinstance(s, FileBlock) else " ".join(s.text.split())
+                for s in steps(doc, {"install"}) if isinstance(s, FileBlock) or s.runner == "install"]
+
+    quickstart, deploy = install("docs/quickstart.md"), install("docs/deploy.md")
+    assert sorted(quickstart) == sorted(deploy), (quickstart, deploy)
+    assert any("certs checkpoint-key" in step for step in quickstart)  # without it the overlay does not build
+
+
+def test_the_readme_counts_the_guides_it_names() -> None:
+    """"Every command in these N guides" named the guides test_docs runs, and N said how many."""
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    found = re.search(r"Every command in these (\w+) guides, ([^.]+?) is run", text)
+    assert found, "the README says which guides' commands are run"
+    names = [n.strip() for n in re.split(r",| and ", found[2]) if n.strip()]
+    words = ["one", "two", "three", "four", "five", "six", "seven", "eight"]
+    assert words.index(found[1]) + 1 == len(names), found[0]
+    assert sorted(names) == sorted(Path(doc).stem for doc in DOCS), found[0]
+
+
+def test_docs_cite_only_files_the_repository_has() -> None:
+    """The docs once cited a DESIGN.md that is not in the repository."""
+    missing = []
+    for page in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+        for name in re.findall(r"(?<![\w/.-])([\w-]+\.md)\b", page.read_text(encoding="utf-8")):
+            if not any((where / name).is_file() for where in (ROOT, ROOT / "docs", page.parent)):
+                missing.append(f"{page.relative_to(ROOT)}: {name}")
+    assert missing == []
 
 
 def test_policy_bundles_shown_in_docs_compile_or_are_run() -> None:
@@ -450,8 +484,24 @@ def test_cel_reference_matches_the_environment() -> None:
 
     variables = [row[0].strip("`") for row in doc_table("docs/admin-guide.md", "CEL variables")]
     assert variables == list(environment.VARIABLES)
-    helpers = {row[0].strip("`").split("(")[0] for row in doc_table("docs/admin-guide.md", "Kubernetes CEL helpers")}
-    assert helpers == set(environment.FUNCTIONS), f"undocumented: {set(environment.FUNCTIONS) - helpers}; unknown: {helpers - set(environment.FUNCTIONS)}"
+    from trainjob_admission.policies.cel.library import reference_rows
+
+    documented = [tuple(row) for row in doc_table("docs/admin-guide.md", "CEL functions")]
+    expected = [tuple(cell.replace("\\|", "|") for cell in row) for row in reference_rows()]
+    table = "\n".join("| " + " | ".join(row) + " |" for row in reference_rows())
+    assert documented == expected, f"docs/admin-guide.md 'CEL functions' is not the registry's; the table is:\n{table}"
+    assert {row[0] for row in documented} == set(environment.FUNCTIONS)
+
+
+def test_cel_function_examples_evaluate_to_the_documented_values() -> None:
+    """Every example of the 'CEL functions' table (each overload's ``example``) is true here."""
+    from trainjob_admission.policies.cel.environment import Budget, compile_expression
+    from trainjob_admission.policies.cel.library import REGISTRY
+
+    examples = [o.example for o in REGISTRY.overloads() if o.example]
+    for expression, value in examples:
+        assert compile_expression(f"({expression}) == ({value})").evaluate({}, Budget()) is True, expression
+    assert len(examples) >= 30
 
 
 def test_job_variable_reference_matches_the_effective_job(example_state, example_job) -> None:

@@ -204,8 +204,8 @@ def test_a_clean_pod_policy_that_keeps_the_workers_is_refused_with_the_fix(examp
     assert not decision.allowed
     (result,) = results(decision)
     assert result.messages == ["spec.runPolicy.cleanPodPolicy is 'None': at spec.runPolicy.activeDeadlineSeconds "
-                               "mpi-operator stops only the launcher, and the workers keep running and holding "
-                               "their GPUs"]
+                               "mpi-operator stops only the launcher, and the other nodes (Worker replicas) keep "
+                               "running and holding their GPUs"]
     assert result.remediations == ["set spec.runPolicy.cleanPodPolicy to Running (or All)"]
 
 

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from trainjob_admission.policies.bundle.compile import BundleError
 from trainjob_admission.policies.decide.engine import DEPRECATION_WARNING
 from trainjob_admission.policies.offline import render
 from trainjob_admission.policies.offline.cases import Case, load_cases, run_case
@@ -31,16 +32,16 @@ def test_too_many_gpus(example_job, example_state, default, review):
     decision = review(example_job("too-many-gpus"), default, example_state)
     assert not decision.allowed and decision.decision == "deny"
     gpu = next(m for m in decision.messages if m["rule"] == "default/gpu-limits")
-    assert "9 nvidia.com/gpu" in gpu["message"] and "the limit is 8 per worker" in gpu["message"]
+    assert "9 nvidia.com/gpu" in gpu["message"] and "the limit is 8 per node" in gpu["message"]
     assert "to 8 or less" in gpu["remediation"]
 
 
-def test_too_many_workers(example_job, example_state, default, review):
-    decision = review(example_job("too-many-workers"), default, example_state)
+def test_too_many_nodes(example_job, example_state, default, review):
+    decision = review(example_job("too-many-nodes"), default, example_state)
     (message,) = decision.messages
     assert message["rule"] == "default/job-shape"
-    assert "65 workers" in message["message"] and "limit is 64" in message["message"]
-    assert "spec.trainer.numNodes to 64 or less" in message["remediation"]
+    assert "65 nodes" in message["message"] and "limit is 64" in message["message"]
+    assert message["remediation"] == "set spec.trainer.numNodes to 64, or ask your admin to raise maxWorkers"
 
 
 def test_over_quota(example_job, example_state, default, review):
@@ -49,7 +50,7 @@ def test_over_quota(example_job, example_state, default, review):
     assert message["rule"] == "default/quota"
     assert "32 nvidia.com/gpu" in message["message"]
     assert "allows 32 and 24 are in use" in message["message"]
-    assert "reduce spec.trainer.numNodes to 2" in message["remediation"]
+    assert message["remediation"] == "set spec.trainer.numNodes to 2, or ask your admin to raise the quota"
     assert decision.status_message.startswith("[default/quota] job needs 32 nvidia.com/gpu")
 
 
@@ -60,6 +61,17 @@ def test_privileged_needs_its_runtime(example_job, build, default, review):
     (message,) = decision.messages
     assert message["rule"] == "default/job-model"
     assert "ClusterTrainingRuntime 'mpi-privileged' not found" in message["message"]
+
+
+@pytest.mark.parametrize("spec", [["a list"], {"runtimeRef": ["a list"]}, {"runtimeRef": "mpi-openmpi"}])
+def test_an_ill_typed_spec_is_refused_with_a_message_not_an_exception(example_job, example_state, default, review, spec):
+    """Bundle matching reads spec.runtimeRef.name before the job model checks the types: a spec or
+    runtimeRef of the wrong type is the job model's refusal, not an evaluation failure."""
+    job = example_job("allowed")
+    job["spec"] = spec
+    decision = review(job, default, example_state)
+    assert not decision.allowed and decision.decision == "deny"
+    assert [m["rule"] for m in decision.messages] == ["default/job-model"], decision.messages
 
 
 def test_legacy_mpijob_is_allowed_with_a_deprecation_warning(example_job, example_state, default, review):
@@ -78,7 +90,7 @@ def test_many_violations_are_summarised(build, make_bundle, review):
     decision = review(build.trainjob(numNodes=5), [bundle], state)
     assert len(decision.messages) > 5
     assert decision.status_message.startswith(f"{len(decision.messages)} policy violations: (1) [test/")
-    assert f"and {len(decision.messages) - 5} more" in decision.status_message
+    assert f"and {len(decision.messages) - 4} more" in decision.status_message
 
 
 def test_extra_warnings_make_a_new_decision(example_job, example_state, default, review):
@@ -154,20 +166,16 @@ def test_warn_severity_rule_allows_with_warning(example_job, example_state, make
 def test_message_expression_falls_back_to_message(example_job, example_state, make_bundle, review):
     bundle = make_bundle({"validations": [{"name": "r", "expression": "job.workers > 100",
                                            "message": "static text",
-                                           "messageExpression": "'workers: ' + string(object.spec.nosuch)"}]})
+                                           "messageExpression": "'workers: ' + object.metadata.labels['nosuch']"}]})
     assert review(example_job("allowed"), [bundle], example_state).messages[0]["message"] == "static text"
     bundle = make_bundle({"validations": [{"name": "r", "expression": "job.workers > 100"}]})
     message = review(example_job("allowed"), [bundle], example_state).messages[0]["message"]
     assert message == "the job fails rule r; ask your admin what it requires"  # never the CEL text
 
 
-def test_rule_returning_non_bool_is_an_error_that_denies(example_job, example_state, make_bundle, review):
-    bundle = make_bundle({"validations": [{"name": "oops", "expression": "job.totals.gpus", "message": "m"}]})
-    decision = review(example_job("allowed"), [bundle], example_state)
-    assert not decision.allowed
-    result = rule_named(decision, "test/oops")
-    assert result.result == "error" and result.effect == "deny"
-    assert "must evaluate to true or false, got 4" in result.messages[0]
+def test_a_rule_returning_non_bool_never_loads(make_bundle):
+    with pytest.raises(BundleError, match="rule oops: expression: must evaluate to bool but got int"):
+        make_bundle({"validations": [{"name": "oops", "expression": "job.totals.gpus", "message": "m"}]})
 
 
 def test_rule_eval_error_denies_with_readable_message(example_job, example_state, make_bundle, review):
@@ -233,7 +241,7 @@ def test_match(example_job, example_state, make_bundle, review, match, applies):
 
 
 def test_default_bundle_skips_system_namespaces(example_job, example_state, default, review):
-    job = example_job("too-many-workers")
+    job = example_job("too-many-nodes")
     job["metadata"]["namespace"] = "kube-system"
     decision = review(job, default, example_state)
     assert decision.allowed and decision.bundles == [] and decision.results == []
@@ -272,7 +280,7 @@ def test_explain_lists_every_rule(example_job, example_state, default, review):
     for rule in ("quota", "gpu-limits", "job-shape", "pod-security", "max-job-gpus"):
         row = next(line for line in lines if line.split()[1:2] == [rule])
         assert row.split()[2] == ("fail" if rule == "quota" else "pass")
-    assert "8 pods (7 node + 1 launcher)" in lines[-1]
+    assert "8 pods (8 nodes, the launcher among them)" in lines[-1]
 
 
 def test_explain_json_has_every_result_and_the_job_variable(example_job, example_state, default, review):
@@ -292,15 +300,15 @@ def test_case_with_wrong_expectation_fails(build, default):
     assert not wrong.passed
     assert wrong.failures[0] == "expected deny, got allow"
     assert "expected rule default/gpu-limits to fail; failed: none" in wrong.failures
-    assert "no message contains 'limit is 8 per worker'" in wrong.failures
+    assert "no message contains 'limit is 8 per node'" in wrong.failures
 
 
 def test_inline_case_object(build, default, example_job):
-    case = Case.model_validate({"name": "inline", "object": example_job("too-many-workers"),
+    case = Case.model_validate({"name": "inline", "object": example_job("too-many-nodes"),
                                 "clusterState": ["../../../../examples/cluster-state.yaml",
                                                  "../../../../examples/runtimes/mpi-openmpi.yaml"],
                                 "expect": {"decision": "deny", "rules": ["default/job-shape"],
-                                           "messages": ["65 workers"]}})
+                                           "messages": ["65 nodes"]}})
     result = run_case(build.fixtures / "cases" / "inline.yaml", case, default)
     assert result.passed, result.failures
 
@@ -328,7 +336,7 @@ def test_accelerator_families_come_from_the_bundle(build, make_bundle, review):
     counted = make_bundle({"checks": {"gpu": {"maxPerWorker": 2, "allowedResources": [],
                                               "accelerators": ["example.com/*"]}}})
     (message,) = review(job, [counted], state).messages
-    assert "requests 3 example.com/fpga; the limit is 2 per worker" in message["message"]
+    assert "requests 3 example.com/fpga; the limit is 2 per node" in message["message"]
     assert review(job, [make_bundle({"checks": {"gpu": {"maxPerWorker": 2}}})], state).allowed  # not by default
 
 
@@ -358,3 +366,49 @@ def test_unchecked_names_missing_state_only_when_asked(build, default):
             "status": {"allocatable": {"cpu": "64", "memory": "256Gi", "pods": "110"}}}
     full = build.state(build.runtime(), build.namespace(), build.quota({"requests.cpu": "100"}), node)
     assert evaluate(AdmissionInput(job), default, full, report_unchecked=True).unchecked == []
+
+
+@pytest.mark.parametrize("message, shown", [
+    ("'  4 nodes  '", "4 nodes"),  # trimmed
+    ("'4\\nnodes'", "static text"),  # a line break: the message instead
+    ("'n=' + dyn(1)", "static text"),  # fails at run time (string + int), past the type check: the message
+    ("'n'.replace('n', 'nnnnnnnnnn').replace('n', 'nnnnnnnnnn').replace('n', 'nnnnnnnnnn').replace('n', 'nnnnnnnnnn')",
+     "static text"),  # 10,000 bytes, over VAP's 5 KiB
+])
+def test_a_message_expression_is_taken_as_vap_takes_it(message, shown, example_job, example_state, make_bundle,
+                                                        review):
+    bundle = make_bundle({"validations": [{"name": "r", "expression": "false", "message": "static text",
+                                           "messageExpression": message}]})
+    assert review(example_job("allowed"), [bundle], example_state).messages[0]["message"] == shown
+
+
+@pytest.mark.parametrize("rule", [
+    "request.kind.version == 'v1alpha1' && request.kind.group == 'trainer.kubeflow.org'",
+    "request.resource.resource == 'trainjobs' && request.requestResource == request.resource",
+    "request.requestKind.kind == 'TrainJob'",
+    "!has(request.userInfo.uid) && !has(request.subResource)",  # empty, so absent, as VAP's JSON leaves them out
+    "request.options.kind == 'CreateOptions' && request.options.dryRun == ['All']",
+    "request.dryRun && request.name == object.metadata.name && request.namespace == 'team-a'",
+])
+def test_request_has_what_validating_admission_policy_gives_it(rule, example_job, example_state, make_bundle, review):
+    bundle = make_bundle({"validations": [{"name": "r", "expression": rule, "message": "m"}]})
+    decision = review(example_job("allowed"), [bundle], example_state, username="alice", dry_run=True)
+    assert rule_named(decision, "test/r").result == "pass", decision.results
+
+
+def test_request_takes_what_the_admission_review_says():
+    from trainjob_admission.webhook.admission import protocol
+
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "u1", "operation": "CREATE", "namespace": "team-a", "name": "j",
+        "kind": {"group": "trainer.kubeflow.org", "version": "v1alpha1", "kind": "TrainJob"},
+        "resource": {"group": "trainer.kubeflow.org", "version": "v1alpha1", "resource": "trainjobs"},
+        "requestKind": {"group": "trainer.kubeflow.org", "version": "v1alpha1", "kind": "TrainJob"},
+        "requestResource": {"group": "trainer.kubeflow.org", "version": "v1alpha1", "resource": "trainjobs"},
+        "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1", "fieldManager": "kubectl-create"},
+        "userInfo": {"username": "alice", "groups": ["team-a"], "extra": {"scopes": ["x"]}},
+        "object": {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": {"name": "j"},
+                   "spec": {"runtimeRef": {"name": "mpi-openmpi"}}}}}
+    request = protocol.parse(json.dumps(review).encode()).request.as_cel_request()
+    assert request["options"]["fieldManager"] == "kubectl-create" and request["userInfo"]["extra"] == {"scopes": ["x"]}
+    assert request["resource"]["resource"] == "trainjobs" and "uid" not in request["userInfo"]

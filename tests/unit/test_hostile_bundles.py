@@ -101,6 +101,23 @@ def test_a_file_that_stops_compiling_keeps_its_last_good_version(tmp_path):
         assert registry.active == good and registry.errors[str(path)]
 
 
+def test_a_file_caught_empty_mid_write_keeps_its_last_good_version(tmp_path):
+    """An editor or `cp` empties the file before writing it: a poll in that window must not
+    enforce nothing (zero bundles would admit every job)."""
+    path = tmp_path / "b.yaml"
+    path.write_text(yaml.safe_dump(GOOD))
+    registry = BundleRegistry([str(path)])
+    registry.poll()
+    good = registry.active
+    for text in ("", "# being rewritten\n", "---\n"):
+        path.write_text(text)
+        registry.poll()
+        assert registry.active == good and "holds no bundle" in registry.errors[str(path)]
+    path.write_text(yaml.safe_dump(GOOD) + "\n")
+    registry.poll()
+    assert registry.active and not registry.errors
+
+
 def test_an_unexpected_compiler_failure_is_a_rejection_too(tmp_path, monkeypatch):
     registry = BundleRegistry([])
     assert registry.update_documents("cluster:x", [GOOD]).compiled

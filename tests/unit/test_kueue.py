@@ -208,7 +208,7 @@ def test_a_job_larger_than_its_cluster_queue_can_ever_give_is_refused_with_the_n
     assert message == ("pod set node needs 24 nvidia.com/gpu (3 x 8) in one flavor; ClusterQueue team-cq "
                        "(LocalQueue team-queue) can ever provide at most 16 in flavor a100 (its nominal quota), "
                        "so Kueue never admits the job")
-    assert fix == "reduce spec.trainer.numNodes to 2, or ask your admin to raise the quota"
+    assert fix == "set spec.trainer.numNodes to 2, or ask your admin to raise the quota"
     assert decision.facts["kueue"]["verdict"] == "never"
 
 
@@ -379,7 +379,7 @@ def test_the_suggested_worker_count_fits_every_resource_of_the_group(setup, buil
     queue = cluster_queue("team-cq", [flavor_quota("default-flavor", cpu=100, memory="100Gi", nvidia_gpu=16)])
     flavors = (resource_flavor("default-flavor"), local_queue("team-queue", "team-cq"))
     message, fix = finding(setup(queue, *flavors, num_nodes=4))
-    assert fix == "reduce spec.trainer.numNodes to 2, or ask your admin to raise the quota"
+    assert fix == "set spec.trainer.numNodes to 2, or ask your admin to raise the quota"
     assert setup(queue, *flavors, num_nodes=2).allowed
     assert message.startswith("pod set node needs 32 nvidia.com/gpu (4 x 8) in one flavor")
 

@@ -193,7 +193,7 @@ def test_no_mutations_on_update_or_when_denied(example_job, example_state, defau
     obj = example_job("allowed")
     update = review(obj, default, example_state, operation="UPDATE", old=example_job("allowed"))
     assert update.allowed and update.patch == [] and update.injections == []
-    denied = review(example_job("too-many-workers"), default, example_state)
+    denied = review(example_job("too-many-nodes"), default, example_state)
     assert not denied.allowed and denied.patch == [] and denied.injections == []
 
 

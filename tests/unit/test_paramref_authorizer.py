@@ -72,7 +72,7 @@ def test_no_params_object_with_deny_denies_naming_it(example_job, example_state,
 
 def test_no_params_object_with_allow_skips_the_bundles_rules(example_job, example_state, make_bundle, review):
     bundle = ref_bundle(make_bundle, selector={}, parameterNotFoundAction="Allow")
-    decision = review(example_job("too-many-workers"), [bundle], example_state)
+    decision = review(example_job("too-many-nodes"), [bundle], example_state)
     assert decision.allowed and not rule_results(decision, "max-workers") and not rule_results(decision, "params")
 
 

@@ -146,7 +146,7 @@ def test_hugepages_count_as_requests(build):
     assert quota.demand(job, build.quota(hard("hugepages-2Mi", "requests.hugepages-2Mi"))) == {
         "hugepages-2Mi": 2 << 30, "requests.hugepages-2Mi": 2 << 30}
     (finding,) = run(job, [build.quota({"requests.hugepages-2Mi": "1Gi"})])
-    assert finding.message.startswith("job needs 2Gi hugepages-2Mi requests (2 workers x 1Gi)")
+    assert finding.message.startswith("job needs 2Gi hugepages-2Mi requests (2 nodes x 1Gi)")
 
 
 # --- keys Kubernetes does not enforce ----------------------------------------------------------
@@ -186,8 +186,8 @@ def test_phases_chained_by_ready_run_together(build):
 def test_the_fix_for_a_phased_job_keeps_every_phase_in_the_quota(build):
     job = phased_job(build, init_cpu="2", node_cpu="4", nodes=6)  # peak: 6 nodes x 4 = 24
     (finding,) = run(job, [build.quota({"requests.cpu": "10"})])
-    assert "job needs 24 cpu requests (6 workers x 4; dataset-initializer runs at another time" in finding.message
-    assert finding.remediation == "reduce spec.trainer.numNodes to 2 or ask your admin to raise the quota"
+    assert "job needs 24 cpu requests (6 nodes x 4; dataset-initializer runs at another time" in finding.message
+    assert (finding.remediation, finding.nodes_at_most) == ("ask your admin to raise the quota", 2)
 
 
 def test_missing_ephemeral_storage_is_not_refused_by_kubernetes(build):

@@ -39,9 +39,9 @@ def test_a_suspended_job_that_fits_the_quota_but_not_now_is_admitted_with_a_warn
     (finding,) = judge(build, trainjob(build, suspend=True), [gpu_quota(build, 32, 24)])  # needs 16, 8 free
     assert finding.severity == "warn"
     assert finding.message == ('job is suspended and creates no pods until it is resumed; then it needs 16 '
-                               'nvidia.com/gpu (3 workers x 4 + 1 launcher x 4) and quota "compute" in team-a '
+                               'nvidia.com/gpu (4 nodes x 4) and quota "compute" in team-a '
                                'allows 32 with 24 in use now')
-    assert "reduce spec.trainer.numNodes to 2" in finding.remediation
+    assert finding.nodes_at_most == 2 and finding.remediation.startswith("none needed: it starts once enough is free")
     assert judge(build, trainjob(build, suspend=False), [gpu_quota(build, 32, 24)])[0].severity is None  # running: denied
 
 
@@ -50,7 +50,7 @@ def test_a_suspended_job_that_can_never_fit_is_denied(build):
     assert finding.severity is None
     assert "job needs 40 nvidia.com/gpu" in finding.message
     assert "allows only 32, so even with nothing else running this suspended job could never start" in finding.message
-    assert finding.remediation == "reduce spec.trainer.numNodes to 8 or ask your admin to raise the quota"
+    assert (finding.remediation, finding.nodes_at_most) == ("ask your admin to raise the quota", 8)
 
 
 def test_a_suspended_job_that_fits_now_says_nothing(build):

@@ -98,16 +98,16 @@ def run(job, quotas):
 def test_a_scoped_quota_denies_the_pods_it_selects_and_names_its_scope(build):
     job = gpu_job(build, launcher_class="high", node_class="high")  # 4 pods x 4 GPUs
     (finding,) = run(job, [high_gpu_quota(build)])
-    assert finding.message.startswith("job needs 16 nvidia.com/gpu (3 workers x 4 + 1 launcher x 4); "
+    assert finding.message.startswith("job needs 16 nvidia.com/gpu (4 nodes x 4); "
                                       'quota "gpu-high" (PriorityClass In [high]) in team-a allows 8')
-    assert "reduce spec.trainer.numNodes to 2" in finding.remediation
+    assert finding.nodes_at_most == 2
 
 
 def test_a_scoped_quota_counts_only_the_pods_it_selects(build):
     job = gpu_job(build, node_class="high")  # only the 3 worker pods are "high"
     assert quota.demand(job, high_gpu_quota(build)) == {f"requests.{GPU}": 12}
     (finding,) = run(job, [high_gpu_quota(build, hard="8")])
-    assert "job needs 12 nvidia.com/gpu (3 workers x 4)" in finding.message
+    assert "job needs 12 nvidia.com/gpu (3 nodes x 4)" in finding.message
 
 
 def test_a_scoped_quota_that_selects_none_of_the_pods_never_denies(build):

@@ -65,19 +65,69 @@ def test_failed_names_the_submission_and_the_error(allowed):
 
 def test_decided_on_each_endpoint(allowed):
     parsed, decision = allowed
-    mutate = DecisionRecord.decided("d", "mutate", parsed, decision, []).as_log_fields()
-    validate = DecisionRecord.decided("d", "validate", parsed, decision, []).as_log_fields()
+    mutate = DecisionRecord.mutated("d", parsed, decision, decision.patch, []).as_log_fields()
+    validate = DecisionRecord.decided("d", parsed, decision, []).as_log_fields()
     assert set(mutate) == set(validate) == DECIDED
+    assert (mutate["endpoint"], validate["endpoint"]) == ("mutate", "validate")
     assert mutate["patch"] == decision.patch and mutate["patch"]  # each op with its value: nothing to redact here
     assert mutate["injections"] == [] and validate["patch"] == []
     assert validate["injections"] == [{**i, "status": "planned"} for i in decision.injections] and validate["injections"]
     created = [{"kind": "Secret", "name": "s", "namespace": "team-a", "status": "created"}]
-    assert DecisionRecord.decided("d", "validate", parsed, decision, created).as_log_fields()["injections"] == created
+    assert DecisionRecord.decided("d", parsed, decision, created).as_log_fields()["injections"] == created
+
+
+def test_the_mutate_record_of_a_denial_says_what_mutate_answered(over_quota):
+    """Issue 31: /mutate answers allowed (refusals come from /validate, once); its record said
+    deny, allowed false, with the refusal's messages, and auditors counted each refusal twice."""
+    parsed, decision = over_quota
+    tag = [{"op": "remove", "path": "/metadata/annotations/trainjob-admission.io~1admission-id"}]
+    mutate = DecisionRecord.mutated("d", parsed, decision, tag, []).as_log_fields()
+    assert (mutate["decision"], mutate["allowed"], mutate["messages"], mutate["warnings"]) == ("allow", True, [], [])
+    assert mutate["patch"] == tag  # the patch it gave, not the policy's (none for a refused job)
+    assert any(r["rule"] == "quota" and r["result"] == "fail" for r in mutate["rules"])  # what its evaluation found
+    validate = DecisionRecord.decided("d", parsed, decision, []).as_log_fields()
+    assert (validate["decision"], validate["allowed"]) == ("deny", False) and validate["messages"]
+
+
+def deletion_review(status: dict | None, kind: str = "TrainJob", group: str = "trainer.kubeflow.org",
+                    version: str = "v1alpha1") -> protocol.ParsedReview:
+    stored = {"apiVersion": f"{group}/{version}", "kind": kind, "metadata": {"name": "done", "namespace": "team-a"},
+              "spec": {}, **({"status": status} if status is not None else {})}
+    body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "u", "kind": {"group": group, "version": version, "kind": kind}, "operation": "DELETE",
+        "namespace": "team-a", "name": "done", "object": None, "oldObject": stored,
+        "userInfo": {"username": "bob", "groups": ["team-a"]}}}
+    return protocol.parse(json.dumps(body).encode())
+
+
+@pytest.mark.parametrize("status, state", [
+    (None, "Pending"),
+    ({"conditions": [{"type": "Complete", "status": "True"}]}, "Complete"),
+    ({"conditions": [{"type": "Failed", "status": "True"}, {"type": "Suspended", "status": "False"}]}, "Failed"),
+    ({"conditions": [{"type": "Suspended", "status": "True"}]}, "Suspended"),
+    ({"jobsStatus": [{"name": "node", "active": 2, "ready": 2}]}, "Running"),
+])
+def test_a_deletion_records_who_and_the_jobs_state(status, state):
+    parsed = deletion_review(status)
+    assert parsed.deletion
+    fields = DecisionRecord.deleted("d", "validate", parsed).as_log_fields()
+    assert set(fields) == EVALUATED | {"dryRun", "jobStatus"}
+    assert (fields["operation"], fields["user"], fields["namespace"], fields["name"], fields["kind"]) == (
+        "DELETE", "bob", "team-a", "done", "TrainJob")
+    assert fields["jobStatus"]["state"] == state and fields["allowed"] is True
+
+
+def test_an_mpijob_deletion_reads_its_own_conditions():
+    parsed = deletion_review({"conditions": [{"type": "Created", "status": "True"},
+                                             {"type": "Succeeded", "status": "True"}]},
+                             kind="MPIJob", group="kubeflow.org", version="v2beta1")
+    assert DecisionRecord.deleted("d", "validate", parsed).as_log_fields()["jobStatus"] == {
+        "state": "Complete", "conditions": ["Created", "Succeeded"]}
 
 
 def test_decided_denial_is_written_as_plain_json(over_quota):
     parsed, decision = over_quota
-    line = json.loads(canonical(DecisionRecord.decided("d", "validate", parsed, decision, []).as_log_fields()))
+    line = json.loads(canonical(DecisionRecord.decided("d", parsed, decision, []).as_log_fields()))
     assert line["decision"] == "deny" and line["allowed"] is False
     assert {"bundle": "default", "rule": "quota", "result": "fail", "effect": "deny",
             "messages": decision.results[0].messages} in line["rules"]
@@ -90,7 +140,7 @@ def test_job_is_null_not_absent_when_it_could_not_be_built(example_job, default)
 
     parsed = parsed_review(example_job("allowed"))
     decision = evaluate(parsed.request, default, ClusterState())  # no runtime: no effective job
-    fields = DecisionRecord.decided("d", "validate", parsed, decision, []).as_log_fields()
+    fields = DecisionRecord.decided("d", parsed, decision, []).as_log_fields()
     assert "job" in fields and fields["job"] is None
 
 
@@ -115,8 +165,7 @@ def test_submitter_strings_are_bounded_in_records(example_job, example_state, de
         "operation": "CREATE", "object": obj,
         "userInfo": {"username": "x" * 2_000_000, "groups": [f"g{i}" for i in range(10_000)]}}}
     parsed = protocol.parse(json.dumps(body).encode())
-    fields = DecisionRecord.decided("id", "validate", parsed, evaluate(parsed.request, default, example_state),
-                                    []).as_log_fields()
+    fields = DecisionRecord.decided("id", parsed, evaluate(parsed.request, default, example_state), []).as_log_fields()
     assert len(canonical(fields)) < 20_000
     assert fields["user"] == "x" * 512 + "...[+1999488 chars]"
     assert fields["name"].endswith("...[+99488 chars]") and len(fields["uid"]) == 128
@@ -127,7 +176,6 @@ def test_patch_values_are_recorded_redacted_and_bounded(allowed):
     """A /mutate record carries each op's value, but never a credential: env and annotation values
     (the job's, and those the patch itself writes) as in messages, Secret data and private keys as
     anywhere in a record; a value over 4 KiB is kept as its size and digest."""
-    import dataclasses
     import hashlib
 
     from trainjob_admission.webhook.decisionlog import redact
@@ -149,8 +197,7 @@ def test_patch_values_are_recorded_redacted_and_bounded(allowed):
         {"op": "add", "path": "/spec/podSpecOverrides", "value": large},
         {"op": "remove", "path": "/spec/suspend"},
     ]
-    ops = DecisionRecord.decided("d", "mutate", parsed, dataclasses.replace(decision, patch=patch),
-                                 []).as_log_fields()["patch"]
+    ops = DecisionRecord.mutated("d", parsed, decision, patch, []).as_log_fields()["patch"]
     assert [op.get("value") for op in ops[:7]] == [
         ["sh", "-c", "echo [redacted]"], {"name": "TOKEN", "value": "[redacted]"}, "[redacted]", "[redacted]",
         "nvidia-a100-80gb", "gold",  # this service's own annotations and short or label values are kept

@@ -3,9 +3,12 @@ before their pods exist, and the quota pre-check that subtracts it."""
 from __future__ import annotations
 
 import copy
+import json
+
+import pytest
 
 from trainjob_admission.policies.capacity.reservations import (
-    JOBSET_NAME, PENDING_SECONDS, REPLICATED_JOB, Reservations, state_of,
+    JOBSET_NAME, PENDING_SECONDS, REPLICATED_JOB, Entry, Reservations, Shortfall, state_of,
 )
 from trainjob_admission.policies.checks import quota
 from trainjob_admission.policies.checks.base import CheckContext
@@ -162,23 +165,103 @@ def test_a_restart_replays_the_same_reservations(build):
     assert held(restarted, quotas) == {("compute", f"requests.{GPU}"): (("b", 8),)}
 
 
-def test_a_job_admitted_here_counts_until_the_watch_shows_it_or_its_time_is_up(build):
+def admit(reservations, state, obj, quotas, replica="replica-a"):
+    """The entry ``obj`` takes when admitted, held."""
+    entry = reservations.entry(effective(obj, state), obj, quotas, replica)
+    reservations.hold("team-a", entry)
+    return entry
+
+
+def test_an_entry_counts_until_the_watch_shows_its_job_or_its_time_is_up(build):
     quotas = [gpu_quota(build)]
     clock = Clock()
     state, reservations = model(build, *quotas, clock=clock)
     obj = job(build)
-    reservations.admitted(effective(obj, state), obj)
+    entry = admit(reservations, state, obj, quotas)
+    assert entry == Entry("train-a", "uid-train-a", 1, (("compute", f"requests.{GPU}", 8),),
+                          clock.now + PENDING_SECONDS, "replica-a")
     assert held(reservations, quotas) == {("compute", f"requests.{GPU}"): (("train-a", 8),)}
-    reservations.job_seen(job(build, "train-a", suspend=True))  # an older version: the local entry stays
-    assert held(reservations, quotas)
     clock.now += PENDING_SECONDS
     assert held(reservations, quotas) == {}  # never shown (another webhook refused it): gone after its time
-    reservations.admitted(effective(obj, state), obj)
+    admit(reservations, state, obj, quotas)
     reservations.job_seen(obj)  # the watch shows it: the watched job takes over, pods end it
     clock.now += 2 * PENDING_SECONDS
     assert held(reservations, quotas) == {("compute", f"requests.{GPU}"): (("train-a", 8),)}
-    reservations.admitted(effective(job(build, "queued", suspend=True), state), job(build, "queued", suspend=True))
-    assert len(held(reservations, quotas)[("compute", f"requests.{GPU}")]) == 1  # a suspended job reserves nothing
+    reservations.pods_listed([pod("train-a-launcher-0-0", rjob="launcher"), pod("train-a-node-0-0")])
+    assert held(reservations, quotas) == {}
+    queued = job(build, "queued", suspend=True)
+    assert reservations.entry(effective(queued, state), queued, quotas) is None  # a suspended job runs no pod
+
+
+def test_a_resumed_job_counts_until_the_watch_shows_the_resumed_generation(build):
+    quotas = [gpu_quota(build)]
+    state, reservations = model(build, *quotas)
+    suspended = job(build, suspend=True)
+    reservations.job_seen(suspended)  # generation 1, suspended: nothing held
+    resumed = job(build)
+    resumed["metadata"]["generation"] = 2
+    admit(reservations, state, resumed, quotas)
+    assert held(reservations, quotas) == {("compute", f"requests.{GPU}"): (("train-a", 8),)}
+    reservations.job_seen(suspended)  # an older version: the entry stays
+    assert held(reservations, quotas) == {("compute", f"requests.{GPU}"): (("train-a", 8),)}
+    reservations.job_seen(resumed)
+    assert held(reservations, quotas) == {("compute", f"requests.{GPU}"): (("train-a", 8),)}  # now the job's own
+    assert reservations.kept("team-a", quotas, reservations.entries("team-a"))  # its pods do not exist yet
+
+
+def test_an_entry_ends_when_its_job_is_known_gone_or_withdrawn(build):
+    quotas = [gpu_quota(build)]
+    state, reservations = model(build, *quotas)
+    first = admit(reservations, state, job(build, "a", uid="uid-a"), quotas)
+    reservations.job_seen(job(build, "a", uid="uid-a"))
+    reservations.job_gone(job(build, "a", uid="uid-a"))  # deleted before its pods came
+    admit(reservations, state, job(build, "b", uid="uid-b"), quotas)
+    reservations.job_seen(job(build, "b", uid="uid-other", suspend=True))  # its name is another job's
+    withdrawn = admit(reservations, state, job(build, "c", uid="uid-c"), quotas)
+    reservations.release("team-a", withdrawn)  # the answer was not an admission after all
+    assert held(reservations, quotas) == {}
+    reservations.entries_read("team-a", [first, withdrawn])  # a ledger still naming them
+    assert held(reservations, quotas) == {}
+    assert reservations.kept("team-a", quotas, [first, withdrawn]) == []
+
+
+def test_a_ledger_keeps_an_entry_until_its_pods_exist(build):
+    """Another replica's watch may not show the job yet: an entry the watch here took over stays
+    in the ledger while the job still reserves, and goes once its pods exist or its time is up."""
+    quotas = [gpu_quota(build)]
+    clock = Clock()
+    state, reservations = model(build, *quotas, clock=clock)
+    entry = admit(reservations, state, job(build), quotas)
+    forged = Entry("x", "uid-x", 1, (("compute", f"requests.{GPU}", 32),), clock.now + 10 * PENDING_SECONDS)
+    assert reservations.kept("team-a", quotas, [entry, forged]) == [entry]  # lasting longer than an entry can: not ours
+    reservations.job_seen(job(build))
+    assert reservations.kept("team-a", quotas, [entry]) == [entry]
+    reservations.pods_listed([pod("train-a-launcher-0-0", rjob="launcher"), pod("train-a-node-0-0")])
+    assert reservations.kept("team-a", quotas, [entry]) == []
+    clock.now += PENDING_SECONDS
+    assert reservations.kept("team-a", quotas, [admit(reservations, state, job(build, "b"), quotas)]) != []
+
+
+def test_shortfalls_redo_the_quota_arithmetic_against_the_current_entries(build):
+    quotas = [gpu_quota(build, 32, 8, name="team-quota")]
+    state, reservations = model(build, *quotas)
+    first = admit(reservations, state, job(build, "train-a", nodes=4), quotas)  # 16 GPUs: 8 left
+    second = reservations.entry(effective(job(build, "train-b", nodes=2), state), job(build, "train-b", nodes=2), quotas)
+    assert reservations.shortfalls("team-a", quotas, second) == []  # 8 fit
+    third = reservations.entry(effective(job(build, "train-c", nodes=3), state), job(build, "train-c", nodes=3), quotas)
+    assert reservations.shortfalls("team-a", quotas, third) == [
+        Shortfall("team-quota", f"requests.{GPU}", 12, 32, 8, 16)]
+    assert reservations.shortfalls("team-a", quotas, first) == []  # its own entry is not another job's
+
+
+def test_an_entry_reads_back_as_written_and_nothing_else_reads(build):
+    entry = Entry("train-a", "u", 1, (("compute", "pods", 2), ("compute", f"requests.{GPU}", 8)), 1000.5, "r")
+    assert Entry.from_json(json.loads(json.dumps(entry.as_json()))) == entry
+    for bad in ({}, [], {**entry.as_json(), "uid": ""}, {**entry.as_json(), "generation": "1"},
+                {**entry.as_json(), "expires": "soon"}, {**entry.as_json(), "reserved": {"compute": {"pods": -1}}},
+                {**entry.as_json(), "reserved": {"compute": {"pods": True}}}, {**entry.as_json(), "reserved": []}):
+        with pytest.raises(ValueError):
+            Entry.from_json(bad)
 
 
 def judge(state, obj, old=None):
@@ -191,13 +274,13 @@ def test_the_second_of_two_jobs_that_fit_alone_but_not_together_is_refused_with_
     state, reservations = model(build, gpu_quota(build, 32, 0, name="team-quota"))
     first = job(build, "train-a", nodes=6)  # 24 GPUs
     assert judge(state, first) == ([], {})
-    reservations.admitted(effective(first, state), first)
+    admit(reservations, state, first, state.namespace_quotas("team-a"))
     (finding,), facts = judge(state, job(build, "train-b", nodes=4))  # 16 GPUs; 32 - 24 leaves 8
     assert finding.message == (
-        'job needs 16 nvidia.com/gpu (3 workers x 4 + 1 launcher x 4); quota "team-quota" in team-a allows 32 '
+        'job needs 16 nvidia.com/gpu (4 nodes x 4); quota "team-quota" in team-a allows 32 '
         'nvidia.com/gpu; 0 in use and 24 reserved by jobs whose pods do not exist yet (train-a: 24)')
-    assert finding.remediation == ("wait for train-a to start or finish, reduce spec.trainer.numNodes to 2 "
-                                   "or ask your admin to raise the quota")
+    assert finding.remediation == "wait for train-a to start or finish or ask your admin to raise the quota"
+    assert finding.nodes_at_most == 2
     assert facts == {"reservations": [{"namespace": "team-a", "quota": "team-quota", "key": f"requests.{GPU}",
                                        "reserved": 24, "jobs": {"train-a": 24}}]}
     assert judge(state, job(build, "train-b", nodes=2))[0] == []  # 8 GPUs fit beside the reservation

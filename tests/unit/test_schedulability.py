@@ -75,31 +75,34 @@ def test_a_worker_larger_than_every_node_is_refused_with_the_numbers_and_the_fix
     decision = setup(gpu_nodes(2) + [node("cpu-1")], gpus=9)
     assert not decision.allowed
     (message,), (fix,) = result(decision).messages, result(decision).remediations
-    assert message == ("each worker asks 9 nvidia.com/gpu and fits on none of the 4 nodes: 2 nodes have 8 "
-                       "nvidia.com/gpu; 2 nodes have no nvidia.com/gpu")
+    assert message == ("each node asks 9 nvidia.com/gpu and fits on none of the 4 cluster nodes: 2 cluster nodes have 8 "
+                       "nvidia.com/gpu; 2 cluster nodes have no nvidia.com/gpu")
     assert fix.startswith("ask for at most 8 nvidia.com/gpu per pod (")
-    assert "more nodes (spec.trainer.numNodes)" in fix
+    assert "more nodes" not in fix  # fewer GPUs per node only: the count of nodes is the quota's to say
 
 
 def test_one_node_takes_the_singular(setup):
     decision = setup(gpu_nodes(1, gpus=4) + gpu_nodes(2)[1:], gpus=9)
     assert result(decision).messages[0].endswith(
-        "1 node has 4 nvidia.com/gpu; 1 node has 8 nvidia.com/gpu; 1 node has no nvidia.com/gpu")
+        "1 cluster node has 4 nvidia.com/gpu; 1 cluster node has 8 nvidia.com/gpu; 1 cluster node has no nvidia.com/gpu")
 
 
 def test_a_job_larger_than_the_cluster_is_refused_with_the_total(setup):
     decision = setup(gpu_nodes(4), num_nodes=5)
     (message,), (fix,) = result(decision).messages, result(decision).remediations
-    assert message == "the job needs 40 nvidia.com/gpu at once (5 workers x 8); the 4 nodes that can take its pods have 32 in all"
-    assert fix == "reduce spec.trainer.numNodes to 4, or ask your admin for more nodes"
+    assert message == ("the job needs 40 nvidia.com/gpu at once (5 nodes x 8); the 4 cluster nodes that can take its pods "
+                       "have 32 in all")
+    assert fix == "set spec.trainer.numNodes to 4, or ask your admin for more cluster nodes"
     assert setup(gpu_nodes(4), num_nodes=4).allowed
 
 
 def test_more_workers_than_nodes_that_hold_one_is_refused(setup):
     decision = setup([node(f"c{i}", cpu="12") for i in range(2)], gpus=0, num_nodes=3)
     (message,) = result(decision).messages
-    assert message == "the job runs 3 workers at once, but the 2 nodes that can take one hold 2 of them in all (2 nodes x 1)"
-    assert result(decision).remediations == ["reduce spec.trainer.numNodes to 2, or ask for less per pod so that more fit on a node"]
+    assert message == ("the job runs 3 nodes at once, but the 2 cluster nodes that can take one hold 2 of them in all "
+                       "(2 cluster nodes x 1)")
+    assert result(decision).remediations == [
+        "set spec.trainer.numNodes to 2, or ask for less per pod so that more fit on a cluster node"]
 
 
 def test_without_nodes_the_check_says_nothing(setup):
@@ -110,7 +113,7 @@ def test_without_nodes_the_check_says_nothing(setup):
 def test_an_untolerated_taint_refuses_unless_a_queue_may_add_the_toleration(setup):
     nodes = gpu_nodes(2)
     denied = setup(nodes, tolerate=False)
-    assert "2 nodes have the taint nvidia.com/gpu=present:NoSchedule that it does not tolerate" in result(denied).messages[0]
+    assert "2 cluster nodes have the taint nvidia.com/gpu=present:NoSchedule that it does not tolerate" in result(denied).messages[0]
     assert "tolerations of replicatedJobs[node] through spec.runtimePatches" in result(denied).remediations[0]
     queued = setup(nodes, tolerate=False, labels={"kueue.x-k8s.io/queue-name": "gpu"})
     assert queued.allowed and "ResourceFlavor adds the tolerations" in result(queued, "warn").messages[0]
@@ -123,7 +126,8 @@ def test_label_mismatch_is_named(setup, build):
     worker = build.pod_spec(cpu="8", memory="32Gi", gpus=4, tolerations=TOLERATE_GPU,
                             nodeSelector={"nvidia.com/gpu.product": "A100"})
     decision = setup(gpu_nodes(3, labels={"nvidia.com/gpu.product": "H100"}), node_spec=worker)
-    assert result(decision).messages[0] == "each worker fits on none of the 4 nodes: 4 nodes lack label nvidia.com/gpu.product=A100"
+    assert result(decision).messages[0] == ("each node fits on none of the 4 cluster nodes: 4 cluster nodes lack label "
+                                            "nvidia.com/gpu.product=A100")
 
 
 def test_cordoned_and_not_ready_nodes_still_count_for_ever_but_warn_now(setup):
@@ -134,9 +138,9 @@ def test_cordoned_and_not_ready_nodes_still_count_for_ever_but_warn_now(setup):
     assert result(decision, "warn") is None  # nothing is known of the pods: no "now" verdict
     busy = setup(nodes, extra=[bound_pod("p", "elsewhere", 1)], num_nodes=2)
     (message,) = result(busy, "warn").messages
-    assert message.startswith("the job fits the cluster's nodes but not their free capacity: no node has room "
-                              "for one worker now (1 node is cordoned (spec.unschedulable); 1 node has the taint "
-                              "node.kubernetes.io/not-ready:NoSchedule")
+    assert message.startswith("the job fits the cluster nodes but not their free capacity: no cluster node has room "
+                              "for one node now (1 cluster node is cordoned (spec.unschedulable); 1 cluster node has the "
+                              "taint node.kubernetes.io/not-ready:NoSchedule")
 
 
 def test_busy_nodes_warn_with_what_is_free(setup):
@@ -146,9 +150,9 @@ def test_busy_nodes_warn_with_what_is_free(setup):
     assert decision.allowed
     (message,) = result(decision, "warn").messages
     # gpu-0 is full, gpu-1 has 4 of 8 left (less than a worker), a finished pod holds nothing
-    assert message == ("the job fits the cluster's nodes but not their free capacity: it needs 24 nvidia.com/gpu at "
-                       "once and the nodes with room for one of its pods have 16 free now (2 nodes); its pods wait in "
-                       "Pending until enough is free")
+    assert message == ("the job fits the cluster nodes but not their free capacity: it needs 24 nvidia.com/gpu at "
+                       "once and the cluster nodes with room for one of its pods have 16 free now (2 cluster nodes); its "
+                       "pods wait in Pending until enough is free")
     assert result(setup(nodes, num_nodes=2, extra=pods), "warn") is None
     assert result(setup(nodes, num_nodes=3, extra=pods, settings={"warnWhenBusy": False}), "warn") is None
     assert result(setup(nodes, num_nodes=3, extra=pods, suspend=True), "warn") is None  # waits in its queue
@@ -205,7 +209,7 @@ def test_review_with_nodes_in_the_state_file_decides_the_same():
         args += ["--cluster-state", f"examples/{name}"]
     out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
-    assert ("x default/schedulability: each worker asks 9 nvidia.com/gpu and fits on none of the 6 nodes" in out.stdout)
+    assert ("x default/schedulability: each node asks 9 nvidia.com/gpu and fits on none of the 6 cluster nodes" in out.stdout)
     assert len(load_objects(ROOT / "examples/cluster-nodes.yaml")) == 6
 
 
@@ -218,7 +222,7 @@ def test_a_failed_packing_only_warns():
     state = ClusterState.from_objects([node(f"c{i}", cpu="10") for i in range(2)])
     (finding,) = schedulability.check(CheckContext(job, state=state), SchedulabilityCheck())
     assert finding.severity == "warn"
-    assert finding.message == "the job's 4 pods may not fit the nodes all at once: a first-fit packing placed 3 of them"
+    assert finding.message == "the job's 4 pods may not fit the cluster nodes all at once: a first-fit packing placed 3 of them"
     ignored = SchedulabilityCheck(ignoredResources=["c*"])  # nothing left to judge but the pod count
     assert schedulability.check(CheckContext(job, state=state), ignored) == []
 
@@ -235,8 +239,8 @@ def test_pods_of_several_sets_that_no_node_holds_two_of_are_refused_and_the_fix_
     state = ClusterState.from_objects([node(f"g{i}", gpus=8) for i in range(2)])
     (finding,) = schedulability.check(CheckContext(gpu_job(5, 2, 5), state=state), SchedulabilityCheck())
     assert finding.severity is None and finding.message.startswith(
-        "the job runs 3 pods that ask for nvidia.com/gpu at once (1 launcher x 5 + 2 workers x 5)")
-    assert finding.remediation.startswith("reduce spec.trainer.numNodes to 1, or ")
+        "the job runs 3 pods that ask for nvidia.com/gpu at once (the launcher x 5 + 2 nodes x 5)")
+    assert finding.nodes_at_most == 1 and finding.remediation.startswith("ask for less nvidia.com/gpu per pod")
     assert schedulability.check(CheckContext(gpu_job(5, 1, 5), state=state), SchedulabilityCheck()) == []
 
 
@@ -244,7 +248,7 @@ def test_pods_of_several_sets_that_no_node_holds_two_of_are_refused_and_the_fix_
 def test_the_suggested_worker_count_always_passes(workers):
     state = ClusterState.from_objects([node(f"g{i}", gpus=8) for i in range(3)])
     (finding,) = schedulability.check(CheckContext(gpu_job(3, workers, 5), state=state), SchedulabilityCheck())
-    most = int(finding.remediation.split(" to ")[1].split(",")[0])
+    most = finding.nodes_at_most
     assert schedulability.check(CheckContext(gpu_job(3, most, 5), state=state), SchedulabilityCheck()) == []
     assert schedulability.check(CheckContext(gpu_job(3, most + 1, 5), state=state), SchedulabilityCheck())
 
@@ -254,7 +258,7 @@ def test_a_resource_no_node_offers_warns_instead_of_refusing():
     state = ClusterState.from_objects([node("cpu-1"), node("cpu-2")])
     (finding,) = schedulability.check(CheckContext(gpu_job(0, 2, 8), state=state), SchedulabilityCheck())
     assert finding.severity == "warn"
-    assert finding.message == "no node offers nvidia.com/gpu now (of the 2 nodes), so the pre-check leaves it out"
+    assert finding.message == "no cluster node offers nvidia.com/gpu now (of the 2 cluster nodes), so the pre-check leaves it out"
     assert "DRA" in finding.remediation
 
 
@@ -262,13 +266,13 @@ def test_nodes_may_be_added_turns_never_into_a_warning():
     state = ClusterState.from_objects([node(f"g{i}", gpus=8) for i in range(2)])
     (finding,) = schedulability.check(CheckContext(gpu_job(0, 3, 8), state=state),
                                       SchedulabilityCheck(nodesMayBeAdded=True))
-    assert finding.severity == "warn" and finding.message.endswith("it runs only if the cluster adds nodes that take it")
+    assert finding.severity == "warn" and finding.message.endswith("it runs only if cluster nodes that take it are added")
 
 
 def test_one_node_takes_the_singular_in_totals():
     state = ClusterState.from_objects([node("g0", gpus=8)])
     (finding,) = schedulability.check(CheckContext(gpu_job(0, 2, 8), state=state), SchedulabilityCheck())
-    assert finding.message.endswith("the 1 node that can take its pods has 8 in all")
+    assert finding.message.endswith("the 1 cluster node that can take its pods has 8 in all")
 
 
 def test_only_a_queue_the_user_named_may_add_tolerations():

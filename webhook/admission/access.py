@@ -33,6 +33,9 @@ def review_body(check: AccessCheck) -> dict:
         spec["resourceAttributes"] = {key: value for key, value in (
             ("verb", check.verb), ("group", check.group), ("resource", check.resource),
             ("subresource", check.subresource), ("namespace", check.namespace), ("name", check.name)) if value}
+        for key, raw in (("fieldSelector", check.field_selector), ("labelSelector", check.label_selector)):
+            if raw:
+                spec["resourceAttributes"][key] = {"rawSelector": raw}
     return {"apiVersion": SUBJECT_ACCESS_REVIEWS.api_version, "kind": SUBJECT_ACCESS_REVIEWS.kind, "spec": spec}
 
 

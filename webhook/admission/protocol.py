@@ -35,6 +35,11 @@ class ParsedReview:
     kind: str
     passthrough: bool  # operations we do not police (DELETE, CONNECT): allowed untouched
 
+    @property
+    def deletion(self) -> bool:
+        """A job being deleted: allowed untouched, and recorded with who deleted it and its status."""
+        return self.passthrough and self.request.operation == "DELETE" and self.request.old_object is not None
+
 
 def depth_ok(value: Any, limit: int = MAX_DEPTH) -> bool:
     """Iterative depth check, so a deeply nested payload cannot exhaust the recursion limit. It
@@ -73,6 +78,8 @@ def parse(body: bytes) -> ParsedReview:
     kind = request.get("kind") if isinstance(request.get("kind"), dict) else {}
     group, kind_name = str(kind.get("group", "")), str(kind.get("kind", ""))
     operation = str(request.get("operation", ""))
+    if operation == "DELETE" and (group, kind_name) in SUPPORTED:
+        return _deletion(request, uid, kind_name)
     if operation in ("DELETE", "CONNECT"):
         return ParsedReview(uid, AdmissionInput({}, operation=operation, uid=uid), kind_name, True)
     if (group, kind_name) not in SUPPORTED:
@@ -83,6 +90,26 @@ def parse(body: bytes) -> ParsedReview:
     if not isinstance(obj, dict) or not isinstance(obj.get("spec", {}), dict):
         raise ReviewError("request.object is missing or not an object", uid)
     _check_declared(request, obj, group, str(kind.get("version", "")), kind_name, uid)
+    _name_from_request(request, obj, uid)
+    old = request.get("oldObject")
+    return ParsedReview(uid, _input(request, obj, operation, old if isinstance(old, dict) else None, uid),
+                        kind_name, False)
+
+
+def _deletion(request: dict, uid: str, kind: str) -> ParsedReview:
+    """A DELETE of a TrainJob or MPIJob (the separate, fail-open webhook entry of
+    manifests/base/webhooks.yaml): the API server sends the stored job as ``oldObject`` and no
+    ``object``; the job is judged by nothing, only recorded."""
+    old = request.get("oldObject")
+    stored = old if isinstance(old, dict) else {}
+    obj = {"apiVersion": stored.get("apiVersion"), "kind": stored.get("kind") or kind,
+           "metadata": dict(stored.get("metadata")) if isinstance(stored.get("metadata"), dict) else {}}
+    _name_from_request(request, obj, uid)
+    return ParsedReview(uid, _input(request, obj, "DELETE", stored, uid), kind, True)
+
+
+def _name_from_request(request: dict, obj: dict, uid: str) -> None:
+    """The job's namespace and name, from the request where the object has none (a generated name)."""
     metadata = obj.setdefault("metadata", {})
     if not isinstance(metadata, dict):
         raise ReviewError("request.object.metadata is not an object", uid)
@@ -90,24 +117,27 @@ def parse(body: bytes) -> ParsedReview:
         metadata["namespace"] = str(request["namespace"])
     if not metadata.get("name") and request.get("name"):
         metadata["name"] = str(request["name"])
+
+
+def _input(request: dict, obj: dict, operation: str, old: dict | None, uid: str) -> AdmissionInput:
     user = request.get("userInfo") if isinstance(request.get("userInfo"), dict) else {}
     groups = user.get("groups") if isinstance(user.get("groups"), list) else []
-    old = request.get("oldObject")
-    return ParsedReview(
-        uid,
-        AdmissionInput(
-            obj,
-            operation=operation,
-            old_object=old if isinstance(old, dict) else None,
-            username=str(user.get("username", "")),
-            groups=[str(g) for g in groups],
-            user_uid=str(user.get("uid", "")),
-            dry_run=bool(request.get("dryRun", False)),
-            uid=uid,
-        ),
-        kind_name,
-        False,
+    return AdmissionInput(
+        obj,
+        operation=operation,
+        old_object=old,
+        username=str(user.get("username", "")),
+        groups=[str(g) for g in groups],
+        user_uid=str(user.get("uid", "")),
+        dry_run=bool(request.get("dryRun", False)),
+        uid=uid,
+        context={key: request[key] for key in _CONTEXT if isinstance(request.get(key), (dict, str))}
+        | ({"extra": user["extra"]} if isinstance(user.get("extra"), dict) else {}),
     )
+
+
+# what CEL's ``request`` carries besides the object and the user (AdmissionInput.as_cel_request)
+_CONTEXT = ("kind", "resource", "subResource", "requestKind", "requestResource", "requestSubResource", "options")
 
 
 def _check_declared(request: dict, obj: dict, group: str, version: str, kind: str, uid: str) -> None:

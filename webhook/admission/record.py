@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any
 
 from trainjob_admission.policies.decide.decision import Decision, Verdict
+from trainjob_admission.policies.job.status import lifecycle
 from trainjob_admission.policies.k8s import redaction
 
 from .. import ServiceError
@@ -35,6 +36,8 @@ UNSET = Unset.UNSET
 class DecisionRecord:
     id: str  # the decision id, also in the AdmissionResponse's auditAnnotations
     endpoint: str  # mutate | validate
+    # What this answer said: on /validate the decision; on /mutate, which never refuses, allow
+    # (or error when it could not evaluate), whatever /validate then decides
     decision: Verdict
     allowed: bool  # what the API server was told
     uid: str | Unset = UNSET
@@ -54,6 +57,7 @@ class DecisionRecord:
     job: dict | None | Unset = UNSET
     facts: dict | Unset = UNSET  # what checks learned beside the verdict (Decision.facts), when any
     cluster: dict | Unset = UNSET  # the Kubernetes, Trainer and Kueue API versions the decision modelled (Decision.cluster)
+    jobStatus: dict | Unset = UNSET  # a deleted job's state then (policies/job/status.py)
     auditAnnotations: dict | Unset = UNSET  # the bundles' auditAnnotations (Decision.audit_annotations), when any
     error: str | Unset = UNSET
     httpStatus: int | Unset = UNSET
@@ -74,8 +78,14 @@ class DecisionRecord:
 
     @classmethod
     def passthrough(cls, decision_id: str, endpoint: str, parsed: ParsedReview) -> DecisionRecord:
-        """An operation we do not police (DELETE, CONNECT), allowed untouched."""
+        """An operation we do not police (CONNECT, a DELETE of another kind), allowed untouched."""
         return cls(decision_id, endpoint, Verdict.ALLOW, True, uid=parsed.uid, operation=parsed.request.operation)
+
+    @classmethod
+    def deleted(cls, decision_id: str, endpoint: str, parsed: ParsedReview) -> DecisionRecord:
+        """A job deleted (allowed untouched): who deleted it, and where it stood then."""
+        return cls(decision_id, endpoint, Verdict.ALLOW, True, **_submission(parsed), dryRun=parsed.request.dry_run,
+                   jobStatus=lifecycle(parsed.request.old_object))
 
     @classmethod
     def failed(cls, decision_id: str, endpoint: str, parsed: ParsedReview, *, allowed: bool, message: str,
@@ -88,23 +98,25 @@ class DecisionRecord:
     def injection_failed(cls, decision_id: str, endpoint: str, parsed: ParsedReview, decision: Decision, *,
                          allowed: bool, message: str, injected: list[dict]) -> DecisionRecord:
         """An admitted job whose objects could not be created: the failure mode decided."""
-        return cls(decision_id, endpoint, Verdict.ERROR, allowed, **_submission(parsed),
-                   dryRun=parsed.request.dry_run, bundles=decision.bundles, rules=_rules(decision),
-                   messages=[message], warnings=decision.warnings, injections=injected, job=_totals(decision),
-                   facts=decision.facts or UNSET, cluster=decision.cluster or UNSET)
+        return cls(decision_id, endpoint, Verdict.ERROR, allowed, **_evaluated(parsed, decision),
+                   messages=[message], warnings=decision.warnings, injections=injected)
 
     @classmethod
-    def decided(cls, decision_id: str, endpoint: str, parsed: ParsedReview, decision: Decision,
-                injected: list[dict]) -> DecisionRecord:
-        """The engine's decision: the patch on /mutate, the injections (or their plans) on /validate."""
-        mutate = endpoint == "mutate"
-        planned = [] if mutate else [{**i, "status": "planned"} for i in decision.injections]
-        return cls(decision_id, endpoint, decision.decision, decision.allowed, **_submission(parsed),
-                   dryRun=parsed.request.dry_run, bundles=decision.bundles, rules=_rules(decision),
-                   messages=[m["message"] for m in decision.messages], warnings=decision.warnings,
-                   patch=_patch(parsed, decision) if mutate else [],
-                   injections=injected or planned, job=_totals(decision), facts=decision.facts or UNSET,
-                   cluster=decision.cluster or UNSET, auditAnnotations=decision.audit_annotations or UNSET)
+    def decided(cls, decision_id: str, parsed: ParsedReview, decision: Decision, injected: list[dict]) -> DecisionRecord:
+        """/validate's answer, the one the submitter sees: the decision, and the injections (or their plans)."""
+        planned = [{**i, "status": "planned"} for i in decision.injections]
+        return cls(decision_id, "validate", decision.decision, decision.allowed, **_evaluated(parsed, decision),
+                   messages=[m["message"] for m in decision.messages], warnings=decision.warnings, patch=[],
+                   injections=injected or planned, auditAnnotations=decision.audit_annotations or UNSET)
+
+    @classmethod
+    def mutated(cls, decision_id: str, parsed: ParsedReview, decision: Decision, patch: list[dict],
+                begun: list[dict]) -> DecisionRecord:
+        """/mutate's answer: allowed, with ``patch`` and no message or warning (refusals and warnings
+        come from /validate, once); ``rules`` are what its evaluation found, ``begun`` the
+        injections it started."""
+        return cls(decision_id, "mutate", Verdict.ALLOW, True, **_evaluated(parsed, decision), messages=[], warnings=[],
+                   patch=_patch(parsed, decision, patch), injections=begun)
 
     @classmethod
     def unrecorded(cls, record: DecisionRecord, *, allowed: bool, message: str, error: str) -> DecisionRecord:
@@ -153,14 +165,21 @@ def _submission(parsed: ParsedReview) -> dict[str, Any]:
 MAX_PATCH_VALUE = 4096
 
 
-def _patch(parsed: ParsedReview, decision: Decision) -> list[dict]:
+def _evaluated(parsed: ParsedReview, decision: Decision) -> dict[str, Any]:
+    """The fields of every record of an evaluation: who, what, the bundles, the rules and the job."""
+    return {**_submission(parsed), "dryRun": parsed.request.dry_run, "bundles": decision.bundles,
+            "rules": _rules(decision), "job": _totals(decision), "facts": decision.facts or UNSET,
+            "cluster": decision.cluster or UNSET}
+
+
+def _patch(parsed: ParsedReview, decision: Decision, patch: list[dict]) -> list[dict]:
     """The JSONPatch applied, each op with its value: env and annotation values redacted as in
     messages (policies/k8s/redaction.py), then the log's own masking of Secret data and private keys
     (decisionlog.redact, which runs again at write time) before a value is measured or hashed."""
-    if not decision.patch:
+    if not patch:
         return []
     pods = [ps.pod for ps in decision.job.pod_sets] if decision.job else []
-    ops = redaction.redacted_patch(decision.patch, parsed.request.object, parsed.request.old_object, pods)
+    ops = redaction.redacted_patch(patch, parsed.request.object, parsed.request.old_object, pods)
     return [_bounded_value(op) for op in ops]
 
 

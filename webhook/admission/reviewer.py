@@ -18,7 +18,7 @@ from typing import Awaitable, Callable
 
 from trainjob_admission.policies.cel.authz import Access
 from trainjob_admission.policies.cel.environment import Abandoned, Budget
-from trainjob_admission.policies.decide.decision import Decision, Effect, Result
+from trainjob_admission.policies.decide.decision import Decision, Result
 from trainjob_admission.policies.decide.engine import AdmissionInput, evaluate
 from trainjob_admission.policies.decide.stored import evaluate_stored
 from trainjob_admission.policies.k8s.clusterstate import ClusterState
@@ -32,6 +32,8 @@ from ..metrics import Metrics
 from . import protocol
 from .callers import UNKNOWN, Caller, CreationLimit
 from .config import ReviewerConfig
+from .ledger import Ledger, LedgerError
+from .quotagate import Hold, QuotaGate
 from .record import DecisionRecord, Unrecorded
 
 log = logging.getLogger("trainjob_admission.reviewer")
@@ -43,40 +45,37 @@ SnapshotFn = Callable[[AdmissionInput], Awaitable["dict | None"]]
 _caller: contextvars.ContextVar[Caller] = contextvars.ContextVar("caller", default=UNKNOWN)
 # The (bundle, rule) of the denial for an existing object the injector refused to use.
 EXISTING_OBJECTS = ("trainjob-admission", "existing-objects")
-# Waits before judging again a quota refusal that counted other jobs' reservations (see _review).
-RESERVATION_SETTLE_SECONDS = (0.2, 0.3)
-
-
-def _refused_counting_reservations(decision: Decision) -> bool:
-    return bool(decision.facts.get("reservations")) and any(
-        r.rule == "quota" and r.effect is Effect.DENY for r in decision.results)
 
 
 @dataclass
 class Submission:
-    """What /validate learns of a CREATE's submission, for withdrawing its objects when the answer
-    is not an admission: the admission id and owner (webhook/inject/early.py), the injection records."""
+    """What /validate learns of a submission, for withdrawing what it took when the answer is not
+    an admission: the admission id and owner (webhook/inject/early.py), the injection records, the
+    quota reservation (webhook/admission/quotagate.py)."""
 
     admission_id: str = ""
     owner: early.Owner = ("", "", "", "", "")
     injected: list[dict] | None = None
+    reservation: Hold | None = None
 
 
 class Reviewer:
     def __init__(self, registry: BundleRegistry, state: ClusterState, decision_log: DecisionLog, metrics: Metrics,
                  config: ReviewerConfig, injector: early.Injector | None = None,
                  policy_gaps: Callable[[], list[str]] = list, snapshots: SnapshotFn | None = None,
-                 access: Access | None = None):
+                 access: Access | None = None, ledger: Ledger | None = None, replica: str = ""):
         """``policy_gaps``: what is missing to decide by policy (no bundle, no cluster sync yet);
         while it names anything, no job is judged (see :meth:`_no_policy`). ``snapshots``: reads
         an updated job's runtime snapshot, which ``state`` does not watch. ``access``: answers the
-        CEL authorizer's checks (webhook/admission/access.py); None: they fail, as offline."""
+        CEL authorizer's checks (webhook/admission/access.py); None: they fail, as offline.
+        ``ledger``: the namespaces' reservation ledgers (None: this replica's reservations only)."""
         self.registry, self.state, self.log, self.metrics = registry, state, decision_log, metrics
         self.config, self.policy_gaps = config, policy_gaps
         # The injections of allowed CREATEs: started on /mutate, finished on /validate (webhook/inject/early.py).
         self.injections = EarlyInjections(injector) if injector is not None else None
         self.snapshots, self.access = snapshots, access
         self.creations = CreationLimit(config.creation_rate, config.creation_burst)
+        self.quota = QuotaGate(state, metrics, ledger, replica)
         # Evaluation has its own threads: API calls and SSH key generation (an RSA-4096 pair is
         # about a second of CPU) must never queue in front of a decision.
         self._evaluators = ThreadPoolExecutor(max_workers=4, thread_name_prefix="evaluate")
@@ -114,10 +113,13 @@ class Reviewer:
             status, answer = await self._unrecorded(exc)
         finally:
             # Whatever /validate answers but an admission (a denial, a failure, no answer at all),
-            # the objects this submission's /mutate or /validate created go (webhook/inject/early.py).
-            if submission.admission_id and self.injections is not None \
-                    and not (answer.get("response") or {}).get("allowed"):
+            # the objects this submission's /mutate or /validate created go (webhook/inject/early.py),
+            # and so does its quota reservation.
+            admitted = (answer.get("response") or {}).get("allowed")
+            if submission.admission_id and self.injections is not None and not admitted:
                 self.injections.withdraw(submission.admission_id, submission.owner, submission.injected)
+            if submission.reservation is not None and not admitted:
+                self.quota.release(submission.reservation)
         return status, answer
 
     async def _review(self, body: bytes, endpoint: str, caller: Caller, submission: Submission) -> tuple[int, dict]:
@@ -135,8 +137,10 @@ class Reviewer:
             if exc.uid:  # an AdmissionReview we can answer: refuse it in its own terms
                 return 200, protocol.denied(exc.uid, decision_id, f"invalid AdmissionReview: {exc}", code=400)
             return 400, {"error": str(exc), "decisionId": decision_id}
-        if parsed.passthrough:
-            await self._record(DecisionRecord.passthrough(decision_id, endpoint, parsed), started)
+        if parsed.passthrough:  # a deletion's record says who deleted the job and where it stood
+            record = (DecisionRecord.deleted if parsed.deletion else DecisionRecord.passthrough)(decision_id, endpoint,
+                                                                                                   parsed)
+            await self._record(record, started, required=not parsed.deletion)
             return 200, protocol.allowed(parsed.uid, decision_id)
         mutate = endpoint == "mutate"
         if not mutate and parsed.request.operation == "CREATE" and not parsed.request.dry_run:
@@ -149,16 +153,15 @@ class Reviewer:
             parsed.request.access = self.access
         try:
             state = self.state if mutate else await self._with_snapshot(parsed.request)
-            decision = await self._evaluate(parsed, state, mutate)
-            # A ResourceQuota counts a pod when it admits it, before the pod is stored and before our
-            # pod watch shows it: for a moment that pod is in the quota's usage and in its job's
-            # reservation. A refusal that counted reservations is judged again once the watch caught up.
-            for pause in () if mutate else RESERVATION_SETTLE_SECONDS:
-                left = deadline.remaining()
-                if not _refused_counting_reservations(decision) or (left is not None and left < pause + 1):
-                    break
-                await asyncio.sleep(pause)
+            if mutate:
                 decision = await self._evaluate(parsed, state, mutate)
+            else:  # a job that takes quota takes its reservation with the decision (webhook/admission/quotagate.py)
+                decision, submission.reservation = await self.quota.decide(
+                    parsed.request, lambda: self._evaluate(parsed, state, mutate))
+        except LedgerError as exc:
+            log.warning("no quota reservation for %s (decision %s): %s", parsed.uid, decision_id, exc)
+            return await self._undecided(parsed, decision_id, endpoint, started,
+                                         f"its quota reservation could not be taken ({exc})", f"LedgerError: {exc}")
         except Exception as exc:  # noqa: BLE001 - a timeout or any failure must still be answered and logged
             return await self._failure(parsed, decision_id, endpoint, started, exc)
         if mutate:
@@ -180,11 +183,8 @@ class Reviewer:
                 [f"{i['kind']} {i['namespace']}/{i['name']} {i['reason']}" for i in injected if i["status"] == "kept"]
             ).with_denial(*EXISTING_OBJECTS, [f"{i['kind']} {i['namespace']}/{i['name']} {i['reason']}" for i in refused],
                           [i["fix"] for i in refused])
-        await self._record_decision(decision_id, endpoint, started, parsed, decision, injected)
-        if decision.allowed and decision.job is not None and not parsed.request.dry_run \
-                and self.state.reservations is not None:
-            # Counts until the TrainJob watch shows it (policies/capacity/reservations.py): the next review may come first.
-            self.state.reservations.admitted(decision.job, decision.mutated)
+        self._count_rules(decision)
+        await self._record(DecisionRecord.decided(decision_id, parsed, decision, injected), started)
         return 200, protocol.from_decision(parsed.uid, decision, decision_id)
 
     async def _evaluate(self, parsed: protocol.ParsedReview, state: ClusterState, mutate: bool) -> Decision:
@@ -211,14 +211,13 @@ class Reviewer:
                         and (caller.authenticated or self.creations.take(caller.address)))
         tag = early.tag(decision.mutated if decision.allowed else request.object,
                         decision_id if starting else None) if request.operation == "CREATE" else []
-        if decision.allowed:
-            decision = replace(decision, patch=decision.patch + tag)
+        patch = decision.patch + tag if decision.allowed else tag
         begun = [{"kind": p["kind"], "name": p["name"], "namespace": decision.job.namespace, "status": "started"}
                  for p in decision.injections] if starting else []
-        await self._record_decision(decision_id, "mutate", started, parsed, decision, begun)
+        await self._record(DecisionRecord.mutated(decision_id, parsed, decision, patch, begun), started)
         if starting:
-            self.injections.start(decision, decision_id, early.owner(request))
-        return 200, protocol.allowed(parsed.uid, decision_id, patch=decision.patch if decision.allowed else tag)
+            self.injections.start(replace(decision, patch=patch), decision_id, early.owner(request))
+        return 200, protocol.allowed(parsed.uid, decision_id, patch=patch)
 
     async def _with_snapshot(self, request: AdmissionInput) -> ClusterState:
         """The state with the job's runtime snapshot, when an UPDATE's job has one (policies/job/snapshot.py
@@ -343,12 +342,12 @@ class Reviewer:
                                                            message=message, injected=skipped), started)
         return 200, protocol.failure_mode(parsed.uid, decision_id, message, allow=allow, warnings=decision.warnings)
 
-    async def _record_decision(self, decision_id: str, endpoint: str, started: float, parsed: protocol.ParsedReview,
-                               decision: Decision, injected: list[dict]) -> None:
+    def _count_rules(self, decision: Decision) -> None:
+        """The rules that did not pass, once per submission: its /validate decision (the /mutate
+        evaluation of the same job would count them twice)."""
         for result in decision.results:
             if result.result is not Result.PASS:
                 self.metrics.rule_results.labels(result.bundle, result.rule, result.effect).inc()
-        await self._record(DecisionRecord.decided(decision_id, endpoint, parsed, decision, injected), started)
 
     async def _record(self, record: DecisionRecord, started: float, *, required: bool = True) -> None:
         """Log ``record`` before its answer leaves. When the file cannot take it, :class:`Unrecorded`
@@ -368,4 +367,5 @@ class Reviewer:
         fields = record.as_log_fields()
         await asyncio.get_running_loop().run_in_executor(
             self._log_writers, functools.partial(self.log.append, fields, required=required))
-        self.metrics.requests.labels(record.endpoint, record.decision, fields.get("kind", "")).inc()
+        self.metrics.requests.labels(record.endpoint, record.decision, fields.get("kind", ""),
+                                     fields.get("operation", "")).inc()

@@ -29,6 +29,7 @@ from ..metrics import CONTENT_TYPE, Metrics
 from .callers import Caller
 from .config import ServerConfig
 from .inflight import InFlight
+from .ledger import Ledger
 from .reviewer import Reviewer, SnapshotFn
 
 log = logging.getLogger("trainjob_admission.server")
@@ -53,7 +54,7 @@ class WebhookServer:
     def __init__(self, config: ServerConfig, state: ClusterState, *, injector: Injector | None = None,
                  decision_log: DecisionLog | None = None, state_ready: asyncio.Event | None = None,
                  checkpoint_store: CheckpointStore | None = None, snapshots: SnapshotFn | None = None,
-                 access: Access | None = None):
+                 access: Access | None = None, ledger: Ledger | None = None):
         self.config = config
         self.metrics = Metrics()
         self.state = state
@@ -68,7 +69,8 @@ class WebhookServer:
                              if key and store else None)
         self.decision_log.on_write_error = self.metrics.decision_log_write_failures.inc
         self.reviewer = Reviewer(self.registry, state, self.decision_log, self.metrics, config.reviewer, injector,
-                                 policy_gaps=self.policy_gaps, snapshots=snapshots, access=access)
+                                 policy_gaps=self.policy_gaps, snapshots=snapshots, access=access, ledger=ledger,
+                                 replica=config.replica)
         self.in_flight = InFlight()
         self.certs = (CertReloader(config.cert_file, config.key_file, config.client_ca_file)
                       if config.cert_file and config.key_file else None)

@@ -13,8 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import EXIT_INVALID, EXIT_NOT_FOUND, CliError
 from . import settings
+from .errors import EXIT_INVALID, EXIT_NOT_FOUND, CliError
+from .sampledata import help_samples
 
 if TYPE_CHECKING:
     from ..decisionlog import Anchors, Filters, VerifyReport
@@ -103,8 +104,11 @@ def _verified(source: list[Path] | bytes, anchors: Anchors | None = None) -> Ver
 def cmd_decisions_query(args: argparse.Namespace) -> int:
     from ..decisionlog import Filters, render
 
+    # one record per answer the submitter (or the deleter) got, unless an endpoint or a record's id is asked for
+    endpoint = None if args.endpoint == "all" or (args.id and not args.endpoint) else args.endpoint or "validate"
     filters = Filters(user=args.user, namespace=args.namespace, name=args.name, kind=args.kind, decision=args.decision,
-                      rule=args.rule, endpoint=args.endpoint, decision_id=args.id, **_window(args))
+                      rule=args.rule, endpoint=endpoint, decision_id=args.id, operation=args.operation,
+                      **_window(args))
     records: list[dict] = []
     report = _scan(args, filters, records.append)
     return _shown(render(records, args.output), report, "the records above")
@@ -214,8 +218,8 @@ def register_server_commands(commands: argparse._SubParsersAction) -> None:
     serve = commands.add_parser(
         "serve", help="run the HTTPS admission webhook",
         description="Serve /validate, /mutate, /healthz, /readyz and /metrics over TLS 1.2+.",
-        epilog="examples:\n"
-               "  # state and PolicyBundles from the cluster (kubectl apply -f examples/bundles/production.yaml):\n"
+        epilog="examples:\n" + help_samples() +
+               "  # state and PolicyBundles from the cluster (kubectl apply -f $S/bundles/production.yaml):\n"
                "  trainjob-admission serve --cert-dir ./tls --kubeconfig ~/.kube/config\n"
                "  # only the PolicyBundles labelled for this server, plus a bundle file:\n"
                "  trainjob-admission serve --cert-dir ./tls --kubeconfig ~/.kube/config "
@@ -244,7 +248,10 @@ def register_server_commands(commands: argparse._SubParsersAction) -> None:
     decisions = commands.add_parser("decisions", help="query and verify the decision log")
     sub = decisions.add_subparsers(dest="decisions_command", required=True, metavar="SUBCOMMAND")
     query = sub.add_parser("query", help="filter decisions",
-                           epilog="example: trainjob-admission decisions query --log decisions.jsonl --decision deny --since 2h -o csv")
+                           epilog="examples:\n"
+                                  "  trainjob-admission decisions query --log decisions.jsonl --decision deny --since 2h -o csv\n"
+                                  "  trainjob-admission decisions query --log decisions.jsonl --operation DELETE -o yaml",
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     query.add_argument("--log", required=True, metavar="F",
                        help="the log file (its rotated predecessors are read too), or - for stdin (lines not starting "
                             "with { are skipped); what is read is verified as `decisions verify` does, exit 1 if not intact")
@@ -255,15 +262,18 @@ def register_server_commands(commands: argparse._SubParsersAction) -> None:
     query.add_argument("--kind", choices=["TrainJob", "MPIJob"], help="the job's kind")
     query.add_argument("--decision", choices=["allow", "deny", "warn", "error"],
                        help="warn: admitted with a warning; error: not decided (the failure mode answered)")
-    query.add_argument("--endpoint", choices=["mutate", "validate"],
-                       help="each submission is logged twice, once per webhook: validate counts submissions")
+    query.add_argument("--endpoint", choices=["validate", "mutate", "all"],
+                       help="validate (the default; every record with --id): the answer the submitter got, one per "
+                            "submission or deletion; mutate: /mutate's answers (allowed, with the patch); all: both")
+    query.add_argument("--operation", choices=["CREATE", "UPDATE", "DELETE"],
+                       help="CREATE and UPDATE are submissions; DELETE: who deleted a job, and its jobStatus then")
     query.add_argument("--id", metavar="DECISION_ID", help="the record with this decision id (as in the audit log's "
                                                            "<webhook>/decision-id annotation)")
     query.add_argument("--rule", help="a rule that failed, e.g. default/quota")
     query.add_argument("--since", help="RFC3339 time or a duration like 15m, 2h, 7d")
     query.add_argument("--until", help="as --since; records before it (default: now)")
-    query.add_argument("-o", "--output", choices=["table", "json", "csv"], default="table",
-                       help="table for people; json (the records) or csv for scripts and spreadsheets")
+    query.add_argument("-o", "--output", choices=["table", "json", "yaml", "csv"], default="table",
+                       help="table for people; json or yaml (the records) or csv for scripts and spreadsheets")
     query.set_defaults(func=cmd_decisions_query)
     report = sub.add_parser("report", help="summarise a period: submissions per namespace, user and failed rule, "
                                            "and the most frequent refusals",

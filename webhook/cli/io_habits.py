@@ -12,12 +12,11 @@ from typing import Any, Callable
 
 import yaml
 
-from trainjob_admission.policies.k8s.clusterstate import StateError, load_objects, parse_objects
+from trainjob_admission.policies.k8s.clusterstate import StateError, load_objects, object_files, parse_objects
 
 from .errors import EXIT_NOT_FOUND, CliError
 
 OUTPUTS = ("text", "json", "yaml")
-SUFFIXES = (".yaml", ".yml", ".json")
 FILE_FIX = "give a TrainJob or MPIJob file (YAML or JSON), a directory of them, or - to read stdin"
 
 
@@ -28,7 +27,7 @@ def read_sources(spec: str) -> list[tuple[str, list[dict]]]:
         return [("<stdin>", _parsed(lambda: parse_objects(sys.stdin.read(), "<stdin>")))]
     path = Path(spec)
     if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix in SUFFIXES and p.is_file())
+        files = object_files(path)
         if not files:
             raise CliError(f"-f {spec}: the directory holds no *.yaml, *.yml or *.json file; {FILE_FIX}",
                            EXIT_NOT_FOUND)
@@ -54,7 +53,7 @@ def add_context_flag(parser: argparse.ArgumentParser) -> None:
 def add_output_flag(parser: argparse.ArgumentParser, *extra: str) -> None:
     """The same ``-o`` on every command that prints results: text, json, yaml (and ``extra``)."""
     parser.add_argument("-o", "--output", choices=[*OUTPUTS, *extra], default="text",
-                        help="text for people; json or yaml for scripts (one object, or a list for several)")
+                        help="text for people; json or yaml for scripts (one result, or a List of them for several)")
 
 
 def dump(value: Any, output: str) -> str:
@@ -67,8 +66,9 @@ def dump(value: Any, output: str) -> str:
 
 
 def one_or_list(values: list[Any]) -> Any:
-    """One result as itself, several as a list (as ``review -o json`` has always printed)."""
-    return values[0] if len(values) == 1 else values
+    """One result as itself, several as a ``List`` (``{"apiVersion": "v1", "kind": "List", "items"}``),
+    as ``kubectl get -f`` prints one object or several."""
+    return values[0] if len(values) == 1 else {"apiVersion": "v1", "kind": "List", "items": values}
 
 
 class VersionAction(argparse.Action):

@@ -15,10 +15,7 @@ from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
 import yaml
 
-from trainjob_admission.policies.capacity import reservations
-from trainjob_admission.policies.k8s.clusterstate import TRAINER_GROUP, ClusterState, StateError, load_objects
 from trainjob_admission.policies.k8s.versions import Versions
-
 from trainjob_admission.policies.offline.spreadsheet import csv_text
 from . import versionflags
 from .commands import register_server_commands
@@ -28,8 +25,10 @@ from .errors import (
 from .io_habits import (
     VersionAction, add_context_flag, add_output_flag, dump, one_or_list, quiet_broken_pipe, read_sources,
 )
+from .sampledata import help_samples
 
 if TYPE_CHECKING:
+    from trainjob_admission.policies.k8s.clusterstate import ClusterState
     from trainjob_admission.policies.decide.decision import Decision
     from trainjob_admission.policies.decide.engine import AdmissionInput
 
@@ -52,6 +51,24 @@ def _bundles(specs: list[str] | None, versions: Versions | None = None) -> list:
         raise CliError(f"invalid bundle:\n{exc}") from None
 
 
+def _state_source(args: argparse.Namespace) -> None:
+    """Where review and explain read the cluster from: --cluster-state (offline), --kubeconfig, or
+    like kubectl $KUBECONFIG (said on stderr); with none of them a decision would be made against an
+    empty cluster (every runtime missing), so that is invalid input."""
+    if args.cluster_state or args.kubeconfig:
+        return
+    from_env = os.environ.get("KUBECONFIG", "")
+    if not from_env:
+        raise CliError("no cluster state to decide against: give --cluster-state FILE|DIR (the runtimes, the Namespace "
+                       "and its ResourceQuotas as `kubectl get -o yaml` prints them) or --kubeconfig K (or set "
+                       "$KUBECONFIG, as for kubectl)")
+    if os.pathsep in from_env:
+        raise CliError(f"$KUBECONFIG names several files ({from_env}); give the one to read with --kubeconfig")
+    args.kubeconfig = from_env
+    print(f"reading the cluster state from $KUBECONFIG ({from_env}), read-only; --cluster-state decides offline",
+          file=sys.stderr)
+
+
 def _review_bundles(args: argparse.Namespace) -> list:
     """The bundles ``serve`` would decide with given the same flags: with --kubeconfig the cluster's
     PolicyBundles (--bundle-selector) plus --bundle files, else the files (default builtin:default)."""
@@ -60,7 +77,12 @@ def _review_bundles(args: argparse.Namespace) -> list:
     if args.context and not args.kubeconfig:
         raise CliError(f"--context {args.context} selects a context of a kubeconfig: use it with --kubeconfig")
     if not args.kubeconfig:
-        return _bundles(args.bundle, _versions(args))
+        bundles = _bundles(args.bundle, _versions(args))
+        if args.bundle and DEFAULT_BUNDLE not in args.bundle:
+            print(f"note: --bundle replaces the default bundle: deciding with {', '.join(args.bundle)} only; add "
+                  f"--bundle {DEFAULT_BUNDLE} to keep the default's checks too, as a cluster running both would",
+                  file=sys.stderr)
+        return bundles
     if args.bundle:
         _bundles(args.bundle)  # the files' problems, with their exit codes, before any API call
     from ..loops.clusterbundles import (  # the Kubernetes client: only with --kubeconfig (start-up time)
@@ -106,6 +128,8 @@ def _state_objects(args: argparse.Namespace) -> list[dict]:
 def _objects(path: str) -> list[dict]:
     if not Path(path).exists():
         raise CliError(f"file not found: {path}", EXIT_NOT_FOUND)
+    from trainjob_admission.policies.k8s.clusterstate import StateError, load_objects  # not for --help
+
     try:
         return load_objects(path)
     except StateError as exc:
@@ -142,6 +166,8 @@ def _states(args: argparse.Namespace) -> Callable[[str], ClusterState]:
                 cache[key] = _from_cluster(kubeconfig, lambda: read_state(kubeconfig, namespace, args.context,
                                                                           versions))
             else:
+                from trainjob_admission.policies.capacity import reservations  # not for --help
+
                 cache[key] = reservations.state_of(_state_objects(args))
             cache[key].versions = versions
         return cache[key]
@@ -163,6 +189,7 @@ def _request(obj: dict, args: argparse.Namespace) -> AdmissionInput:
 def _reviewable(objects: list[dict], path: str) -> list[dict]:
     """Only TrainJobs and MPIJobs: any other object would be judged on a job model it has not."""
     from trainjob_admission.policies.job.effective_job import MPIJOB_GROUP
+    from trainjob_admission.policies.k8s.clusterstate import TRAINER_GROUP
 
     for obj in objects:
         group = str(obj.get("apiVersion", "")).split("/")[0]
@@ -172,9 +199,18 @@ def _reviewable(objects: list[dict], path: str) -> list[dict]:
     return objects
 
 
-def _jobs(spec: str) -> list[dict]:
-    """The jobs ``-f`` names (a file, a directory's files or stdin), each checked to be a job."""
-    return [obj for source, objects in read_sources(spec) for obj in _reviewable(objects, source)]
+def _jobs(spec: str) -> list[tuple[str, dict]]:
+    """(source file, job) for each job ``-f`` names (a file, a directory's files or stdin), each
+    checked to be a job."""
+    return [(source, obj) for source, objects in read_sources(spec) for obj in _reviewable(objects, source)]
+
+
+def _about(source: str, obj: dict) -> dict:
+    """Whose result this is, for -o json|yaml: the job as kubectl names it, and the file it came from."""
+    meta = obj.get("metadata") or {}
+    return {"object": {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
+                       "namespace": meta.get("namespace"), "name": meta.get("name") or meta.get("generateName")},
+            "source": source}
 
 
 def _evaluate(obj: dict, args: argparse.Namespace, bundles: list, state: Callable[[str], ClusterState]) -> Decision:
@@ -205,15 +241,17 @@ def cmd_review(args: argparse.Namespace) -> int:
     from trainjob_admission.policies.offline import render
 
     objects = _jobs(args.file)
+    _state_source(args)
     bundles = _review_bundles(args)
     if not objects:
         raise CliError(f"{args.file}: no object to review")
     state = _states(args)
-    decisions = [_evaluate(obj, args, bundles, state) for obj in objects]
+    decisions = [_evaluate(obj, args, bundles, state) for _, obj in objects]
     if args.output == "text":
-        print("\n\n".join(render.decision_text(obj, decision) for obj, decision in zip(objects, decisions)))
+        print("\n\n".join(render.decision_text(obj, decision) for (_, obj), decision in zip(objects, decisions)))
     else:
-        print(dump(one_or_list([decision.as_json() for decision in decisions]), args.output))
+        print(dump(one_or_list([_about(*job) | decision.as_json() for job, decision in zip(objects, decisions)]),
+                   args.output))
     code = EXIT_OK if all(decision.allowed for decision in decisions) else EXIT_DENIED
     _note_versions(args)
     return _strict(code, decisions, args)
@@ -304,13 +342,15 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
     from trainjob_admission.policies.offline import render
 
     objects = _jobs(args.file)
+    _state_source(args)
     bundles = _review_bundles(args)
     state = _states(args)
-    decisions = [_evaluate(obj, args, bundles, state) for obj in objects]
+    decisions = [_evaluate(obj, args, bundles, state) for _, obj in objects]
     if args.output == "text":
         print("\n".join(render.explain_text(decision) for decision in decisions))
     else:
-        print(dump(one_or_list([render.explain_json(decision) for decision in decisions]), args.output))
+        print(dump(one_or_list([_about(*job) | render.explain_json(decision)
+                                for job, decision in zip(objects, decisions)]), args.output))
     _note_versions(args)
     return _strict(EXIT_OK, decisions, args)
 
@@ -375,11 +415,13 @@ def _add_review_inputs(parser: argparse.ArgumentParser) -> None:
                              "a directory (its *.yaml, *.yml and *.json files, sorted), or - for stdin")
     parser.add_argument("--bundle", action="append", metavar="PATH",
                         help=f"bundle file, directory or builtin:NAME (repeatable; default {DEFAULT_BUNDLE}, or with "
-                             "--kubeconfig the cluster's PolicyBundles); with --kubeconfig added to the PolicyBundles, "
-                             "a file winning over a PolicyBundle of the same name, as in serve")
+                             f"--kubeconfig the cluster's PolicyBundles). Offline it replaces {DEFAULT_BUNDLE} (give "
+                             f"--bundle {DEFAULT_BUNDLE} too to keep it); with --kubeconfig it is added to the "
+                             "PolicyBundles, a file winning over a PolicyBundle of the same name, as in serve")
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--cluster-state", action="append", metavar="F",
-                        help="objects as `kubectl get -o yaml` prints them: runtimes, Namespace, ResourceQuotas, "
+    source.add_argument("--cluster-state", action="append", metavar="F|DIR",
+                        help="a file (or a directory of *.yaml, *.yml, *.json files) of the objects as `kubectl get "
+                             "-o yaml` prints them: runtimes, Namespace, ResourceQuotas, "
                              "LimitRanges, RuntimeClasses, PriorityClasses, StorageClasses, Nodes and the Pods "
                              "bound to them (the schedulability pre-check; without Pods, no 'busy now' warning), "
                              "a job's <job>-runtime-snapshot ConfigMap for --operation UPDATE, PolicyExceptions "
@@ -387,7 +429,8 @@ def _add_review_inputs(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--kubeconfig", metavar="K", help="read runtimes, namespace, quotas, LimitRanges, the Runtime-, Priority- "
                                                           "and StorageClasses, Nodes and Pods (when the user may list "
                                                           "them) and PolicyBundles from a live cluster "
-                                                          "(read-only), as serve does")
+                                                          "(read-only), as serve does. Without this or --cluster-state, "
+                                                          "$KUBECONFIG is read as kubectl would (and stderr says so)")
     add_context_flag(parser)
     parser.add_argument("--bundle-selector", metavar="SEL",
                         help="with --kubeconfig: only PolicyBundles with these labels, as serve's --bundle-selector")
@@ -477,9 +520,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "them:\nwith --kubeconfig they are read from the cluster, offline from --cluster-state (the "
                     "output of\n`kubectl version -o yaml` and the TrainJob CRD) or the flags below; else the newest "
                     "tested\n(a note says so).",
-        epilog="examples:\n"
-               "  trainjob-admission review -f examples/jobs/allowed.yaml \\\n"
-               "      --cluster-state examples/cluster-state.yaml --cluster-state examples/runtimes/mpi-openmpi.yaml\n"
+        epilog="examples:\n" + help_samples() +
+               "  trainjob-admission review -f $S/jobs/over-quota.yaml --cluster-state $S/cluster-state.yaml "
+               "--cluster-state $S/runtimes\n"
+               "  trainjob-admission review -f $S/jobs --cluster-state $S/cluster-state.yaml --cluster-state $S/runtimes "
+               "-o yaml\n"
+               "  trainjob-admission review -f job.yaml --kubeconfig ~/.kube/config --bundle builtin:default "
+               "--bundle draft.yaml\n"
                "an older cluster, offline (OpenShift 4.18 is Kubernetes 1.31; Kueue v0.13, the Red Hat build of Kueue 1.2, "
                "serves only v1beta1):\n"
                "  kubectl version -o yaml > version.yaml\n"
@@ -498,8 +545,8 @@ def build_parser() -> argparse.ArgumentParser:
     lint = policy_commands.add_parser("lint", help="check bundles: schema, CEL syntax, unknown variables and functions",
                                       description="Check bundles before they reach a cluster: every problem, each with its\n"
                                                   "place in the file. Exit 0 clean, 2 problems found, 3 a path not found.",
-                                      epilog="examples:\n"
-                                             "  trainjob-admission policy lint examples/bundles/production.yaml\n"
+                                      epilog="examples:\n" + help_samples() +
+                                             "  trainjob-admission policy lint $S/bundles/production.yaml\n"
                                              "  trainjob-admission policy lint bundles/ -o json\n"
                                              f"built-in bundles: {DEFAULT_BUNDLE} and any other builtin:NAME of the "
                                              "package's policies/bundle/builtin/",
@@ -522,9 +569,9 @@ def build_parser() -> argparse.ArgumentParser:
         "explain", help="every rule's result on an object",
         description="Like review, but list every rule that applies to the job with its result (pass, fail,\n"
                     "error, excepted) and why, not only the failures.",
-        epilog="examples:\n"
-               "  trainjob-admission policy explain -f examples/jobs/over-quota.yaml \\\n"
-               "      --cluster-state examples/cluster-state.yaml --cluster-state examples/runtimes/mpi-openmpi.yaml\n"
+        epilog="examples:\n" + help_samples() +
+               "  trainjob-admission policy explain -f $S/jobs/over-quota.yaml \\\n"
+               "      --cluster-state $S/cluster-state.yaml --cluster-state $S/runtimes\n"
                "  trainjob-admission policy explain -f job.yaml --kubeconfig ~/.kube/config --bundle draft.yaml -o yaml",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_review_inputs(explain)

@@ -1,4 +1,4 @@
-"""Reading a decision log for people: filter records and render them as a table, JSON or CSV."""
+"""Reading a decision log for people: filter records and render them as a table, JSON, YAML or CSV."""
 from __future__ import annotations
 
 import json
@@ -9,9 +9,11 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Literal
 
-from trainjob_admission.policies.decide.decision import FAILED
+import yaml
 
+from trainjob_admission.policies.decide.decision import FAILED
 from trainjob_admission.policies.offline.spreadsheet import csv_text
+
 from .lines import parse_record, read_lines, split_lines
 from .verify import VerifyReport, verify, verify_stream
 
@@ -46,7 +48,8 @@ class Filters:
 
     `kind` ignores case. `rule` ('name' or 'bundle/name') matches records where that rule failed
     or errored. The time window is since <= time < until. `endpoint` is 'mutate' or 'validate'
-    (each submission is logged once by each); `decision_id` is a record's `id`, as the API
+    (each submission is answered once by each; the 'validate' answer is the one the submitter
+    got); `operation` is CREATE, UPDATE or DELETE; `decision_id` is a record's `id`, as the API
     server's audit log carries it; `name` is the job's name.
     """
 
@@ -60,10 +63,12 @@ class Filters:
     until: datetime | None = None
     endpoint: str | None = None
     decision_id: str | None = None
+    operation: str | None = None
 
     def match(self, record: dict) -> bool:
         exact = ((self.decision_id, "id"), (self.endpoint, "endpoint"), (self.user, "user"),
-                 (self.namespace, "namespace"), (self.name, "name"), (self.decision, "decision"))
+                 (self.namespace, "namespace"), (self.name, "name"), (self.decision, "decision"),
+                 (self.operation, "operation"))
         if any(wanted is not None and record.get(key) != wanted for wanted, key in exact):
             return False
         if self.kind is not None and str(record.get("kind", "")).lower() != self.kind.lower():
@@ -149,11 +154,13 @@ CSV_FIELDS = ("time", "id", "endpoint", "uid", "seq", "decision", "allowed", "us
               "namespace", "name", "failedRules", "messages", "latencyMs", "dryRun", "digest")
 
 
-def render(records: Iterable[dict], fmt: Literal["table", "json", "csv"] = "table") -> str:
-    """Records as an aligned table for people, a JSON array, or CSV for spreadsheets."""
+def render(records: Iterable[dict], fmt: Literal["table", "json", "yaml", "csv"] = "table") -> str:
+    """Records as an aligned table for people, a JSON or YAML list, or CSV for spreadsheets."""
     if fmt == "json":  # the same values, with what a terminal acts on as JSON escapes (\u202e)
         text = json.dumps(list(records), indent=2, ensure_ascii=False)
         return _UNPRINTABLE_IN_JSON.sub(lambda m: f"\\u{ord(m[0]):04x}", text) + "\n"
+    if fmt == "yaml":  # ASCII only: every control, invisible or non-ASCII character as a YAML escape
+        return yaml.safe_dump(list(records), sort_keys=False, allow_unicode=False, width=float("inf"))
     if fmt == "csv":  # cells a spreadsheet would run as formulas are escaped (policies/offline/spreadsheet.py)
         return csv_text(CSV_FIELDS, ([printable(cell) for cell in (
             r.get("time", ""), r.get("id", ""), r.get("endpoint", ""), r.get("uid", ""), r.get("seq", ""),
@@ -162,7 +169,7 @@ def render(records: Iterable[dict], fmt: Literal["table", "json", "csv"] = "tabl
             ";".join(failed_rules(r)), " | ".join(shown_messages(r)), r.get("latencyMs", ""), r.get("dryRun", ""),
             r.get("digest", ""))] for r in records))
     if fmt != "table":
-        raise ValueError(f"unknown format {fmt!r}: use table, json or csv")
+        raise ValueError(f"unknown format {fmt!r}: use table, json, yaml or csv")
     header = ("TIME", "ID", "ENDPOINT", "DECISION", "USER", "NAMESPACE/NAME", "KIND", "FAILED RULES", "MESSAGE")
     rows = [header] + [
         tuple(printable(cell) for cell in (

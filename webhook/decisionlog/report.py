@@ -1,8 +1,10 @@
 """A period of the decision log in numbers, for an auditor's review: submissions by decision, per
-namespace, user and failed rule, and the refusals seen most often.
+namespace, user and failed rule, the refusals seen most often, and the deletions by the state the
+job was in.
 
-Each submission is reviewed twice (mutate, then validate); only the `validate` records count, as
-that review saw the mutated job and made the final decision."""
+Each submission is answered twice (mutate, then validate); only the `validate` records count, as
+that answer is the one the submitter got. Deletions (operation DELETE) are counted apart: they are
+not submissions."""
 from __future__ import annotations
 
 import json
@@ -25,9 +27,14 @@ class Summary:
         self.per: dict[str, dict[str, Counter[str]]] = {"namespaces": {}, "users": {}}
         self.rules: Counter[str] = Counter()
         self.refusals: Counter[str] = Counter()
+        self.deletions: Counter[str] = Counter()  # by the job's state then
 
     def add(self, record: dict) -> None:
         if record.get("endpoint") != "validate":
+            return
+        if record.get("operation") == "DELETE":
+            status = record.get("jobStatus")
+            self.deletions[str(status.get("state", "-") if isinstance(status, dict) else "-")] += 1
             return
         decision = str(record.get("decision", ""))
         self.decisions[decision] += 1
@@ -41,11 +48,13 @@ class Summary:
         return {"submissions": sum(self.decisions.values()), "decisions": dict(self.decisions),
                 **{group: {name: dict(c) for name, c in sorted(counts.items())} for group, counts in self.per.items()},
                 "failedRules": dict(self.rules.most_common()),
-                "topRefusals": [{"message": m, "count": n} for m, n in self.refusals.most_common(TOP)]}
+                "topRefusals": [{"message": m, "count": n} for m, n in self.refusals.most_common(TOP)],
+                "deletions": dict(sorted(self.deletions.items()))}
 
 
 # -o csv: one count a row, for a pivot table. group is decision (name empty: every submission),
-# namespace, user, rule (failures of that rule, decision empty) or refusal (a top refusal message).
+# namespace, user, rule (failures of that rule, decision empty), refusal (a top refusal message) or
+# deletion (name: the job's state when it was deleted).
 CSV_COLUMNS = ("group", "name", "decision", "count")
 
 
@@ -59,6 +68,9 @@ def render_summary(summary: dict, fmt: Literal["text", "json", "csv"] = "text") 
         lines += [f"{group}:"] + [f"  {printable(name)}: {_counts(c)}" for name, c in summary[group].items()]
     lines += ["failed rules:"] + [f"  {printable(rule)}: {n}" for rule, n in summary["failedRules"].items()]
     lines += ["top refusals:"] + [f"  {r['count']} x {printable(r['message'])}" for r in summary["topRefusals"]]
+    deletions = summary["deletions"]
+    lines.append(f"deletions: {sum(deletions.values())}"
+                 + (f" (jobs then {', '.join(f'{printable(s)} {n}' for s, n in deletions.items())})" if deletions else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -72,4 +84,5 @@ def _rows(summary: dict) -> list[tuple]:
         rows += [(key, name, decision, n) for name, counts in summary[group].items()
                  for decision, n in sorted(counts.items())]
     rows += [("rule", rule, "", n) for rule, n in summary["failedRules"].items()]
-    return rows + [("refusal", r["message"], "deny", r["count"]) for r in summary["topRefusals"]]
+    rows += [("refusal", r["message"], "deny", r["count"]) for r in summary["topRefusals"]]
+    return rows + [("deletion", state, "", n) for state, n in summary["deletions"].items()]

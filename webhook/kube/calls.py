@@ -47,15 +47,28 @@ class Calls:
                 return None
             raise
 
-    async def create(self, resource: Resource, namespace: str, body: dict) -> bool:
-        """False when an object of that name already exists: the caller decides what to do."""
+    async def create(self, resource: Resource, namespace: str, body: dict) -> dict | None:
+        """The object as stored; None when an object of that name already exists: the caller
+        decides what to do."""
         try:
-            await self._call("POST", resource.path(namespace), body=body)
+            return await self._call("POST", resource.path(namespace), body=body)
         except ApiError as exc:
             if exc.status == 409:
-                return False
+                return None
             raise
-        return True
+
+    async def replace(self, resource: Resource, body: dict) -> dict | None:
+        """PUT ``body`` over the stored object, on the condition that it is still the version
+        ``body``'s metadata.resourceVersion names (optimistic concurrency, as every Kubernetes
+        controller writes): the object as stored, or None when another write came first (409)
+        or the object is gone (404)."""
+        meta = body["metadata"]
+        try:
+            return await self._call("PUT", resource.path(meta["namespace"], meta["name"]), body=body)
+        except ApiError as exc:
+            if exc.status in (404, 409):
+                return None
+            raise
 
     async def delete(self, resource: Resource, obj: dict) -> None:
         """Delete exactly the object we looked at, not one that replaced it meanwhile."""

@@ -22,6 +22,9 @@ from trainjob_admission.policies.bundle.load import (
 from trainjob_admission.policies.k8s.versions import NEWEST, Versions
 
 log = logging.getLogger("trainjob_admission.bundles")
+# A file that holds no document is refused, never read as "no policy": an editor or `cp` empties a
+# file before writing it, and a poll in between would otherwise enforce nothing until the next one.
+EMPTY_SOURCE = "holds no bundle (empty, or only comments); the last good version stays: delete the file to remove its bundles"
 CLUSTER_SOURCE_PREFIX = "cluster:"  # sources fed from PolicyBundle objects, not files (webhook/loops/clusterbundles.py)
 
 
@@ -79,6 +82,8 @@ class BundleRegistry:
             return self._reject(source, exc, fingerprint)
         except Exception as exc:  # noqa: BLE001 - see update_documents
             return self._reject(source, _unexpected(source, exc), fingerprint)
+        if not documents:  # caught mid-write (emptied before written) or emptied by mistake
+            return self._reject(source, BundleError([Problem(source, EMPTY_SOURCE)]), fingerprint)
         return self.update_documents(source, documents, fingerprint)
 
     def update_documents(self, source: str, documents: list[Any], fingerprint: tuple = ()) -> SourceState:
