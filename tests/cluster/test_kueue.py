@@ -122,7 +122,7 @@ def test_a_job_larger_than_its_cluster_queue_is_refused_with_the_numbers(env):
     assert "job needs 12 nvidia.com/gpu in all (" in p.stderr, p.stderr  # launcher and workers together
     assert (f"ClusterQueue {q.cluster_queues[ns]} (LocalQueue {q.local_queue}) can ever provide at most 8 in the "
             "flavors its pods may use") in p.stderr, p.stderr
-    assert "reduce spec.trainer.numNodes to 2" in p.stderr, p.stderr
+    assert "set spec.trainer.numNodes to 2" in p.stderr, p.stderr
     assert kueue.get("trainjob", "kq-too-large", ns) is None
 
 
