@@ -36,6 +36,13 @@ class Metrics:
                                  "notAfter of the serving certificate (unix time)", registry=self.registry)
         self.injections = Counter("trainjob_admission_injections", "Objects injected by kind and result",
                                   ["kind", "result"], registry=self.registry)
+        self.connections = Gauge("trainjob_admission_connections", "Connections open, by port (admission, probe)",
+                                 ["port"], registry=self.registry)
+        self.connections_closed = Counter(
+            "trainjob_admission_connections_closed",
+            "Connections the service closed to keep its bounds, by port and reason: refused (at a cap, with none "
+            "that could be cut), cut (to make room at a cap), header-timeout (a request's headers too slow)",
+            ["port", "reason"], registry=self.registry)
 
         self.decision_log_fsync = Histogram(
             "trainjob_admission_decision_log_fsync_seconds",

@@ -51,7 +51,7 @@ def read_source(spec: str) -> list[tuple[str, str]]:
     out = []
     for file in bundle_files(path):
         try:
-            out.append((str(file), file.read_text(encoding="utf-8")))
+            out.append((str(file), manifests.read_text(file)))
         except (OSError, UnicodeDecodeError) as exc:
             raise BundleError([Problem(str(file), f"cannot read: {exc}")]) from None
     return out

@@ -22,10 +22,20 @@ from .values import CelType, Err
 MAX_CHECKS = 16  # per request: each may be a call to the API server
 
 
+# request.userInfo.extra as a hashable value: (key, values) pairs sorted by key.
+Extra = tuple[tuple[str, tuple[str, ...]], ...]
+
+
+def extra_of(extra: dict[str, list[str]] | None) -> Extra:
+    return tuple(sorted((key, tuple(values)) for key, values in (extra or {}).items()))
+
+
 @dataclass(frozen=True)
 class AccessCheck:
     """One question (a SubjectAccessReview's spec): may this user do ``verb`` on the resource, or
-    on the non-resource ``path``?"""
+    on the non-resource ``path``? The user is the whole of request.userInfo, ``extra`` included, as
+    ValidatingAdmissionPolicy's authorizer passes it: an authorizer may read it (OpenShift's
+    scoped tokens carry their scopes there), so an answer is for these exact attributes."""
 
     user: str
     groups: tuple[str, ...]
@@ -39,6 +49,7 @@ class AccessCheck:
     path: str = ""
     field_selector: str = ""  # raw, as the SubjectAccessReview carries it (the API server parses it)
     label_selector: str = ""
+    extra: Extra = ()
 
 
 class AccessError(PolicyError):
@@ -80,9 +91,10 @@ class Authorizer(dict):
 
     cel_type = CelType("kubernetes.authorization.Authorizer")
 
-    def __init__(self, user: str, groups: tuple[str, ...], uid: str, tally: _Tally, request_resource: "ResourceCheck | None"):
+    def __init__(self, user: str, groups: tuple[str, ...], uid: str, tally: _Tally, request_resource: "ResourceCheck | None",
+                 extra: Extra = ()):
         super().__init__()
-        self.user, self.groups, self.uid, self.tally = user, groups, uid, tally
+        self.user, self.groups, self.uid, self.extra, self.tally = user, groups, uid, extra, tally
         if request_resource is not None:
             dict.__setitem__(self, "requestResource", replace(request_resource, authorizer=self))
 
@@ -98,16 +110,18 @@ class Authorizer(dict):
         if tally.count > MAX_CHECKS:
             return Decision(False, error=f"more than {MAX_CHECKS} permission checks in one request")
         try:
-            allowed, reason = tally.access(AccessCheck(self.user, self.groups, self.uid, **what))
+            allowed, reason = tally.access(AccessCheck(self.user, self.groups, self.uid, extra=self.extra, **what))
         except AccessError as exc:
             return Decision(False, error=str(exc))
         return Decision(allowed, reason)
 
 
-def authorizer(user: str, groups: list[str], uid: str, access: Access, request_resource: dict[str, str]) -> Authorizer:
-    """The submitter's authorizer; ``request_resource`` the group, resource, namespace and name
-    of the object being admitted (``authorizer.requestResource``)."""
-    return Authorizer(user, tuple(groups), uid, _Tally(access), ResourceCheck(None, **request_resource))
+def authorizer(user: str, groups: list[str], uid: str, access: Access, request_resource: dict[str, str],
+               extra: dict[str, list[str]] | None = None) -> Authorizer:
+    """The submitter's authorizer (request.userInfo: name, groups, uid, extra); ``request_resource``
+    the group, resource, namespace and name of the object being admitted (``authorizer.requestResource``)."""
+    return Authorizer(user, tuple(groups), uid, _Tally(access), ResourceCheck(None, **request_resource),
+                      extra_of(extra))
 
 
 @dataclass(frozen=True)
@@ -162,6 +176,8 @@ def group(auth: Authorizer, value: str) -> GroupCheck:
 
 
 def serviceAccount(auth: Authorizer, namespace: str, name: str) -> Authorizer:
+    """As authz.go's: the service account's user info (serviceaccount.ServiceAccountInfo.UserInfo)
+    with no uid and no extra, not the submitter's."""
     if not _is_dns_subdomain(name):
         raise ValueError("Invalid service account name")
     if not _is_dns_label(namespace):

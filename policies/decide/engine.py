@@ -47,6 +47,7 @@ class AdmissionInput:
     username: str = ""
     groups: list[str] = field(default_factory=list)
     user_uid: str = ""
+    user_extra: dict[str, list[str]] = field(default_factory=dict)  # request.userInfo.extra
     dry_run: bool = False
     uid: str = ""
     # How the CEL authorizer's checks are answered (policies/cel/authz.py): the server asks the API
@@ -77,8 +78,9 @@ class AdmissionInput:
         known = self.context
         # username and groups kept even when empty (a review offline may name none; every request to
         # the API server has them), uid and extra left out when empty, as the JSON leaves them out
+        extra = {key: list(values) for key, values in self.user_extra.items()}
         user = {"username": self.username, "groups": list(self.groups)} | {
-            k: v for k, v in (("uid", self.user_uid), ("extra", known.get("extra"))) if v}
+            k: v for k, v in (("uid", self.user_uid), ("extra", extra)) if v}
         request = {"uid": self.uid, "kind": known.get("kind") or kind, "resource": known.get("resource") or resource,
                    "requestKind": known.get("requestKind") or kind,
                    "requestResource": known.get("requestResource") or resource,
@@ -94,7 +96,7 @@ class AdmissionInput:
         name = (self.object.get("metadata") or {}).get("name", "")
         return authz.authorizer(self.username, self.groups, self.user_uid, self.access, {
             "group": group, "resource": self.kind.lower() + "s", "namespace": self.namespace,
-            "name": name if isinstance(name, str) else ""})
+            "name": name if isinstance(name, str) else ""}, self.user_extra)
 
 
 def matches(bundle: Bundle, request: AdmissionInput, namespace: dict, runtime_name: str) -> bool:

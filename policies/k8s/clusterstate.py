@@ -10,16 +10,13 @@ runs (versions.py) comes with the state: discovered by the server, from the file
 """
 from __future__ import annotations
 
-import json
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-import yaml
-
 from .. import PolicyError
-from . import kueueapi, versions as cluster_versions
+from . import kueueapi, manifests, versions as cluster_versions
 from .podresources import requests_on_node
 from .versions import Versions
 
@@ -350,18 +347,22 @@ def load_objects(path: str | Path) -> list[dict]:
             raise StateError(f"{path}: the directory holds no *.yaml, *.yml or *.json file")
         return [obj for file in files for obj in load_objects(file)]
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = manifests.read_text(Path(path))
     except OSError as exc:
         raise StateError(f"cannot read {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise StateError(f"cannot read {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     return parse_objects(text, path)
 
 
 def parse_objects(text: str, source: str | Path) -> list[dict]:
-    """Kubernetes objects from YAML or JSON text (e.g. stdin); ``source`` names it in errors."""
+    """Kubernetes objects from YAML or JSON text (e.g. stdin); ``source`` names it in errors. The
+    text is read within the bounds every manifest has (policies/k8s/manifests.py: size, aliases, depth)."""
     try:
-        documents = list(yaml.safe_load_all(text))
-    except yaml.YAMLError as exc:
-        raise StateError(f"{source}: not valid YAML or JSON: {exc}") from exc
+        documents = manifests.parse_documents(text, "a file of Kubernetes objects")
+    except manifests.ManifestError as exc:
+        where = f"{source}:{exc.line}" if exc.line else str(source)
+        raise StateError(f"{where}: {exc.message}") from None
     objects: list[dict] = []
     for doc in documents:
         objects.extend(_flatten(doc, source))
@@ -373,8 +374,8 @@ def _flatten(doc: Any, path: str | Path) -> list[dict]:
         return []
     if isinstance(doc, dict) and "kind" not in doc and isinstance(doc.get("serverVersion"), dict):
         return [{**doc, "kind": cluster_versions.VERSION_KIND}]  # `kubectl version -o yaml`: the API server's version
-    if not isinstance(doc, dict) or "kind" not in doc:
-        raise StateError(f"{path}: every document must be a Kubernetes object with a kind, got {json.dumps(doc)[:80]}")
+    if not isinstance(doc, dict) or not isinstance(doc.get("kind"), str):
+        raise StateError(f"{path}: every document must be a Kubernetes object with a kind, got {repr(doc)[:80]}")
     if doc["kind"].endswith("List") and isinstance(doc.get("items"), list):
         return [item for entry in doc["items"] for item in _flatten(entry, path)]
     return [doc]

@@ -1,6 +1,7 @@
 """YAML manifests read with bounds, before anything walks them: a "billion laughs" file, a
-recursive alias, an oversized document or one nested past what a stack holds is refused with its
-line instead of being built. Bundles, runtime snapshots and every file the CLI reads go through it.
+recursive alias, an oversized document or one nested deeper than nesting.MAX_DEPTH is refused with
+its line instead of being built. Bundles, runtime snapshots and every file the CLI reads (jobs,
+cluster state, policy test cases, serve's --config) go through it.
 
 Aliases share one parsed node, but everything after parsing (a schema, a digest, redaction)
 walks the document expanded: a 690-byte bundle once killed the server. So each document is
@@ -8,11 +9,13 @@ composed (aliases still shared), measured, and only then built.
 """
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, TextIO
 
 import yaml
 
 from .. import PolicyError
+from .nesting import MAX_DEPTH, depth_ok
 
 MAX_SOURCE_CHARS = 8 * 1024 * 1024  # one file or object text, before parsing
 MAX_DOCUMENT_CHARS = 2 * 1024 * 1024  # one document (etcd stores at most 1.5 MiB per object)
@@ -39,6 +42,9 @@ def parse_nodes(text: str, what: str = "a manifest") -> list[tuple[Any, yaml.Nod
             node = loader.get_node()
             _check_document(node, what)
             document = loader.construct_document(node)
+            if not depth_ok(document):
+                raise ManifestError(f"not valid YAML for {what}: nested deeper than {MAX_DEPTH} levels",
+                                    node.start_mark.line + 1, node.start_mark.column + 1)
             if document is not None:
                 documents.append((document, node))
     except yaml.YAMLError as exc:
@@ -50,6 +56,15 @@ def parse_nodes(text: str, what: str = "a manifest") -> list[tuple[Any, yaml.Nod
     finally:
         loader.dispose()
     return documents
+
+
+def read_text(source: Path | TextIO) -> str:
+    """The text of a file (or of an open stream such as stdin), but never more than one character
+    past what :func:`parse_nodes` takes, so that a huge file is refused without being read whole."""
+    if isinstance(source, Path):
+        with open(source, encoding="utf-8") as stream:
+            return stream.read(MAX_SOURCE_CHARS + 1)
+    return source.read(MAX_SOURCE_CHARS + 1)
 
 
 def parse_documents(text: str, what: str = "a manifest") -> list[Any]:

@@ -15,33 +15,57 @@ Replacing finds only whole values, so the service's own error texts never echo p
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 REDACTED = "[redacted]"
 OWN_ANNOTATIONS = "trainjob-admission.io/"
 MIN_LENGTH = 8
+MAX_NODES = 50_000  # maps and lists walked per object: policies/decide/limits.py MAX_NODES values in all
 SHOWN_CHARS = 24  # the longest value an error text repeats
 
 
-def echoable_values(*objects: Any) -> list[str]:
+def echoable_values(*objects: Any, max_nodes: int = MAX_NODES) -> list[str]:
     """Every ``env[].value`` and ``annotations`` value (``MIN_LENGTH``+ characters) anywhere in
-    ``objects``, longest first so that a value containing another is replaced whole."""
+    ``objects``, longest first so that a value containing another is replaced whole.
+
+    The walk is bounded by the input: a map or list reached twice (a YAML alias shares one) is
+    walked once, and at most ``max_nodes`` maps and lists of each object are (the engine's input
+    limits, policies/decide/limits.py: an object past them is denied with messages that name
+    fields, never values). A 1 KB "billion laughs" job once held redaction for minutes."""
     found: set[str] = set()
-    stack = [o for o in objects if o]
-    while stack:
+    for obj in objects:
+        if obj:
+            _collect(obj, found, max_nodes)
+    return sorted((v for v in found if len(v) >= MIN_LENGTH), key=len, reverse=True)
+
+
+def _collect(obj: Any, found: set[str], max_nodes: int) -> None:
+    seen: set[int] = set()  # maps and lists walked
+    read: set[int] = set()  # env lists and annotation maps whose values were taken
+    stack = [obj]
+    while stack and len(seen) < max_nodes:
         node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
         if isinstance(node, dict):
             for key, value in node.items():
-                if key == "env" and isinstance(value, list):
-                    found.update(e["value"] for e in value if isinstance(e, dict) and isinstance(e.get("value"), str))
-                elif key == "annotations" and isinstance(value, dict):
-                    found.update(v for k, v in value.items()
-                                 if isinstance(v, str) and not str(k).startswith(OWN_ANNOTATIONS))
+                if key in ("env", "annotations") and id(value) not in read:
+                    read.add(id(value))
+                    found.update(_echoable(key, value))
                 if isinstance(value, (dict, list)):
                     stack.append(value)
         elif isinstance(node, list):
             stack.extend(n for n in node if isinstance(n, (dict, list)))
-    return sorted((v for v in found if len(v) >= MIN_LENGTH), key=len, reverse=True)
+
+
+def _echoable(key: str, value: Any) -> Iterator[str]:
+    """The values of an ``env`` list or an ``annotations`` map (but our own annotations')."""
+    if key == "env" and isinstance(value, list):
+        yield from (e["value"] for e in value if isinstance(e, dict) and isinstance(e.get("value"), str))
+    elif key == "annotations" and isinstance(value, dict):
+        yield from (v for k, v in value.items() if isinstance(v, str) and not str(k).startswith(OWN_ANNOTATIONS))
 
 
 def scrub(text: str, values: list[str]) -> str:

@@ -20,6 +20,7 @@ from .. import PolicyError
 from ..bundle.compile import Bundle
 from ..decide.decision import FAILED, Decision
 from ..decide.engine import AdmissionInput, evaluate
+from ..k8s import manifests
 from ..k8s.clusterstate import ClusterState, StateError, load_objects
 
 FORMAT_DOC = "docs/admin-guide.md#test-cases"
@@ -183,16 +184,18 @@ def load_cases(directory: Path) -> list[tuple[Path, Case]]:
     cases: list[tuple[Path, Case]] = []
     problems: list[str] = []
     for file in files:
-        try:
-            nodes = _documents(file.read_text(encoding="utf-8"))
+        try:  # bounded as every manifest is (policies/k8s/manifests.py): a case's object is a job file
+            nodes = manifests.parse_nodes(manifests.read_text(file), "a policy test case file")
         except OSError as exc:
             problems.append(f"{file}: cannot read: {exc.strerror}")
             continue
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            problems.append(f"{file}:{mark.line + 1 if mark else 1}: not valid YAML: {getattr(exc, 'problem', exc)}")
+        except UnicodeDecodeError as exc:
+            problems.append(f"{file}: cannot read: not UTF-8 text ({exc.reason} at byte {exc.start})")
             continue
-        for number, (node, document) in enumerate(nodes, 1):
+        except manifests.ManifestError as exc:
+            problems.append(f"{file}:{exc.line or 1}: {exc.message}")
+            continue
+        for number, (document, node) in enumerate(nodes, 1):
             try:
                 cases.append((file, Case.model_validate(document)))
             except ValidationError as exc:
@@ -203,21 +206,6 @@ def load_cases(directory: Path) -> list[tuple[Path, Case]]:
     if not cases:
         raise CaseError([f"{directory}: no test cases found (*.yaml)"])
     return cases
-
-
-def _documents(text: str) -> list[tuple[yaml.Node, Any]]:
-    """Each non-empty document with its node, whose marks give the line of a field."""
-    loader = yaml.SafeLoader(text)
-    try:
-        out = []
-        while loader.check_node():
-            node = loader.get_node()
-            document = loader.construct_document(node)
-            if document is not None:
-                out.append((node, document))
-        return out
-    finally:
-        loader.dispose()
 
 
 def _problem(number: int, node: yaml.Node, document: Any, err: Any) -> tuple[int, str]:

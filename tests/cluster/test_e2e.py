@@ -270,9 +270,9 @@ def test_apply_admits_mutates_and_injects_what_trainer_uses(e2e):
 DENIED = {
     # 9 nodes x 4 GPUs = 36 GPUs against a quota of 32
     "over-quota": (lambda ns: trainjob("over-quota", ns, nodes=9, gpus=4),
-                   [f"quota \"compute\" in {{ns}} allows {QUOTA_GPUS}", "36", "reduce spec.trainer.numNodes"]),
+                   [f"quota \"compute\" in {{ns}} allows {QUOTA_GPUS}", "36", "set spec.trainer.numNodes to"]),
     "too-many-gpus": (lambda ns: trainjob("too-many-gpus", ns, nodes=1, gpus=9),
-                      ["requests 9 nvidia.com/gpu; the limit is 8 per worker", "to 8 or less"]),
+                      ["requests 9 nvidia.com/gpu; the limit is 8 per node", "to 8 or less"]),
     "privileged": (lambda ns: trainjob("privileged", ns, nodes=2, gpus=0, runtime="mpi-privileged"),
                    ['violates Pod Security "baseline"', "privileged is true", ": remove privileged: true"]),
 }
@@ -410,8 +410,8 @@ def test_sdk_train_is_admitted_and_injected(e2e):
 
 
 SDK_DENIED = {
-    "over-quota": (dict(nodes=9, gpus=4), (), [f"allows {QUOTA_GPUS}", "36", "reduce spec.trainer.numNodes"]),
-    "too-many-gpus": (dict(nodes=1, gpus=9), (), ["requests 9 nvidia.com/gpu; the limit is 8 per worker"]),
+    "over-quota": (dict(nodes=9, gpus=4), (), [f"allows {QUOTA_GPUS}", "36", "set spec.trainer.numNodes to"]),
+    "too-many-gpus": (dict(nodes=1, gpus=9), (), ["requests 9 nvidia.com/gpu; the limit is 8 per node"]),
     "privileged": (dict(nodes=2, gpus=0), "privileged", ['violates Pod Security "baseline"', "privileged is true"]),
 }
 
@@ -499,7 +499,7 @@ def test_fifty_concurrent_submissions_all_decided_and_logged(e2e):
     ns, run = e2e.bulk_ns, uuid.uuid4().hex[:4]
     jobs = {}
     for i in range(50):
-        bad = i % 5 == 0  # 10 of 50: 9 GPUs per worker
+        bad = i % 5 == 0  # 10 of 50: 9 GPUs per node
         jobs[f"burst-{run}-{i:02d}"] = trainjob(f"burst-{run}-{i:02d}", ns, nodes=2, gpus=9 if bad else 1,
                                                 suspend=True)
 
@@ -518,7 +518,7 @@ def test_fifty_concurrent_submissions_all_decided_and_logged(e2e):
     wrong = {}
     for name, (outcome, body) in results.items():
         want = "denied" if jobs[name]["spec"]["trainer"]["resourcesPerNode"]["limits"][GPU] == "9" else "allowed"
-        if outcome != want or (want == "denied" and "the limit is 8 per worker" not in body):
+        if outcome != want or (want == "denied" and "the limit is 8 per node" not in body):
             wrong[name] = json.loads(body)["message"][-300:] if body.startswith("{") else body[-300:]
     assert not wrong, f"{len(wrong)} of 50 not decided as expected in {elapsed:.1f} s: {json.dumps(wrong, indent=1)}"
     print(f"\n50 concurrent submissions decided in {elapsed:.1f} s")

@@ -22,7 +22,8 @@ from tests.support import objects
 from trainjob_admission.webhook.admission.config import ServerConfig
 from trainjob_admission.webhook.admission.server import WebhookServer
 from trainjob_admission.webhook.decisionlog import DecisionLog
-from trainjob_admission.webhook.inject.injector import Injector
+from trainjob_admission.webhook.inject import injector
+from trainjob_admission.webhook.inject.injector import Injector, age
 from trainjob_admission.webhook.inject.keys import fingerprint, generate
 from trainjob_admission.webhook.inject.provenance import ANNOTATION, Provenance
 from trainjob_admission.webhook.inject.reconciler import Reconciler
@@ -215,7 +216,8 @@ def test_injected_objects_are_used_by_trainer_owned_by_the_job_and_collected(
     # webhook refuses it (storage would too) and the running job's keys survive.
     again = create(kubectl, trainjob("resnet", ns), check=False)
     assert again.returncode != 0 and f"Secret {ns}/resnet-mpi-ssh-auth already exists and belongs to TrainJob " \
-        f"resnet (uid {uid}): rename the job, or delete TrainJob resnet first" in again.stderr, again.stderr
+        f"resnet (uid {uid})" in again.stderr and "rename the job, or delete TrainJob resnet first" in again.stderr, \
+        again.stderr
     assert get_json("secret", "resnet-mpi-ssh-auth", "-n", ns)["data"] == secret["data"]
     record = [r for r in harness.records() if r["endpoint"] == "validate" and r["name"] == "resnet"][-1]
     assert {i["status"] for i in record["injections"]} == {"refused"}, record["injections"]
@@ -250,6 +252,33 @@ def test_injected_objects_are_used_by_trainer_owned_by_the_job_and_collected(
     kubectl("delete", "trainjob", "resnet", "-n", ns, "--wait=true", "--timeout=60s", timeout=90)
     for kind, name in (("secret", "resnet-mpi-ssh-auth"), ("networkpolicy", "resnet-mpi-isolation")):
         wait_for(f"{kind} {name} garbage-collected", lambda: not exists(kubectl, kind, name, ns), 90)
+
+
+def test_an_owner_reference_that_only_names_the_job_is_replaced_by_the_jobs(webhook, namespace, kubectl, get_json,
+                                                                             wait_for, api, monkeypatch):
+    """Issue 30: the reconciler took any ownerReference of the job's kind and name for the job's.
+    One naming a look-alike (another API group: the garbage collector cannot resolve it, so it
+    never deletes the object for it) made it skip the object for good, and the object outlived its
+    job. Now owned means by the job's uid: the reconciler puts the job's reference in its place."""
+    ns = namespace
+    monkeypatch.setattr(kube_watch, "WATCH_SECONDS", 1)
+    webhook(Reconciler(api, PROVENANCE, grace_seconds=3600, interval=3600, namespace=ns))
+    time.sleep(3)
+    create(kubectl, trainjob("lookalike", ns))
+    uid = get_json("trainjob", "lookalike", "-n", ns)["metadata"]["uid"]
+    name = "lookalike-mpi-isolation"
+    wait_for("the NetworkPolicy owned by the TrainJob", lambda: owned_by(get_json("networkpolicy", name, "-n", ns), uid),
+             30)
+    impostor = {"apiVersion": "example.com/v1", "kind": "TrainJob", "name": "lookalike",
+                "uid": "00000000-0000-0000-0000-000000000001", "controller": True}
+    kubectl("patch", "networkpolicy", name, "-n", ns, "--type=json", "-p", json.dumps([
+        {"op": "replace", "path": "/metadata/ownerReferences", "value": [impostor]}]))
+    wait_for("the job's ownerReference back in place of the look-alike", lambda: (lambda refs: (
+        [r["uid"] for r in refs] == [uid] and refs[0]["controller"]))(
+        get_json("networkpolicy", name, "-n", ns)["metadata"].get("ownerReferences") or []), 30)
+    kubectl("delete", "trainjob", "lookalike", "-n", ns, "--wait=true", "--timeout=60s", timeout=90)
+    wait_for("the NetworkPolicy garbage-collected with its job", lambda: not exists(kubectl, "networkpolicy", name, ns),
+             90)
 
 
 def ssh_secret(name: str, ns: str, pair, **metadata) -> dict:
@@ -353,7 +382,7 @@ def test_the_running_reconciler_deletes_orphans_when_their_grace_period_ends(web
 
 
 def test_orphans_of_refused_jobs_go_after_grace_and_a_resubmission_replaces_them(
-        webhook, namespace, kubectl, get_json, api):
+        webhook, namespace, kubectl, get_json, api, monkeypatch):
     ns = namespace
     harness = webhook()
     # The ResourceQuota admission runs after the webhooks: it refuses jobs our webhook admitted,
@@ -375,9 +404,18 @@ def test_orphans_of_refused_jobs_go_after_grace_and_a_resubmission_replaces_them
     assert exists(kubectl, "secret", "young-mpi-ssh-auth", ns)
     assert exists(kubectl, "networkpolicy", "young-mpi-isolation", ns)
 
-    # Resubmitted once the quota allows it: our leftover is replaced with fresh keys, then adopted.
-    young_fp = secret_fingerprint(get_json("secret", "young-mpi-ssh-auth", "-n", ns))
+    # Resubmitted at once: the leftover might be a create of that name still being admitted
+    # (issue 30, defect 2), so it stays and the submitter is told when to retry.
+    in_flight = 10.0  # the API server's 60 s request timeout, shortened for the test
+    monkeypatch.setattr(injector, "IN_FLIGHT_SECONDS", in_flight)
+    leftover = get_json("secret", "young-mpi-ssh-auth", "-n", ns)
+    young_fp = secret_fingerprint(leftover)
     kubectl("delete", "quota", "no-trainjobs", "-n", ns)
+    early = create(kubectl, trainjob("young", ns), check=False)
+    assert early.returncode != 0 and "still being admitted" in early.stderr and "retry in" in early.stderr, early.stderr
+    assert secret_fingerprint(get_json("secret", "young-mpi-ssh-auth", "-n", ns)) == young_fp
+    # Once no create of that name can still be running: the leftover is replaced with fresh keys, then adopted.
+    time.sleep(max(0.0, in_flight - age(leftover["metadata"])) + 1)
     create(kubectl, trainjob("young", ns))
     young = get_json("trainjob", "young", "-n", ns)["metadata"]
     uid = young["uid"]

@@ -162,10 +162,14 @@ def test_base_deployment_is_restricted_and_highly_available(base):
     netpol = find(base, "NetworkPolicy", "trainjob-admission")["spec"]
     assert netpol["podSelector"] == dep["spec"]["selector"]
     # 8443 (what creates objects) only from where the API server calls: a placeholder matching no real
-    # address until the overlay names it (docs/deploy.md); 8444 (probes, metrics) from anywhere
+    # address until the overlay names it (docs/deploy.md); 8444 (probes, metrics) only from Prometheus
+    # (the kubelet's probes come from the pod's own node, which NetworkPolicy always admits)
     assert netpol["ingress"] == [{"from": [{"ipBlock": {"cidr": "192.0.2.0/24"}}],
                                   "ports": [{"port": 8443, "protocol": "TCP"}]},
-                                 {"ports": [{"port": 8444, "protocol": "TCP"}]}]
+                                 {"from": [{"namespaceSelector": {"matchLabels": {
+                                     "kubernetes.io/metadata.name": "monitoring"}},
+                                     "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}],
+                                  "ports": [{"port": 8444, "protocol": "TCP"}]}]
 
 
 def test_base_webhooks(base):
@@ -362,6 +366,9 @@ def test_openshift_overlay():
     # the kube-apiserver calls from the control-plane nodes' host network: OVN-Kubernetes' policy group
     assert netpol["ingress"][0] == {"from": [{"namespaceSelector": {"matchLabels": {
         "policy-group.network.openshift.io/host-network": ""}}}], "ports": [{"port": 8443, "protocol": "TCP"}]}
+    # the probe port from OpenShift's monitoring stacks (platform and user workload) only
+    assert netpol["ingress"][1] == {"from": [{"namespaceSelector": {"matchLabels": {
+        "network.openshift.io/policy-group": "monitoring"}}}], "ports": [{"port": 8444, "protocol": "TCP"}]}
 
 
 def test_component_client_auth_requires_the_api_servers_certificate(tmp_path):
@@ -581,6 +588,15 @@ def test_people_roles(installed, kubectl, user_a_kubeconfig):
     assert not can_i(kubectl, "create", exceptions, "-n", "team-a", f"--as={SA}")  # the service only reads them
 
 
+def template_spec(job: str, restricted: bool = False) -> dict:
+    """The spec the bundle's NetworkPolicy template gives job ``job`` (policies/decide/injections.py)."""
+    pods = {"matchLabels": {"jobset.sigs.k8s.io/jobset-name": job}}
+    rule: dict = {"from": [{"podSelector": pods}]}
+    if restricted:
+        rule["ports"] = [{"protocol": "TCP", "port": 2222}, {"protocol": "TCP", "port": 30000, "endPort": 30100}]
+    return {"podSelector": pods, "policyTypes": ["Ingress"], "ingress": [rule]}
+
+
 def test_guard_lets_the_service_account_write_only_managed_objects(installed, kubectl, namespace, wait_for):
     def obj(kind: str, name: str, managed: bool, secret_type: str = "kubernetes.io/ssh-auth") -> dict:
         meta = {"name": name, "namespace": namespace, "labels": dict([MANAGED_BY]) if managed else {"app": "other"}}
@@ -588,7 +604,7 @@ def test_guard_lets_the_service_account_write_only_managed_objects(installed, ku
             return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": secret_type,
                     "stringData": {"ssh-privatekey": "k"}}
         return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta,
-                "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}}
+                "spec": template_spec(name.removesuffix("-mpi-isolation"))}
 
     def as_sa(*args: str, body: dict | None = None):
         return kubectl(*args, f"--as={SA}", "-n", namespace, input=json.dumps(body) if body else None, check=False)
@@ -651,6 +667,113 @@ def test_guard_lets_the_service_account_write_only_its_own_leases(installed, kub
     assert p.returncode == 0, f"the service account could not create its reservation ledger: {p.stderr}"
     # anybody else is not matched by the policy at all
     assert kubectl("create", "-f", "-", "-n", namespace, input=json.dumps(lease("other"))).returncode == 0
+
+
+def test_guard_lets_the_service_account_write_only_the_templates_network_policy(installed, kubectl, namespace,
+                                                                                wait_for):
+    """Issue 30: the guard fixed a NetworkPolicy's name and label, not its spec, so a stolen token
+    could create `x-mpi-isolation` admitting everyone, or rewrite a job's. Now only the template's
+    shape is admitted: the job's own pods, reached only from themselves."""
+    def policy(name: str, spec: dict) -> dict:
+        return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                "metadata": {"name": name, "namespace": namespace, "labels": dict([MANAGED_BY])}, "spec": spec}
+
+    def as_sa(*args: str, body: dict | None = None):
+        return kubectl(*args, f"--as={SA}", "-n", namespace, input=json.dumps(body) if body else None, check=False)
+
+    kubectl("create", "rolebinding", "trainjob-admission-injector", "-n", namespace,
+            "--clusterrole=trainjob-admission-injector", f"--serviceaccount={NS}:trainjob-admission")
+    everyone = {"podSelector": {}, "policyTypes": ["Ingress"], "ingress": [{}]}
+    wait_for("the guard to refuse an allow-all NetworkPolicy", lambda: "trainjob-admission may only" in as_sa(
+        "create", "--dry-run=server", "-f", "-", body=policy("probe-mpi-isolation", everyone)).stderr, timeout=60)
+    spec = template_spec("job-a")
+    kubectl("create", "-f", "-", input=json.dumps(policy("job-a-mpi-isolation", spec)))  # as if injected
+    other_job = template_spec("job-b")
+    denied = {
+        "create one admitting everyone": policy("x-mpi-isolation", everyone),
+        "create one selecting every pod": policy("x-mpi-isolation", {**template_spec("x"), "podSelector": {}}),
+        "create one admitting every pod of the namespace": policy("x-mpi-isolation", {
+            **template_spec("x"), "ingress": [{"from": [{"podSelector": {}}]}]}),
+        "create one admitting other namespaces": policy("x-mpi-isolation", {
+            **template_spec("x"), "ingress": [{"from": [{"namespaceSelector": {}}]}]}),
+        "create one admitting an address block": policy("x-mpi-isolation", {
+            **template_spec("x"), "ingress": [{"from": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]}]}),
+        "create one with a second rule": policy("x-mpi-isolation", {
+            **template_spec("x"), "ingress": template_spec("x")["ingress"] + [{}]}),
+        "create one with egress": policy("x-mpi-isolation", {
+            **template_spec("x"), "policyTypes": ["Ingress", "Egress"], "egress": [{}]}),
+        "create one for another job's pods": policy("x-mpi-isolation", other_job),
+    }
+    for what, body in denied.items():
+        p = as_sa("create", "-f", "-", body=body)
+        assert p.returncode != 0, f"the service account could {what}"
+        assert "trainjob-admission may only" in p.stderr and "ValidatingAdmissionPolicy" in p.stderr, (what, p.stderr)
+    rewrite = as_sa("patch", "networkpolicy", "job-a-mpi-isolation", "--type=merge", "-p",
+                    json.dumps({"spec": {"ingress": [{}]}}))
+    assert rewrite.returncode != 0 and "trainjob-admission may only" in rewrite.stderr, rewrite.stderr
+    allowed = {
+        "create the default template's": as_sa("create", "-f", "-", body=policy("y-mpi-isolation", template_spec("y"))),
+        "create the restricted template's": as_sa("create", "-f", "-", body=policy(
+            "z-mpi-isolation", template_spec("z", restricted=True))),
+        "create one for a v2beta1 MPIJob": as_sa("create", "-f", "-", body=policy("m-mpi-isolation", {
+            **template_spec("m"), "podSelector": {"matchLabels": {"training.kubeflow.org/job-name": "m"}},
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"training.kubeflow.org/job-name": "m"}}}]}]})),
+        "adopt its own (an ownerReference)": as_sa("patch", "networkpolicy", "job-a-mpi-isolation", "--type=merge",
+                                                   "-p", json.dumps({"metadata": {"annotations": {"a": "b"}}})),
+        "delete its own": as_sa("delete", "networkpolicy", "job-a-mpi-isolation"),
+    }
+    for what, p in allowed.items():
+        assert p.returncode == 0, f"the service account could not {what}: {p.stderr}"
+
+
+def test_guard_lets_each_replica_write_only_its_own_checkpoint_lease(installed, kubectl, get_json, wait_for,
+                                                                     tmp_path):
+    """Issue 30: the checkpoint Role lets the service account patch every replica's Lease. With
+    the token of a replica's pod (bound to it, as the kubelet mounts it) only that pod's Lease can
+    be written; a token bound to no pod writes none."""
+    wait_for("the Deployment's pods", lambda: len(get_json("pods", "-n", NS, "-l",
+                                                           "app.kubernetes.io/name=trainjob-admission")["items"]) == 2,
+             timeout=120)
+    a, b = get_json("pods", "-n", NS, "-l", "app.kubernetes.io/name=trainjob-admission")["items"]
+
+    def as_token(token: str, *args: str, body: dict | None = None):
+        config = tmp_path / f"token-{abs(hash(token))}.kubeconfig"
+        admin = yaml.safe_load(cluster.ADMIN_KUBECONFIG.read_text())
+        config.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "clusters": admin["clusters"],
+            "users": [{"name": "sa", "user": {"token": token}}],
+            "contexts": [{"name": "sa", "context": {"cluster": admin["clusters"][0]["name"], "user": "sa"}}],
+            "current-context": "sa"}))
+        return kubectl(*args, "-n", NS, kubeconfig=config, input=json.dumps(body) if body else None, check=False)
+
+    def token(pod: dict | None) -> str:
+        bound = ["--bound-object-kind", "Pod", "--bound-object-name", pod["metadata"]["name"],
+                 "--bound-object-uid", pod["metadata"]["uid"]] if pod else []
+        return kubectl("create", "token", "trainjob-admission", "-n", NS, *bound).stdout.strip()
+
+    def lease(pod: dict) -> dict:
+        name = pod["metadata"]["name"]
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": f"trainjob-admission-checkpoint-{name}", "namespace": NS},
+                "spec": {"holderIdentity": name}}
+
+    of_a, unbound = token(a), token(None)
+    own = as_token(of_a, "create", "--dry-run=server", "-f", "-", body=lease(a))
+    assert own.returncode == 0, own.stderr
+    refused = {
+        "another replica's": as_token(of_a, "create", "--dry-run=server", "-f", "-", body=lease(b)),
+        "its own name holding another": as_token(of_a, "create", "--dry-run=server", "-f", "-", body={
+            **lease(a), "spec": {"holderIdentity": b["metadata"]["name"]}}),
+        "any, with a token bound to no pod": as_token(unbound, "create", "--dry-run=server", "-f", "-", body=lease(a)),
+    }
+    for what, p in refused.items():
+        assert p.returncode != 0 and "trainjob-admission may only write the checkpoint Lease" in p.stderr, (what, p.stderr)
+    # and an existing Lease of another replica cannot be patched (what the Role's patch would allow)
+    kubectl("apply", "-f", "-", input=json.dumps(lease(b)))
+    patch = as_token(of_a, "patch", "lease", lease(b)["metadata"]["name"], "--type=merge", "-p",
+                     json.dumps({"metadata": {"annotations": {"forged": "yes"}}}))
+    assert patch.returncode != 0 and "trainjob-admission may only write the checkpoint Lease" in patch.stderr, patch.stderr
+    kubectl("delete", "lease", lease(b)["metadata"]["name"], "-n", NS, "--ignore-not-found")
 
 
 def test_guard_lets_the_service_account_create_only_deadline_events(installed, kubectl, namespace, wait_for):

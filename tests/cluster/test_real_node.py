@@ -36,6 +36,7 @@ pytestmark = pytest.mark.cluster
 LABEL = "trainjob-admission.io/real-node-test"
 RUNTIME = "openmpi-real-node"
 SSH_PORT = 2222
+PROBE_PORT = 8444  # the service's /healthz, /readyz and /metrics
 
 
 def kc(*args, kubeconfig=None, input=None, timeout=120):
@@ -184,15 +185,16 @@ def test_another_key_fails_to_connect(team, wait_for):
     assert "Permission denied (publickey" in log, log  # ssh refused the key, not a name or a route
 
 
-def probe(ns: str, node: dict, name: str, target: str) -> bool:
-    """A pod outside the job tries the worker's sshd port; True when the TCP connection opened."""
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+def probe(ns: str, node: dict, name: str, target: str, port: int = SSH_PORT, labels: dict | None = None) -> bool:
+    """A pod (outside the job) tries ``target``'s ``port`` (a worker's sshd); True when the TCP
+    connection opened."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns, "labels": labels or {}},
            "spec": {"restartPolicy": "Never", **copy.deepcopy(node["placement"]),
                     "securityContext": {"runAsUser": 1000, "runAsNonRoot": True,
                                         "seccompProfile": {"type": "RuntimeDefault"}},
                     "containers": [{"name": "probe", "image": node["images"]["openmpi"],
                                     "imagePullPolicy": "IfNotPresent",
-                                    "command": ["timeout", "5", "bash", "-c", f"exec 3<>/dev/tcp/{target}/{SSH_PORT}"],
+                                    "command": ["timeout", "5", "bash", "-c", f"exec 3<>/dev/tcp/{target}/{port}"],
                                     "securityContext": {"allowPrivilegeEscalation": False,
                                                         "capabilities": {"drop": ["ALL"]}}}]}}
     kc("delete", "pod", name, "-n", ns, "--ignore-not-found", "--wait=true")
@@ -282,9 +284,24 @@ def test_service_deployed_with_the_manifests_decides_on_the_real_node(node, poli
                               "/var/log/trainjob-admission/decisions.jsonl").stdout for pod in pods)
             for job in ("fits", "too-many-gpus"):  # each decision is in one replica's log
                 assert re.search(rf'"name":\s*"{job}"', logs), logs[-2000:]
+            probe_port_only_for_prometheus(ns, node, pods[0]["status"]["podIP"], run)
             rolling_restart_loses_no_admission(ns, wait_for, tmp_path_factory.mktemp("replica-logs"))
     finally:
         kc("delete", "namespace", ns, "--wait=false")
+        kc("delete", "namespace", "monitoring", "-l", f"{TEST_LABEL}={run}", "--wait=false")
+
+
+def probe_port_only_for_prometheus(tenant: str, node: dict, service_ip: str, run: str) -> None:
+    """Issue 30: 8444 (health, metrics, no client certificate) admits Prometheus' pods (base: the
+    namespace monitoring, app.kubernetes.io/name=prometheus) and no tenant's; the kubelet's probes
+    (the replicas became ready) need no rule."""
+    assert not probe(tenant, node, "probe-port-tenant", service_ip, PROBE_PORT), "a tenant's pod reached 8444"
+    if kc("get", "namespace", "monitoring").returncode != 0:
+        cluster.apply_objects([{"apiVersion": "v1", "kind": "Namespace",
+                                "metadata": {"name": "monitoring", "labels": {TEST_LABEL: run}}}])
+    assert probe("monitoring", node, f"probe-port-{run}", service_ip, PROBE_PORT,
+                 {"app.kubernetes.io/name": "prometheus"}), "Prometheus' pod could not reach 8444"
+    kc("delete", "pod", f"probe-port-{run}", "-n", "monitoring", "--wait=false")
 
 
 class ReplicaLogs:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import http.client
 import json
 import ssl
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jsonpatch
 import kubernetes.client
 import pytest
 import trustme
@@ -19,6 +21,7 @@ import yaml
 
 from tests.support.memoryapi import MemoryApi
 from trainjob_admission.policies.capacity.reservations import Reservations
+from trainjob_admission.webhook.admission.access import SubjectAccessReviews
 from trainjob_admission.webhook.admission.config import ServerConfig
 from trainjob_admission.webhook.admission.ledger import CALL_TIMEOUT, Ledger
 from trainjob_admission.webhook.admission.server import WebhookServer
@@ -87,6 +90,24 @@ def decode_patch(response: dict) -> list[dict]:
     return json.loads(base64.b64decode(response["patch"])) if response.get("patch") else []
 
 
+def mutated(running: Running, obj: dict, **request) -> tuple[dict, dict]:
+    """(the /mutate response, the object with its patch applied, as the API server stores it)."""
+    response = running.review(obj, "mutate", **request)
+    return response, jsonpatch.apply_patch(obj, decode_patch(response))
+
+
+def record_of(running: Running, response: dict) -> dict:
+    """The decision record of an AdmissionReview response."""
+    return next(r for r in running.records() if r["id"] == response["auditAnnotations"]["decision-id"])
+
+
+def stored(obj: dict) -> dict:
+    """The object as /validate sees it on CREATE: the API server has given it a uid by then."""
+    obj = copy.deepcopy(obj)
+    obj["metadata"]["uid"] = new_uid()
+    return obj
+
+
 def serving_cert(cert_dir: Path) -> trustme.CA:
     """A throwaway CA and a serving certificate for localhost/127.0.0.1 (and the in-cluster
     Service name) written as cert_dir/tls.crt and tls.key, the layout `serve --cert-dir` reads."""
@@ -99,8 +120,9 @@ def serving_cert(cert_dir: Path) -> trustme.CA:
 
 
 def start_server(tmp_path: Path, bundle_specs: list[str] | None = None, reload_interval: float = 0.2,
-                 **fields: Any) -> tuple[Running, threading.Thread]:
-    """fields: further ServerConfig fields (client_ca_file, probe_port, ...)."""
+                 access: SubjectAccessReviews | None = None, **fields: Any) -> tuple[Running, threading.Thread]:
+    """fields: further ServerConfig fields (client_ca_file, probe_port, ...); ``access``: how the
+    CEL authorizer's checks are answered (none: they fail, as offline)."""
     cert_dir = tmp_path / "tls"
     ca = serving_cert(cert_dir)
     log_path = tmp_path / "decisions.jsonl"
@@ -108,7 +130,7 @@ def start_server(tmp_path: Path, bundle_specs: list[str] | None = None, reload_i
                           bundle_specs=bundle_specs or ["builtin:default"], decision_log=log_path,
                           reload_interval=reload_interval, **fields)
     loop = asyncio.new_event_loop()
-    server = WebhookServer(config, sample_state())  # its own log: the default fsync interval, stdout copy
+    server = WebhookServer(config, sample_state(), access=access)  # its own log: the default fsync interval, stdout copy
     ready = threading.Event()
     holder: dict[str, int] = {}
 

@@ -8,6 +8,16 @@
   TLS, keeps the last good bundle, answers no 5xx without a logged decision, logs every answer
   it gives in a record of bounded size, denies every deny-worthy job, and the decision log
   verifies afterwards;
+- meanwhile (issue 30) floods of held connections, 1,800 on the probe port that each send one
+  request and then trickle the next one's headers, and 1,800 handshakes without the client
+  certificate on the admission port, with the process's RSS sampled (printed, bounded), and deep
+  and over-long lines in the decision log, before the start and during the run: start-up
+  recovery goes on, `verify` reports exactly those lines as malformed and every record intact,
+  and a server restarted on that log continues its chain;
+- (issue 30) same-name submissions in flight at once: pairs of CREATEs of one job name sent
+  through two replicas that share the Kubernetes API (the in-memory stand-in), /mutate and
+  /validate of both interleaved, one of the two often deny-worthy: every answer given, no job
+  admitted without its own Secret and NetworkPolicy, never two admitted, nothing left of a refused one;
 - a certificate renewed (``certs.issue.renew``) while several clients keep sending requests:
   no request fails and new connections get the new certificate.
 
@@ -20,14 +30,16 @@ import copy
 import http.client
 import json
 import multiprocessing
+import os
 import random
+import shutil
 import socket
 import ssl
 import tempfile
 import threading
 import time
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -38,12 +50,14 @@ from cryptography import x509
 from trainjob_admission.certs.issue import issue, renew
 from trainjob_admission.webhook.admission import server as server_module
 from trainjob_admission.webhook.cli.demo import admission_review
-from trainjob_admission.webhook.decisionlog import verify
+from trainjob_admission.webhook.decisionlog import query, verify
+from trainjob_admission.webhook.decisionlog.lines import MAX_LINE_BYTES
 
+from tests.support.flood import flood, rss_bytes
 from tests.support.net import served_serial
 from tests.support.objects import example_job
 
-from .conftest import Running, start_server, stop_server
+from .conftest import Running, mutated, start_server, stop_server, stored
 
 pytestmark = pytest.mark.server
 
@@ -352,10 +366,17 @@ YAML_BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n" for i in range(9))
 
 
+# What an attacker who can write the log file puts in it: nested past any parser's stack, longer
+# than any record, not JSON at all.
+HOSTILE_LINES = [b'{"a":' + b"[" * 100_000, b'{"x":"' + b"y" * (MAX_LINE_BYTES + 10) + b'"}', b"{not json"]
+
+
 @pytest.fixture
 def hostile_server(tmp_path: Path):
     """The server as deployed for hostile traffic: the API server's client CA required, the
-    default bundle plus an admin bundle whose regex rule reads the submitter's name."""
+    default bundle plus an admin bundle whose regex rule reads the submitter's name; its decision
+    log starts with HOSTILE_LINES (the start-up recovery reads them)."""
+    (tmp_path / "decisions.jsonl").write_bytes(b"\n".join(HOSTILE_LINES) + b"\n")
     client_ca = trustme.CA()
     client_ca.cert_pem.write_to_path(str(tmp_path / "client-ca.crt"))
     rules = tmp_path / "admin-regex.yaml"
@@ -376,20 +397,48 @@ def _decision_id(answer: Answer) -> str | None:
     return (response.get("auditAnnotations") or {}).get("decision-id") or body.get("decisionId")
 
 
+def held_connections(port: int, ca_pem: str, hold_seconds: float) -> str:
+    """A flood of held connections (tests/support/flood.py) from a process of its own, so that the
+    server's process holds none of its memory."""
+    return str(flood(port, ssl.create_default_context(cadata=ca_pem), connections=1800, addresses=16,
+                     hold_seconds=hold_seconds).result())
+
+
+def append_line(path: Path, line: bytes) -> None:
+    """A line written into the log file by someone else than the service (O_APPEND, one write)."""
+    with open(path, "ab") as f:
+        f.write(line + b"\n")
+
+
 def test_ten_thousand_hostile_payloads(hostile_server: Running):
     webhook_server = hostile_server
     started = time.monotonic()
     chunks = [list(range(start, min(start + 250, CASES))) for start in range(0, CASES, 250)]
     ca_pem = webhook_server.ca.cert_pem.bytes().decode()
-    # Halfway through, someone replaces the admin bundle with a YAML bomb: rejected, the last good kept.
+    # Halfway through, someone replaces the admin bundle with a YAML bomb: rejected, the last good kept;
+    # and writes a line nested 100,000 levels deep into the decision log.
     bomb = threading.Timer(3.0, webhook_server.rules_file.write_text, [YAML_BOMB])
-    bomb.start()
-    with ProcessPoolExecutor(CLIENTS, mp_context=multiprocessing.get_context("spawn")) as pool:
+    deep = threading.Timer(4.0, append_line, [webhook_server.log_path, HOSTILE_LINES[0]])
+    rss = RssSampler()
+    for timer in (bomb, deep, rss):
+        timer.start()
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(CLIENTS, mp_context=spawn) as pool, ProcessPoolExecutor(2, mp_context=spawn) as floods:
+        held = [floods.submit(held_connections, webhook_server.server.probe_port, ca_pem, 20),
+                floods.submit(held_connections, webhook_server.port, ca_pem, 20)]  # no client certificate
         n = len(chunks)
         answers = [a for chunk in pool.map(send_cases, [webhook_server.port] * n, [ca_pem] * n,
                                            [webhook_server.client_pem] * n, chunks) for a in chunk]
-    bomb.join()
+        floods_seen = [f.result(timeout=300) for f in held]
+    for timer in (bomb, deep):
+        timer.join()
     elapsed = time.monotonic() - started
+    peak = rss.stop()
+    print(f"\nheld-connection floods during the run: probe port: {floods_seen[0]}; admission port without a client "
+          f"certificate: {floods_seen[1]}; this process's RSS (the server's, in-process): {rss.first / 2**20:.0f} MiB "
+          f"at the start, peak {peak / 2**20:.0f} MiB")
+    assert "0 first requests answered" in floods_seen[1], "a caller without the client certificate was answered"
+    assert peak - rss.first < 256 * 2**20, "the floods took the server's memory past its bounds"
     assert str(webhook_server.rules_file) in webhook_server.server.registry.errors, "the bomb was never read"
     assert "admin-regex" in {b.name for b in webhook_server.server.registry.active}, "the last good bundle is gone"
     assert _forged(webhook_server.port, ca_pem, replace(hostile_case(0), forged=True)).status is None, \
@@ -405,7 +454,7 @@ def test_ten_thousand_hostile_payloads(hostile_server: Running):
     statuses = Counter(a.status for a in answers)
     print(f"\n{CASES} hostile payloads in {elapsed:.1f}s with {CLIENTS} client processes; kinds {dict(kinds)}; "
           f"statuses {dict(statuses)}")
-    records = {r["id"]: r for r in webhook_server.records()}
+    records = {r["id"]: r for r in query([webhook_server.log_path])}  # the hostile lines are no records
 
     # Forged callers were refused at TLS: no answer, no record.
     assert kinds["forged-caller"] > 10 and all(a.status is None for a in answers if a.case.forged)
@@ -421,26 +470,27 @@ def test_ten_thousand_hostile_payloads(hostile_server: Running):
         if a.case.forged:
             continue  # refused at TLS: checked above
         if a.case.oversize:
-            assert a.status in (413, None), where
-            if a.status == 413:  # refused before parsing, and still logged
+            assert a.status in (413, 429, None), where
+            if a.status is not None:  # refused before parsing (or unread), and still logged
                 assert _decision_id(a) in records, f"not in the decision log: {where}"
         elif a.case.kind == "other-route":
             assert a.status in (404, 405), where
         else:
             # Every review endpoint answer carries a decision id that is in the log; 429: refused
-            # unread while maximum-size bodies filled the in-flight bound (webhook/admission/inflight.py).
-            assert a.status in (200, 400) or (a.status == 429 and a.case.kind.startswith("huge")), where
+            # unread while maximum-size bodies filled the in-flight bound (webhook/admission/inflight.py);
+            # 408: a body of megabytes not received within its time while floods and clients saturate the CPUs.
+            assert a.status in (200, 400) or (a.status in (408, 429) and a.case.kind.startswith("huge")), where
             decision_id = _decision_id(a)
             assert decision_id in records, f"not in the decision log: {where}"
             if a.status == 200 and a.case.uid:
                 assert a.body["response"]["uid"] == a.case.uid, where
-        if a.case.deny and a.status != 429:
+        if a.case.deny and a.status not in (408, 429):  # those are refusals too (failurePolicy Fail)
             assert a.status == 200 and a.body["response"]["allowed"] is False, f"deny-worthy job admitted: {where}"
             assert records[_decision_id(a)]["decision"] == "deny", where
         if a.case.allow:
             assert a.status == 200 and a.body["response"]["allowed"] is True, f"clean job refused: {where}"
     # One record per answered review, none extra, none twice.
-    answered = [_decision_id(a) for a in answers if a.status in (200, 400, 413, 429) and a.case.kind != "other-route"
+    answered = [_decision_id(a) for a in answers if a.status in (200, 400, 408, 413, 429) and a.case.kind != "other-route"
                 and not a.case.forged]
     assert len(answered) == len(set(answered)) == len(records)
     assert kinds["deny-worthy"] > 2000 and kinds["allowed"] > 400 and kinds["huge-user"] > 10 and kinds["redos"] > 20
@@ -449,8 +499,45 @@ def test_ten_thousand_hostile_payloads(hostile_server: Running):
     # Records stay small whatever the request held (a forged identity could rotate the log away).
     huge_users = [records[_decision_id(a)] for a in answers if a.case.kind == "huge-user" and a.status == 200]
     assert huge_users and all(len(json.dumps(r)) < 16_384 and r["user"].endswith(" chars]") for r in huge_users)
+    # Every record intact; the only problems are the hostile lines, each reported where it is.
     report = verify([webhook_server.log_path])
-    assert report.ok and report.records == len(records), str(report)
+    assert report.records == len(records), str(report)
+    assert [(p.kind, p.line) for p in report.failures[:3]] == [("malformed", 1), ("malformed", 2), ("malformed", 3)]
+    assert [p.kind for p in report.failures[3:]] == ["malformed"] and "nested deeper" in report.failures[3].detail, \
+        str(report)
+    continued_after_a_restart(webhook_server, max(r["seq"] for r in records.values()))
+
+
+class RssSampler(threading.Thread):
+    """This process's RSS every 0.2 s until stopped: ``first`` and the peak."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.first, self.peak, self._done = rss_bytes(os.getpid()), 0, threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(0.2):
+            self.peak = max(self.peak, rss_bytes(os.getpid()))
+
+    def stop(self) -> int:
+        self._done.set()
+        self.join()
+        return self.peak
+
+
+def continued_after_a_restart(first: Running, last_seq: int) -> None:
+    """A server started on the hostile log (its start-up recovery reads back past the deep line)
+    continues the chain after its last record."""
+    work = first.log_path.parent / "restarted"
+    work.mkdir()
+    shutil.copy(first.log_path, work / "decisions.jsonl")
+    running, thread = start_server(work)
+    try:
+        decision_id = running.review(JOBS["allowed.yaml"])["auditAnnotations"]["decision-id"]
+    finally:
+        stop_server(running, thread)
+    record = next(r for r in query([running.log_path]) if r["id"] == decision_id)
+    assert record["seq"] == last_seq + 1
 
 
 def _file_serial(path: Path) -> int:
@@ -519,3 +606,47 @@ def test_certificate_renewal_under_load_fails_no_request(tmp_path: Path):
     assert not failures, f"{len(failures)} failed requests during renewal, e.g. {failures[:3]}"
     assert kinds["new"] > 20 and kinds["keep-alive"] > 20
     assert verify([running.log_path]).ok
+
+
+SAME_NAME_ROUNDS = 60
+
+
+def test_same_name_submissions_in_flight_at_once(injecting_server, memory_api):
+    """Each round two submissions of one name race through two replicas; the second is deny-worthy
+    every third round. 0 crashes: every review answered; 0 wrong allows: never a deny-worthy one,
+    never both, and an admitted job finds both objects carrying its own admission id once the
+    refused one's withdrawal has run; a round with none admitted leaves nothing behind."""
+    replicas = [injecting_server(), injecting_server()]
+    rng = random.Random(SEED)
+    outcomes: Counter = Counter()
+    with ThreadPoolExecutor(2) as pool:
+        for round_ in range(SAME_NAME_ROUNDS):
+            jobs = [copy.deepcopy(JOBS["allowed.yaml"]) for _ in replicas]
+            for job in jobs:
+                job["metadata"]["name"] = f"same-{round_}"
+            deny_worthy = round_ % 3 == 2
+            if deny_worthy:
+                jobs[1]["spec"]["trainer"]["numNodes"] = 500
+            order = rng.sample([0, 1], 2)  # which replica's /mutate starts first; they overlap
+            mutations = dict(zip(order, pool.map(lambda i: mutated(replicas[i], jobs[i]), order)))
+            submitted = [stored(mutations[i][1]) for i in range(2)]
+            order = rng.sample([0, 1], 2)  # and which /validate
+            answers = dict(zip(order, pool.map(lambda i: replicas[i].review(submitted[i]), order)))
+            allowed = [i for i in range(2) if answers[i]["allowed"]]
+            outcomes[len(allowed)] += 1
+            assert len(allowed) <= 1, f"round {round_}: both submissions of one name admitted"
+            assert not (deny_worthy and 1 in allowed), f"round {round_}: the deny-worthy job admitted"
+            names = {(f"same-{round_}-mpi-ssh-auth", "secrets"), (f"same-{round_}-mpi-isolation", "networkpolicies")}
+            deadline = time.monotonic() + 10
+            while True:  # the refused one's withdrawal runs in the background
+                held = {(name, plural): memory_api.objects.get((plural, "team-a", name)) for name, plural in names}
+                tags = {o["metadata"]["annotations"]["trainjob-admission.io/admission-id"] if o else None
+                        for o in held.values()}
+                want = {submitted[allowed[0]]["metadata"]["annotations"]["trainjob-admission.io/admission-id"]} \
+                    if allowed else {None}
+                if tags == want or time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
+            assert tags == want, f"round {round_}: objects {tags}, the admitted submission's {want}"
+    print(f"\nsame-name submissions, {SAME_NAME_ROUNDS} rounds of two: {outcomes[1]} with one admitted, "
+          f"{outcomes[0]} with none (each refused for the other's objects in flight), {outcomes[2]} with both")

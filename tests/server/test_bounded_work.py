@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from trainjob_admission.policies.bundle.schema import API_VERSION, KIND
+from tests.support.flood import rss_bytes
 from tests.support.objects import EXAMPLES, example_job
 from tests.support.serve import Serve
 from trainjob_admission.webhook.admission.server import MAX_BODY_BYTES
@@ -36,11 +37,6 @@ def memory_limit_bytes() -> int:
     value = re.search(r"limits:[^\n]*\n\s+memory:\s*(\d+)Mi", text)
     assert value, "no memory limit in the Deployment"
     return int(value.group(1)) * 1024 * 1024
-
-
-def peak_rss_bytes(pid: int) -> int:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) * 1024
 
 
 def serve(tmp_path: Path, *extra: str) -> Serve:
@@ -101,7 +97,7 @@ def test_concurrent_maximum_size_reviews_stay_under_the_memory_limit(tmp_path: P
             decision_ids = [b["response"]["auditAnnotations"]["decision-id"] if s == 200 else b["decisionId"]
                             for s, b in answers]
             assert set(decision_ids) <= logged  # every answer, refusals included, has its record
-        peak = peak_rss_bytes(server.process.pid)
+        peak = rss_bytes(server.process.pid, "VmHWM")
     print(f"\npeak RSS {peak / 2**20:.0f} MiB for {CONCURRENT} concurrent maximum-size reviews per shape "
           f"(limit {limit / 2**20:.0f} MiB)")
     assert peak < limit

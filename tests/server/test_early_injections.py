@@ -9,7 +9,6 @@ import copy
 import time
 import uuid
 
-import jsonpatch
 import pytest
 import yaml
 
@@ -17,30 +16,14 @@ from tests.support.objects import example_job
 from trainjob_admission.webhook.decisionlog import DecisionLogError
 from trainjob_admission.webhook.inject.early import admission_id
 
-from .conftest import Running, decode_patch
+from .conftest import decode_patch, mutated, record_of, stored
 
 pytestmark = pytest.mark.server
 NS, JOB = "team-a", "resnet-allreduce"
 SECRET, POLICY = f"{JOB}-mpi-ssh-auth", f"{JOB}-mpi-isolation"
 ANNOTATION = "trainjob-admission.io/admission-id"
 CREATES = [f"POST /api/v1/namespaces/{NS}/secrets", f"POST /apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies"]
-
-
-def mutated(running: Running, obj: dict, **request) -> tuple[dict, dict]:
-    """(the /mutate response, the object with its patch applied, as the API server stores it)."""
-    response = running.review(obj, "mutate", **request)
-    return response, jsonpatch.apply_patch(obj, decode_patch(response))
-
-
-def stored(obj: dict) -> dict:
-    """The object as /validate sees it on CREATE: the API server has given it a uid by then."""
-    obj = copy.deepcopy(obj)
-    obj["metadata"]["uid"] = str(uuid.uuid4())
-    return obj
-
-
-def record_of(running: Running, response: dict) -> dict:
-    return next(r for r in running.records() if r["id"] == response["auditAnnotations"]["decision-id"])
+READS = [f"GET /api/v1/namespaces/{NS}/secrets/{SECRET}", f"GET /apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies/{POLICY}"]
 
 
 def wait_for_objects(memory_api, count: int) -> None:
@@ -65,7 +48,8 @@ def test_mutate_starts_the_creations_and_validate_answers_once_they_are_done(inj
     validated = running.review(stored(job))
     assert validated["allowed"] is True
     assert {i["status"] for i in record_of(running, validated)["injections"]} == {"created"}
-    assert sorted(memory_api.requests) == CREATES, "nothing is created twice"
+    # nothing is created twice; /validate reads them back (still this submission's?)
+    assert sorted(memory_api.requests) == sorted(CREATES + READS)
 
 
 def test_another_replicas_validate_takes_the_objects_of_the_same_submission(injecting_server, memory_api):
@@ -249,3 +233,71 @@ def test_objects_started_under_a_bundle_changed_before_validate_are_made_again(i
         time.sleep(0.05)
     assert running.review(stored(job))["allowed"] is True
     assert "ports" in memory_api.objects[("networkpolicies", NS, POLICY)]["spec"]["ingress"][0]
+
+
+def wait_for_requests(memory_api, count: int) -> None:
+    deadline = time.monotonic() + 10
+    while len(memory_api.requests) < count:
+        assert time.monotonic() < deadline, memory_api.requests
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("second_refused_by_policy", [False, True])
+def test_a_second_submission_of_the_same_name_neither_replaces_nor_withdraws_the_firsts(
+        injecting_server, memory_api, second_refused_by_policy):
+    """Issue 30, defect 2: two CREATEs of one name in flight at once, on two replicas. The second's
+    /mutate finds the first's objects unowned but young: it leaves them, and its /validate refuses
+    it with when to retry; the first is admitted with its own objects, which the second's
+    withdrawal does not touch."""
+    first, second = injecting_server(), injecting_server()
+    _, job_a = mutated(first, example_job("allowed.yaml"))
+    wait_for_objects(memory_api, 2)
+    tag_a = job_a["metadata"]["annotations"][ANNOTATION]
+    made = copy.deepcopy(memory_api.objects)
+    _, job_b = mutated(second, example_job("allowed.yaml"))
+    wait_for_requests(memory_api, 6)  # the second's two creations refused (409), its two reads
+    if second_refused_by_policy:
+        job_b["spec"]["trainer"]["numNodes"] = 500
+    refused = second.review(stored(job_b))
+    assert refused["allowed"] is False
+    if not second_refused_by_policy:
+        message = refused["status"]["message"]
+        assert "for another submission of TrainJob resnet-allreduce that is still being admitted" in message, message
+        assert "retry in" in message, message
+    validated = first.review(stored(job_a))
+    assert validated["allowed"] is True
+    assert {i["status"] for i in record_of(first, validated)["injections"]} == {"created"}
+    time.sleep(0.5)  # the second's withdrawal runs in the background
+    assert memory_api.objects == made, "the first submission's objects were replaced or deleted"
+    for key in (("secrets", NS, SECRET), ("networkpolicies", NS, POLICY)):
+        assert memory_api.objects[key]["metadata"]["annotations"][ANNOTATION] == tag_a
+
+
+def test_validate_makes_again_what_was_deleted_since_mutate(injecting_server, memory_api):
+    """/validate reports 'created' only for objects that are still there as its submission's: one
+    deleted after /mutate made it is made again, so the job is not stored without it."""
+    running = injecting_server()
+    _, job = mutated(running, example_job("allowed.yaml"))
+    wait_for_objects(memory_api, 2)
+    del memory_api.objects[("secrets", NS, SECRET)]
+    validated = running.review(stored(job))
+    assert validated["allowed"] is True
+    assert {i["status"] for i in record_of(running, validated)["injections"]} == {"created"}
+    secret = memory_api.objects[("secrets", NS, SECRET)]
+    assert secret["metadata"]["annotations"][ANNOTATION] == job["metadata"]["annotations"][ANNOTATION]
+
+
+def test_another_submissions_objects_past_the_in_flight_window_are_a_leftover_to_replace(injecting_server, memory_api):
+    """Unowned objects of another admission id older than any create can run (its job refused after
+    our /validate, e.g. by a ResourceQuota) are replaced by a resubmission, as before."""
+    first, second = injecting_server(), injecting_server()
+    mutated(first, example_job("allowed.yaml"))
+    wait_for_objects(memory_api, 2)
+    for obj in memory_api.objects.values():
+        obj["metadata"]["creationTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 61))
+    _, job_b = mutated(second, example_job("allowed.yaml"))
+    validated = second.review(stored(job_b))
+    assert validated["allowed"] is True
+    assert all(i["status"] == "created" and "replaced" in i for i in record_of(second, validated)["injections"])
+    assert {o["metadata"]["annotations"][ANNOTATION] for o in memory_api.objects.values()} == {
+        job_b["metadata"]["annotations"][ANNOTATION]}

@@ -72,20 +72,29 @@ def test_no_bundle_compiling_at_start_is_the_failure_mode_not_allow_all(server_w
     assert status == 503 and "no policy bundle loaded" in text
 
 
-@pytest.mark.parametrize("emptied", ["empty", "deleted"])
-def test_bundle_file_emptied_or_deleted_denies_until_a_bundle_is_back(server_with, emptied):
+def test_a_deleted_bundle_file_denies_until_a_bundle_is_back(server_with):
     running, bundle = server_with(SECURITY_DEFAULTS)
     assert running.review(example_job("allowed.yaml"))["allowed"] is True
-    if emptied == "empty":
-        bundle.write_text("")
-    else:
-        bundle.unlink()
+    bundle.unlink()
     wait_for(lambda: not running.server.registry.active)
     denied = running.review(example_job("allowed.yaml"))
     assert denied["allowed"] is False and "no policy bundle loaded" in denied["status"]["message"]
     bundle.write_text(SECURITY_DEFAULTS)
     wait_for(lambda: bool(running.server.registry.active))
     assert running.review(example_job("allowed.yaml"))["allowed"] is True
+
+
+def test_an_emptied_bundle_file_keeps_its_last_good_version(server_with):
+    """Emptied is what a poll sees while an editor or `cp` rewrites the file: refused, the last
+    good version decides on (never "no policy", never nothing enforced)."""
+    running, bundle = server_with(SECURITY_DEFAULTS)
+    good = running.server.registry.active
+    bundle.write_text("")
+    wait_for(lambda: running.server.registry.errors)
+    assert running.server.registry.active == good
+    assert "holds no bundle" in next(iter(running.server.registry.errors.values()))
+    assert running.review(example_job("allowed.yaml"))["allowed"] is True
+    assert running.review(example_job("privileged.yaml"))["allowed"] is False  # still enforced
 
 
 def test_before_the_first_cluster_sync_validate_denies(webhook_server):

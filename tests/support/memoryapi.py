@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -41,6 +42,7 @@ class MemoryApi(ThreadingHTTPServer):
         meta.setdefault("uid", str(uuid.uuid4()))
         self.version += 1
         meta["resourceVersion"] = str(self.version)
+        meta.setdefault("creationTimestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         self.objects[(plural, meta["namespace"], meta["name"])] = obj
 
 

@@ -1,7 +1,7 @@
-"""webhook.admission.callers.CreationLimit: a token bucket per address, with its memory bounded."""
+"""webhook.admission.callers.AddressLimit: a token bucket per address, with its memory bounded."""
 from __future__ import annotations
 
-from trainjob_admission.webhook.admission.callers import CreationLimit
+from trainjob_admission.webhook.admission.callers import AddressLimit
 
 
 class Clock:
@@ -14,7 +14,7 @@ class Clock:
 
 def test_burst_then_refill_per_address() -> None:
     clock = Clock()
-    limit = CreationLimit(rate=2.0, burst=3, clock=clock)
+    limit = AddressLimit(rate=2.0, burst=3, clock=clock)
     assert [limit.take("10.0.0.1") for _ in range(4)] == [True, True, True, False]
     assert limit.take("10.0.0.2")  # another address has its own bucket
     clock.now = 0.5  # one token back at 2 a second
@@ -25,7 +25,7 @@ def test_burst_then_refill_per_address() -> None:
 
 def test_refilled_buckets_are_forgotten_beyond_max_addresses() -> None:
     clock = Clock()
-    limit = CreationLimit(rate=1.0, burst=1, max_addresses=10, clock=clock)
+    limit = AddressLimit(rate=1.0, burst=1, max_addresses=10, clock=clock)
     for i in range(10):
         limit.take(f"10.0.0.{i}")
     clock.now = 5.0  # all refilled

@@ -2,7 +2,8 @@
 
 With ``serve --client-ca`` every /validate and /mutate caller holds a certificate from that CA
 (the TLS handshake refuses everyone else, certs/clientca.py). Without it anyone who reaches the
-port can post an AdmissionReview, so what such a request can create is bounded per address.
+port can post an AdmissionReview, so what such a request can cause is bounded per address: the
+objects it creates, and the SubjectAccessReviews it makes the service send (webhook/admission/access.py).
 """
 from __future__ import annotations
 
@@ -28,9 +29,9 @@ UNKNOWN = Caller("")  # a request whose peer is not known (the reviewer called d
 
 
 @dataclass
-class CreationLimit:
-    """A token bucket per client address for requests that would create objects: ``rate`` a
-    second, up to ``burst`` at once. Buckets that have refilled are forgotten once there are more
+class AddressLimit:
+    """A token bucket per client address (for requests that would create objects, for API calls a
+    request makes): ``rate`` a second, up to ``burst`` at once. Buckets that have refilled are forgotten once there are more
     than ``max_addresses``, so many addresses cannot grow memory without bound."""
 
     rate: float

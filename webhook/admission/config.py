@@ -25,6 +25,20 @@ class ReviewerConfig:
     creation_burst: int = 50
 
 
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What one listening port allows (webhook/admission/connections.py)."""
+
+    per_listener: int = 512
+    per_address: int = 128  # inflight.MAX_REQUESTS in flight, and an idle pool
+    header_timeout: float = 10.0  # from a request's first byte (the first request's: the connection's start)
+    idle_timeout: float = 100.0  # keep-alive, longer than the API server's 90 s
+    handshake_timeout: float = 10.0
+
+
+PROBE_LIMITS = ConnectionLimits(per_listener=64, per_address=16)  # kubelet probes and Prometheus scrapes
+
+
 @dataclass
 class ServerConfig:
     host: str = "0.0.0.0"
@@ -48,4 +62,5 @@ class ServerConfig:
     checkpoint_interval: float = 10.0
     replica: str = field(default_factory=replica_name)  # named in every record
     reload_interval: float = 2.0
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)  # of the admission port
     reviewer: ReviewerConfig = field(default_factory=ReviewerConfig)

@@ -9,13 +9,13 @@ from typing import Any
 
 from trainjob_admission.policies.decide.decision import Decision
 from trainjob_admission.policies.decide.engine import AdmissionInput
+from trainjob_admission.policies.k8s.nesting import MAX_DEPTH, depth_ok
 
 from .. import ServiceError
 from ..kube.resources import JOB_RESOURCES
 
 API_VERSION = "admission.k8s.io/v1"
 SUPPORTED = {(group, kind) for kind, (group, _, _) in JOB_RESOURCES.items()}
-MAX_DEPTH = 64  # Kubernetes objects are far shallower; deeper input is hostile
 MAX_WARNING_LENGTH = 256  # the API server truncates longer warnings
 MAX_MESSAGE_LENGTH = 4096
 
@@ -39,24 +39,6 @@ class ParsedReview:
     def deletion(self) -> bool:
         """A job being deleted: allowed untouched, and recorded with who deleted it and its status."""
         return self.passthrough and self.request.operation == "DELETE" and self.request.old_object is not None
-
-
-def depth_ok(value: Any, limit: int = MAX_DEPTH) -> bool:
-    """Iterative depth check, so a deeply nested payload cannot exhaust the recursion limit. It
-    holds one iterator per level, not every sibling: a list of a million items costs no memory."""
-    if not isinstance(value, (dict, list)):
-        return True
-    stack = [iter(value.values() if isinstance(value, dict) else value)]
-    while stack:
-        for item in stack[-1]:
-            if len(stack) >= limit:  # item is at depth len(stack) + 1
-                return False
-            if isinstance(item, (dict, list)):
-                stack.append(iter(item.values() if isinstance(item, dict) else item))
-                break
-        else:
-            stack.pop()
-    return True
 
 
 def parse(body: bytes) -> ParsedReview:
@@ -129,15 +111,27 @@ def _input(request: dict, obj: dict, operation: str, old: dict | None, uid: str)
         username=str(user.get("username", "")),
         groups=[str(g) for g in groups],
         user_uid=str(user.get("uid", "")),
+        user_extra=_user_extra(user, uid),
         dry_run=bool(request.get("dryRun", False)),
         uid=uid,
-        context={key: request[key] for key in _CONTEXT if isinstance(request.get(key), (dict, str))}
-        | ({"extra": user["extra"]} if isinstance(user.get("extra"), dict) else {}),
+        context={key: request[key] for key in _CONTEXT if isinstance(request.get(key), (dict, str))},
     )
 
 
 # what CEL's ``request`` carries besides the object and the user (AdmissionInput.as_cel_request)
 _CONTEXT = ("kind", "resource", "subResource", "requestKind", "requestResource", "requestSubResource", "options")
+
+
+def _user_extra(user: dict, uid: str) -> dict[str, list[str]]:
+    """request.userInfo.extra, whole or refused: an authorizer may narrow what a token may do by it
+    (OpenShift's scoped tokens), so a value dropped or coerced would widen it."""
+    extra = user.get("extra")
+    if extra is None:
+        return {}
+    if not isinstance(extra, dict) or not all(
+            isinstance(values, list) and all(isinstance(v, str) for v in values) for values in extra.values()):
+        raise ReviewError("request.userInfo.extra is not a map of string lists", uid)
+    return {key: list(values) for key, values in extra.items()}
 
 
 def _check_declared(request: dict, obj: dict, group: str, version: str, kind: str, uid: str) -> None:

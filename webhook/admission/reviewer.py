@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Awaitable, Callable
 
-from trainjob_admission.policies.cel.authz import Access
 from trainjob_admission.policies.cel.environment import Abandoned, Budget
 from trainjob_admission.policies.decide.decision import Decision, Result
 from trainjob_admission.policies.decide.engine import AdmissionInput, evaluate
@@ -30,7 +29,8 @@ from ..kube import deadline
 from ..loops.bundleset import BundleRegistry
 from ..metrics import Metrics
 from . import protocol
-from .callers import UNKNOWN, Caller, CreationLimit
+from .access import SubjectAccessReviews
+from .callers import UNKNOWN, AddressLimit, Caller
 from .config import ReviewerConfig
 from .ledger import Ledger, LedgerError
 from .quotagate import Hold, QuotaGate
@@ -63,7 +63,7 @@ class Reviewer:
     def __init__(self, registry: BundleRegistry, state: ClusterState, decision_log: DecisionLog, metrics: Metrics,
                  config: ReviewerConfig, injector: early.Injector | None = None,
                  policy_gaps: Callable[[], list[str]] = list, snapshots: SnapshotFn | None = None,
-                 access: Access | None = None, ledger: Ledger | None = None, replica: str = ""):
+                 access: SubjectAccessReviews | None = None, ledger: Ledger | None = None, replica: str = ""):
         """``policy_gaps``: what is missing to decide by policy (no bundle, no cluster sync yet);
         while it names anything, no job is judged (see :meth:`_no_policy`). ``snapshots``: reads
         an updated job's runtime snapshot, which ``state`` does not watch. ``access``: answers the
@@ -74,7 +74,7 @@ class Reviewer:
         # The injections of allowed CREATEs: started on /mutate, finished on /validate (webhook/inject/early.py).
         self.injections = EarlyInjections(injector) if injector is not None else None
         self.snapshots, self.access = snapshots, access
-        self.creations = CreationLimit(config.creation_rate, config.creation_burst)
+        self.creations = AddressLimit(config.creation_rate, config.creation_burst)
         self.quota = QuotaGate(state, metrics, ledger, replica)
         # Evaluation has its own threads: API calls and SSH key generation (an RSA-4096 pair is
         # about a second of CPU) must never queue in front of a decision.
@@ -150,7 +150,7 @@ class Reviewer:
         if gaps:
             return await self._no_policy(parsed, decision_id, endpoint, started, gaps)
         if self.access is not None:
-            parsed.request.access = self.access
+            parsed.request.access = self.access.for_caller(caller)
         try:
             state = self.state if mutate else await self._with_snapshot(parsed.request)
             if mutate:

@@ -1,8 +1,9 @@
 """The HTTPS server: routes, TLS 1.2+, request limits and the background reload loops.
 
 Handlers are thin; :class:`~webhook.admission.reviewer.Reviewer` does the work. Limits keep hostile
-clients bounded: body size, body read time, time to send the first request on a connection
-(slowloris), TLS handshake time.
+clients bounded: body size and read time here; connections (how many, per client address too,
+how long each request's headers and an idle keep-alive may take, their memory) in
+:mod:`.connections`.
 """
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from aiohttp import web
 
 from trainjob_admission.certs.clientca import peer_subject
 from trainjob_admission.certs.reload import CertReloader
-from trainjob_admission.policies.cel.authz import Access
 from trainjob_admission.policies.k8s.clusterstate import ClusterState
 
 from ..decisionlog import DecisionLog
@@ -26,8 +26,10 @@ from ..inject.early import Injector
 from ..loops.bundleset import BundleRegistry
 from ..loops.checkpointer import Checkpointer, CheckpointStore, FileStore, resume_point
 from ..metrics import CONTENT_TYPE, Metrics
+from .access import SubjectAccessReviews
 from .callers import Caller
-from .config import ServerConfig
+from .config import PROBE_LIMITS, ConnectionLimits, ServerConfig
+from .connections import Listener, return_freed_memory
 from .inflight import InFlight
 from .ledger import Ledger
 from .reviewer import Reviewer, SnapshotFn
@@ -35,8 +37,8 @@ from .reviewer import Reviewer, SnapshotFn
 log = logging.getLogger("trainjob_admission.server")
 MAX_BODY_BYTES = 3 * 1024 * 1024  # etcd's object limit is 1.5 MiB; an AdmissionReview carries two objects
 BODY_READ_TIMEOUT = 10.0
-FIRST_REQUEST_TIMEOUT = 10.0
-TLS_HANDSHAKE_TIMEOUT = 10.0
+# Closed connections after which freed memory is handed back to the OS (connections.return_freed_memory).
+TRIM_AFTER_CLOSES = 64
 STOP_GRACE = 1.0
 # How long a stopping server waits for a connection's request to finish (aiohttp's default is 60 s):
 # by then evaluations have stopped (STOP_GRACE) and their answers are sent; a connection still busy
@@ -54,7 +56,7 @@ class WebhookServer:
     def __init__(self, config: ServerConfig, state: ClusterState, *, injector: Injector | None = None,
                  decision_log: DecisionLog | None = None, state_ready: asyncio.Event | None = None,
                  checkpoint_store: CheckpointStore | None = None, snapshots: SnapshotFn | None = None,
-                 access: Access | None = None, ledger: Ledger | None = None):
+                 access: SubjectAccessReviews | None = None, ledger: Ledger | None = None):
         self.config = config
         self.metrics = Metrics()
         self.state = state
@@ -77,6 +79,8 @@ class WebhookServer:
         self.state_ready = state_ready
         self._runners: list[web.AppRunner] = []
         self._servers: list[asyncio.AbstractServer] = []
+        self.listeners: list[Listener] = []  # the admission port's, then the probe port's
+        self._trimmed_at = 0  # closed connections counted when freed memory was last handed back
         self.probe_port: int | None = None  # bound by start()
         self._tasks: list[asyncio.Task] = []
         self._reloads_counted = (0, 0)  # the registry's (reloads, failures) already in the metric
@@ -141,6 +145,8 @@ class WebhookServer:
             self.metrics.set_reserved(self.state.reservations, self.state.namespace_quotas)
         if self.certs:
             self.metrics.cert_expiry.set(self.certs.not_after.timestamp())
+        for listener in self.listeners:
+            self.metrics.connections.labels(listener.name).set(listener.open)
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     def not_ready_reasons(self) -> list[str]:
@@ -190,32 +196,36 @@ class WebhookServer:
         # process: keep it out of the cyclic GC, whose full passes otherwise walk it all and stall
         # every request for ~50 ms once every few thousand requests.
         gc.freeze()
-        # auto_decompress off: a compressed body would slip past the size and in-flight bounds,
-        # which count the bytes sent (the API server never compresses AdmissionReviews).
-        self._runners = [web.AppRunner(self.app(), access_log=None, handle_signals=False, auto_decompress=False,
-                                       shutdown_timeout=SHUTDOWN_TIMEOUT)]
+        self._runners = [web.AppRunner(self.app(), handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT)]
         port = await self._listen(self._runners[0], self.config.port, self.certs and self.certs.admission_context,
+                                  self.config.connections, "admission",
                                   "client certificates required" if self.config.client_ca_file else "")
         if self.config.probe_port is not None:
-            self._runners.append(web.AppRunner(self.probe_app(), access_log=None, handle_signals=False,
-                                               shutdown_timeout=SHUTDOWN_TIMEOUT))
+            self._runners.append(web.AppRunner(self.probe_app(), handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT))
             self.probe_port = await self._listen(self._runners[1], self.config.probe_port,
-                                                 self.certs and self.certs.context, "/healthz, /readyz, /metrics")
+                                                 self.certs and self.certs.context, PROBE_LIMITS, "probe",
+                                                 "/healthz, /readyz, /metrics")
         self._tasks.append(asyncio.create_task(self._reload_loop()))
         if self.checkpointer:
             self._tasks.append(asyncio.create_task(self.checkpointer.run(), name="decision-log checkpoints"))
         return port
 
-    async def _listen(self, runner: web.AppRunner, port: int, ssl_context: ssl.SSLContext | None, what: str) -> int:
+    async def _listen(self, runner: web.AppRunner, port: int, ssl_context: ssl.SSLContext | None,
+                      limits: ConnectionLimits, name: str, what: str) -> int:
         await runner.setup()
-        factory = _first_request_guard(runner.server, FIRST_REQUEST_TIMEOUT)
-        server = await asyncio.get_running_loop().create_server(
-            factory, self.config.host, port, ssl=ssl_context,
-            ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT if ssl_context else None, reuse_address=True)
+        # auto_decompress off: a compressed body would slip past the size and in-flight bounds,
+        # which count the bytes sent (the API server never compresses AdmissionReviews).
+        closed = self.metrics.connections_closed
+        listener = Listener(runner.server, ssl_context, limits, name, lambda reason: closed.labels(name, reason).inc(),
+                            access_log=None, auto_decompress=False)
+        server = await asyncio.get_running_loop().create_server(listener.protocol, self.config.host, port,
+                                                                reuse_address=True)
         self._servers.append(server)
+        self.listeners.append(listener)
         bound = server.sockets[0].getsockname()[1]
-        log.info("listening on %s:%s (%s)", self.config.host, bound,
-                 ", ".join(filter(None, ("TLS" if ssl_context else "plain HTTP", what))))
+        log.info("listening on %s:%s (%s; at most %d connections, %d per client address)", self.config.host, bound,
+                 ", ".join(filter(None, ("TLS" if ssl_context else "plain HTTP", what))), limits.per_listener,
+                 limits.per_address)
         return bound
 
     def _reload_bundles(self) -> None:
@@ -249,6 +259,14 @@ class WebhookServer:
                     self.certs.poll()
             except Exception:  # noqa: BLE001
                 log.exception("certificate reload failed; the last good certificate stays active")
+            self._return_freed_memory()
+
+    def _return_freed_memory(self) -> None:
+        """After many connections closed (a flood of held connections ended), give their memory back."""
+        closed = sum(listener.closed for listener in self.listeners)
+        if closed - self._trimmed_at >= TRIM_AFTER_CLOSES:
+            self._trimmed_at = closed
+            return_freed_memory()
 
     @web.middleware
     async def _close_when_draining(self, request: web.Request, handler) -> web.StreamResponse:
@@ -269,6 +287,8 @@ class WebhookServer:
         self.draining = True
         for server in self._servers:
             server.close()  # no new connections; those open are still served (DRAIN_SECONDS)
+        for listener in self.listeners:
+            listener.close()
         drained = loop.time() + DRAIN_SECONDS
         while loop.time() < drained and any(r.server and r.server.connections for r in self._runners[:1]):
             await asyncio.sleep(0.05)
@@ -293,22 +313,3 @@ def _caller(request: web.Request) -> Caller:
 
 def _dumps(value: object) -> str:
     return json.dumps(value, separators=(",", ":"))
-
-
-def _first_request_guard(protocol_factory, timeout: float):
-    """Close connections that have not delivered a complete request within ``timeout`` seconds
-    of being accepted (slowloris). aiohttp has no header-read timeout of its own; the TLS
-    handshake has its own timeout, and aiohttp counts requests in ``_request_count``."""
-
-    def factory():
-        protocol = protocol_factory()
-
-        def check() -> None:
-            transport = getattr(protocol, "transport", None)
-            if transport is not None and getattr(protocol, "_request_count", 1) == 0 and not transport.is_closing():
-                transport.close()
-
-        asyncio.get_running_loop().call_later(timeout, check)
-        return protocol
-
-    return factory

@@ -11,7 +11,7 @@ import errno
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from . import settings
 from .errors import EXIT_INVALID, EXIT_NOT_FOUND, CliError
@@ -83,22 +83,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return main(Path(args.workdir) if args.workdir else None)
 
 
-def _read_log(log: str) -> list[Path] | bytes:
-    """The log's files (oldest first), or the bytes of stdin for ``-``."""
+def _read_log(log: str) -> list[Path] | BinaryIO:
+    """The log's files (oldest first), or stdin for ``-`` (read a line at a time, never whole)."""
     from ..decisionlog import log_files
 
     if log == "-":
-        return sys.stdin.buffer.read()
+        return sys.stdin.buffer
     files = log_files(log)
     if not files:
         raise CliError(f"no decision log at {log}", EXIT_NOT_FOUND)
     return files
 
 
-def _verified(source: list[Path] | bytes, anchors: Anchors | None = None) -> VerifyReport:
+def _verified(source: list[Path] | BinaryIO, anchors: Anchors | None = None) -> VerifyReport:
     from ..decisionlog import verify, verify_stream
 
-    return verify_stream(source, anchors=anchors) if isinstance(source, bytes) else verify(source, anchors)
+    return verify(source, anchors) if isinstance(source, list) else verify_stream(source, anchors=anchors)
 
 
 def cmd_decisions_query(args: argparse.Namespace) -> int:
@@ -140,10 +140,24 @@ def _scan(args: argparse.Namespace, filters: Filters, on_match: Callable[[dict],
 
     source = _read_log(args.log)
     if args.no_verify:
-        for record in query(source, filters):
+        skipped = _Malformed()
+        for record in query(source, filters, skipped):
             on_match(record)
+        if skipped.count:
+            print(f"{skipped.count} malformed line(s) skipped, the first: {skipped.first}", file=sys.stderr)
         return None
     return scan(source, filters, on_match)
+
+
+class _Malformed:
+    """Counts the malformed lines `query` skips, keeping only the first's place and reason."""
+
+    def __init__(self) -> None:
+        self.first, self.count = "", 0
+
+    def __call__(self, path: Path, line: int, why: str) -> None:
+        self.first = self.first or f"{path}:{line}: {why}"
+        self.count += 1
 
 
 def _shown(text: str, report: VerifyReport | None, what: str) -> int:

@@ -13,6 +13,7 @@ from typing import Any, Callable
 import yaml
 
 from trainjob_admission.policies.k8s.clusterstate import StateError, load_objects, object_files, parse_objects
+from trainjob_admission.policies.k8s.manifests import read_text
 
 from .errors import EXIT_NOT_FOUND, CliError
 
@@ -24,7 +25,7 @@ def read_sources(spec: str) -> list[tuple[str, list[dict]]]:
     """(source, objects) for ``-f``: a file, each *.yaml, *.yml and *.json file of a directory
     (sorted by name, not recursive), or ``-`` for stdin."""
     if spec == "-":
-        return [("<stdin>", _parsed(lambda: parse_objects(sys.stdin.read(), "<stdin>")))]
+        return [("<stdin>", _parsed(lambda: parse_objects(read_text(sys.stdin), "<stdin>")))]
     path = Path(spec)
     if path.is_dir():
         files = object_files(path)

@@ -176,14 +176,21 @@ def config_schema() -> Any:
 
 
 def read_config(path: str) -> dict[str, Any]:
-    """The file's settings by key; a problem is a :class:`CliError` naming the key and what it takes."""
-    import yaml
+    """The file's settings by key; a problem is a :class:`CliError` naming the key and what it takes.
+    The file is read within the bounds of every manifest (policies/k8s/manifests.py)."""
     from pydantic import ValidationError
 
+    from trainjob_admission.policies.k8s.manifests import ManifestError, parse_documents, read_text
+
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
+        documents = parse_documents(read_text(Path(path)), "serve's --config")
+    except (OSError, UnicodeDecodeError) as exc:
         raise CliError(f"cannot read --config {path}: {exc}", EXIT_INVALID) from None
+    except ManifestError as exc:
+        raise CliError(f"--config {path}{f':{exc.line}' if exc.line else ''}: {exc.message}", EXIT_INVALID) from None
+    if len(documents) > 1:
+        raise CliError(f"--config {path} must be one YAML document, got {len(documents)}", EXIT_INVALID)
+    data = documents[0] if documents else {}
     known = ", ".join(BY_KEY)
     if not isinstance(data, dict):
         raise CliError(f"--config {path} must be a YAML mapping of {known}, got {type(data).__name__}", EXIT_INVALID)

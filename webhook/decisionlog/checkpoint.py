@@ -129,7 +129,7 @@ def parse_checkpoints(data: bytes, source: str) -> list[Checkpoint]:
     json`` prints it, or a List of them (``kubectl get leases -l ... -o json``)."""
     try:
         value = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         raise CheckpointError(f"{source}: not JSON (a checkpoint file, or `kubectl get lease NAME -o json`)") from None
     found = [cp for item in _objects(value) if (cp := _from_object(item, source)) is not None]
     if not found:
@@ -152,7 +152,7 @@ def _from_object(obj: dict, source: str) -> Checkpoint | None:
             return None
         try:
             obj = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise CheckpointError(f"{source}: the {ANNOTATION} annotation of {meta.get('name')} is not JSON") from None
     return checkpoint_from_dict(obj, source)
 

@@ -1,15 +1,25 @@
 """One record per line: the canonical JSON that is hashed and written, the redaction that runs
 before it, and reading lines back. Shared by the writer, verify and query, so all three agree
-on what a record is."""
+on what a record is.
+
+Reading is bounded whatever a file holds (anyone who can write a log file can put anything in it):
+lines are streamed, a line longer than MAX_LINE_BYTES is skipped unread (its length counted, not
+its bytes kept) and one nested deeper than MAX_RECORD_DEPTH is not parsed into a record; both are
+malformed lines like any unparsable one, reported with their line number, and reading goes on.
+"""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import re
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
+
+from trainjob_admission.policies.k8s.nesting import MAX_DEPTH, depth_ok
 
 GENESIS = "sha256:" + "0" * 64
 # The keys the writer adds to a record's own fields as it chains it (`replica` when it has a
@@ -19,6 +29,20 @@ GENESIS = "sha256:" + "0" * 64
 LOG_KEYS = ("time", "seq", "prev", "digest", "replica", "resumed", "recovered", "event")
 REDACTED = "[redacted]"
 _SCAN = json.JSONDecoder().scan_once  # the C scanner behind json.loads
+MAX_LINE_BYTES = 16 * 1024 * 1024  # far above any record (a review's body is at most 3 MiB)
+# A record holds pieces of admitted objects (patch values), which nest at most nesting.MAX_DEPTH.
+MAX_RECORD_DEPTH = 2 * MAX_DEPTH
+_SKIP_BYTES = 1024 * 1024  # what an overlong line is read past in
+
+
+@dataclass(frozen=True)
+class Overlong:
+    """A line of more than MAX_LINE_BYTES, read past without keeping it: only its length is known."""
+
+    length: int
+
+
+Line = bytes | Overlong
 
 # Keys compared lower-case with '-' and '_' removed: Secret payloads and credentials by name.
 _SECRET_KEYS = frozenset({"sshprivatekey", "privatekey", "data", "stringdata", "token", "password"})
@@ -101,31 +125,64 @@ def _loads(text: str) -> Any:
     return value if end == len(text) else json.loads(text)
 
 
-def parse_record(raw: bytes) -> dict | str:
+def parse_record(raw: Line) -> dict | str:
     """The record on one line, or why it is not one."""
+    if isinstance(raw, Overlong):
+        return f"a line of {raw.length} bytes, longer than the {MAX_LINE_BYTES} a record may have"
     if not raw:
         return "empty line"
     try:
         value = _loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         return f"not JSON ({type(e).__name__})"
+    except RecursionError:
+        return f"nested deeper than {MAX_RECORD_DEPTH} levels"
     if not isinstance(value, dict):
         return "not a JSON object"
+    # Only a line with that many brackets can nest that deep: the count is cheap, the walk is not.
+    if raw.count(b"{") + raw.count(b"[") > MAX_RECORD_DEPTH and not depth_ok(value, MAX_RECORD_DEPTH):
+        return f"nested deeper than {MAX_RECORD_DEPTH} levels"
     seq = value.get("seq")
     if type(seq) is not int or not isinstance(value.get("prev"), str) or not isinstance(value.get("digest"), str):
         return "missing or wrong-typed seq/prev/digest"
     return value
 
 
-def read_lines(paths: Iterable[str | Path]) -> Iterator[tuple[Path, int, bytes]]:
+LineSource = BinaryIO | bytes  # a stream of lines (stdin), or its bytes
+
+
+def is_stream(source: object) -> bool:
+    """Whether ``source`` is a :data:`LineSource` rather than a list of log files."""
+    return isinstance(source, (bytes, io.IOBase))
+
+
+def read_lines(paths: Iterable[str | Path]) -> Iterator[tuple[Path, int, Line]]:
+    """Each line of each file, in order, numbered from 1 in its file."""
     for path in map(Path, paths):
-        yield from split_lines(path, path.read_bytes())
+        with open(path, "rb") as stream:
+            yield from split_lines(path, stream)
 
 
-def split_lines(name: Path, data: bytes) -> Iterator[tuple[Path, int, bytes]]:
-    lines = data.split(b"\n")
-    if lines[-1] == b"":
-        lines.pop()  # the terminator of the last line
-    for number, raw in enumerate(lines, start=1):
-        yield name, number, raw
+def split_lines(name: Path, source: LineSource) -> Iterator[tuple[Path, int, Line]]:
+    """The lines of ``source`` without their newline, one at a time: never more than
+    MAX_LINE_BYTES of it in memory."""
+    stream = io.BytesIO(source) if isinstance(source, bytes) else source
+    number = 0
+    while raw := stream.readline(MAX_LINE_BYTES + 1):
+        number += 1
+        if raw.endswith(b"\n"):
+            yield name, number, raw[:-1]
+        elif len(raw) <= MAX_LINE_BYTES:
+            yield name, number, raw  # the last line, without its newline (torn)
+        else:
+            yield name, number, Overlong(len(raw) + _read_past_line(stream))
 
+
+def _read_past_line(stream: BinaryIO) -> int:
+    """Read to the end of the line (or of ``stream``); the bytes before its newline."""
+    skipped = 0
+    while chunk := stream.readline(_SKIP_BYTES):
+        if chunk.endswith(b"\n"):
+            return skipped + len(chunk) - 1
+        skipped += len(chunk)
+    return skipped

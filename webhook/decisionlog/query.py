@@ -14,7 +14,7 @@ import yaml
 from trainjob_admission.policies.decide.decision import FAILED
 from trainjob_admission.policies.offline.spreadsheet import csv_text
 
-from .lines import parse_record, read_lines, split_lines
+from .lines import LineSource, Overlong, is_stream, parse_record, read_lines, split_lines
 from .verify import VerifyReport, verify, verify_stream
 
 _RELATIVE_TIME = re.compile(r"([0-9]+)\s*([smhdw])")
@@ -83,16 +83,24 @@ class Filters:
         return True
 
 
-Source = Iterable[str | Path] | bytes  # the log's files, or the bytes of a stream (``--log -``)
+Source = Iterable[str | Path] | LineSource  # the log's files, or a stream (``--log -``) or its bytes
+OnMalformed = Callable[[Path, int, str], None]  # (file, line, why) of a line that is not a record
 
 
-def query(source: Source, filters: Filters = Filters()) -> Iterator[dict]:
-    """Records matching ``filters``, in log order, without verifying them; malformed lines (and
-    in a stream, lines that are not records) are skipped."""
-    lines = split_lines(Path("<stdin>"), source) if isinstance(source, bytes) else read_lines(source)
-    for _, _, raw in lines:
+def query(source: Source, filters: Filters = Filters(), on_malformed: OnMalformed | None = None) -> Iterator[dict]:
+    """Records matching ``filters``, in log order, without verifying them. A malformed line is
+    skipped and handed to ``on_malformed``; in a stream, so are lines that do not start with
+    ``{`` (service log lines, not records), without being reported."""
+    stream = is_stream(source)
+    lines = split_lines(Path("<stdin>"), source) if stream else read_lines(source)  # type: ignore[arg-type]
+    for path, number, raw in lines:
+        if stream and not isinstance(raw, Overlong) and not raw.startswith(b"{"):
+            continue
         record = parse_record(raw)
-        if isinstance(record, dict) and filters.match(record):
+        if isinstance(record, str):
+            if on_malformed is not None:
+                on_malformed(path, number, record)
+        elif filters.match(record):
             yield record
 
 
@@ -103,7 +111,7 @@ def scan(source: Source, filters: Filters, on_match: Callable[[dict], None]) -> 
         if filters.match(record):
             on_match(record)
 
-    return verify_stream(source, on_record=keep) if isinstance(source, bytes) else verify(source, on_record=keep)
+    return verify_stream(source, on_record=keep) if is_stream(source) else verify(source, on_record=keep)  # type: ignore[arg-type]
 
 
 def _record_time(record: dict) -> datetime | None:

@@ -3,13 +3,14 @@ file, line and seq; one chain per replica when a merged log holds several, each 
 its signed checkpoint when one is given (:mod:`.anchor`)."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from . import anchor
-from .lines import GENESIS, canonical, digest_of, line_digest, parse_record, read_lines, split_lines
+from .lines import (GENESIS, Line, LineSource, Overlong, canonical, digest_of, line_digest, parse_record, read_lines,
+                    split_lines)
 
 if TYPE_CHECKING:  # cryptography is imported only where a checkpoint is read (CLI start-up time)
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -20,6 +21,7 @@ if TYPE_CHECKING:  # cryptography is imported only where a checkpoint is read (C
 # time in proportion to the log; callers that want records get each from `on_record`).
 _CHAIN_KEYS = ("seq", "prev", "digest", "replica", "recovered", "resumed")
 OnRecord = Callable[[dict], None]
+MALFORMED_LISTED = 100  # malformed lines in a row reported one by one; the rest of the run as a count
 
 ProblemKind = Literal["edited", "removed", "inserted", "reordered", "malformed", "truncated", "replaced", "forged",
                       "unanchored"]
@@ -110,6 +112,7 @@ class _Entry:
     error: str = ""
     computed: str = ""
     canonical: bool = True
+    lines: int = 1  # a run of consecutive malformed lines is one entry, so memory follows records, not lines
 
 
 @dataclass(frozen=True)
@@ -135,18 +138,27 @@ def verify(paths: Iterable[str | Path], anchors: Anchors | None = None, on_recor
     return _verify(read_lines(paths), anchors, whole_files=True, on_record=on_record)
 
 
-def verify_stream(data: bytes, name: str = "<stdin>", anchors: Anchors | None = None,
+def verify_stream(source: LineSource, name: str = "<stdin>", anchors: Anchors | None = None,
                   on_record: OnRecord | None = None) -> VerifyReport:
-    """Check one chain in a stream that mixes records with other lines, as ``kubectl logs``
-    prints the service's stdout (records) and stderr (its log) together.
+    """Check one chain in a stream (or its bytes) that mixes records with other lines, as
+    ``kubectl logs`` prints the service's stdout (records) and stderr (its log) together.
 
     Lines not starting with ``{`` are skipped and counted. A line starting with ``{`` that is
-    not a well-formed record still fails, so a record cannot be hidden by breaking it. Only for
-    such streams: in the service's own file every line is a record.
+    not a well-formed record still fails, so a record cannot be hidden by breaking it; so does a
+    line too long to read, whatever it starts with. Only for such streams: in the service's own
+    file every line is a record.
     """
-    lines = list(split_lines(Path(name), data))
-    kept = [line for line in lines if line[2].startswith(b"{")]
-    return replace(_verify(kept, anchors, whole_files=False, on_record=on_record), skipped=len(lines) - len(kept))
+    skipped = 0
+
+    def records() -> Iterator[tuple[Path, int, Line]]:
+        nonlocal skipped
+        for line in split_lines(Path(name), source):
+            if isinstance(line[2], Overlong) or line[2].startswith(b"{"):
+                yield line
+            else:
+                skipped += 1
+    report = _verify(records(), anchors, whole_files=False, on_record=on_record)
+    return replace(report, skipped=skipped)
 
 
 def _verify(lines: Iterable[tuple[Path, int, bytes]], anchors: Anchors | None, *, whole_files: bool,
@@ -181,17 +193,26 @@ def _verify(lines: Iterable[tuple[Path, int, bytes]], anchors: Anchors | None, *
                         None, None, parts=tuple(parts))
 
 
-def _chains(lines: Iterable[tuple[Path, int, bytes]], on_record: OnRecord | None) -> dict[str | None, list[_Entry]]:
+def _chains(lines: Iterable[tuple[Path, int, Line]], on_record: OnRecord | None) -> dict[str | None, list[_Entry]]:
     """The lines by replica, in order of first appearance. A record without `replica` (written
     before records named it) or a malformed line belongs to the chain of the record before it;
-    those at the very start, to the first named chain."""
+    those at the very start, to the first named chain. Each malformed line is an entry of its own
+    up to MALFORMED_LISTED in a row; the rest of such a run is counted in the last one, so memory
+    follows the records, not the lines."""
     chains: dict[str | None, list[_Entry]] = {}
     replica: str | None = None
+    run = 0  # malformed lines in a row
     for path, number, raw in lines:
         parsed = parse_record(raw)
         if isinstance(parsed, str):
+            run += 1
+            last = chains[replica][-1] if run > MALFORMED_LISTED else None
+            if last is not None and last.record is None and last.file == path and last.line + last.lines == number:
+                last.lines += 1
+                continue
             entry = _Entry(path, number, None, error=parsed)
         else:
+            run = 0
             if on_record is not None:
                 on_record(parsed)
             entry = _entry(path, number, raw, parsed)
@@ -277,15 +298,17 @@ class _Walk:
         self.links: set[str] = set()  # digests the next record may name as `prev`
         self.late: set[int] = set()  # seqs already reported as coming later in the file
         self.seen: dict[int, _Entry] = {}
-        self.torn: list[int] = []  # indexes in `problems` of the malformed lines since the last record
+        # (index in `problems`, lines) of the malformed lines since the last record
+        self.torn: list[tuple[int, int]] = []
 
     def run(self) -> VerifyReport:
         resync = False
         first_seq = None
         for e in self.entries:
             if e.record is None:
-                self.torn.append(len(self.problems))
-                self._report("malformed", e, e.error)
+                self.torn.append((len(self.problems), e.lines))
+                self._report("malformed", e, e.error if e.lines == 1 else
+                             f"{e.error}, and the {e.lines - 1} line(s) after it are malformed too")
                 resync = True
                 continue
             seq = e.record["seq"]
@@ -348,9 +371,10 @@ class _Walk:
         assert e.record is not None
         recovered = e.record.get("recovered")
         torn_lines = recovered.get("tornLines") if isinstance(recovered, dict) else None
-        if self.last_seq is None or type(torn_lines) is not int or not self.torn or len(self.torn) > torn_lines:
+        torn = sum(lines for _, lines in self.torn)
+        if self.last_seq is None or type(torn_lines) is not int or not torn or torn > torn_lines:
             return False
-        for index in self.torn:
+        for index, _ in self.torn:
             self.problems[index] = replace(self.problems[index], acknowledged_by=e.record["seq"],
                                            detail=f"{self.problems[index].detail}: a torn line "
                                                   f"({recovered.get('error')})")

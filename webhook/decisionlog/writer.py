@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TextIO
 
 from .. import ServiceError
-from .lines import GENESIS, canonical, digest_of, format_time, parse_record, redact
+from .lines import GENESIS, MAX_LINE_BYTES, Line, Overlong, canonical, digest_of, format_time, parse_record, redact, split_lines
 
 _ROTATED_SUFFIX = re.compile(r"[0-9]+")
 
@@ -375,37 +375,72 @@ def _last_byte(path: Path) -> bytes:
         return f.read(1)
 
 
-def _reverse_lines(path: Path, block: int = 65536) -> Iterator[bytes]:
-    """Lines from the end, reading only as much of a large file as needed."""
+def _reverse_lines(path: Path, block: int = 65536) -> Iterator[tuple[int, Line]]:
+    """(offset, line) from the last line to the first, reading only as much of a large file as
+    needed, and never more than MAX_LINE_BYTES of one line: a longer one is :class:`Overlong`."""
     with open(path, "rb") as f:
         pos = f.seek(0, os.SEEK_END)
-        tail = b""
+        parts: list[bytes] = []  # the bytes of the line being read, from its end backwards, while within the bound
+        length = 0  # its length so far
         while pos > 0:
             step = min(block, pos)
             pos -= step
             f.seek(pos)
-            lines = (f.read(step) + tail).split(b"\n")
-            tail = lines.pop(0)
-            yield from reversed(lines)
-        yield tail
+            data = f.read(step)
+            cut = len(data)
+            while (newline := data.rfind(b"\n", 0, cut)) >= 0:
+                yield pos + newline + 1, _line(data[newline + 1:cut], parts, length)
+                parts, length, cut = [], 0, newline
+            length += cut
+            if length <= MAX_LINE_BYTES:
+                parts.append(data[:cut])
+            else:
+                parts = []
+        yield 0, _line(b"", parts, length)
+
+
+def _line(start: bytes, parts: list[bytes], length: int) -> Line:
+    """A line found backwards: ``start`` before ``parts`` (read earlier, nearer its end)."""
+    length += len(start)
+    return Overlong(length) if length > MAX_LINE_BYTES else b"".join([start, *reversed(parts)])
 
 
 def _first_seq(files: list[Path]) -> int | None:
     """The seq of the oldest well-formed record in ``files`` (oldest first)."""
     for path in files:
         with open(path, "rb") as f:
-            for raw in f:
-                record = parse_record(raw.rstrip(b"\n"))
+            for _, _, raw in split_lines(path, f):
+                record = parse_record(raw)
                 if isinstance(record, dict):
                     return record["seq"]
     return None
 
 
 def _last_record(files: list[Path]) -> dict | None:
-    """The newest well-formed record, to continue the chain after a restart or rotation."""
+    """The newest well-formed record, to continue the chain after a restart or rotation. A
+    malformed line after it is logged with its line number (`verify` reports it too), except the
+    file's last, a torn write that the next record acknowledges (see _open)."""
     for path in reversed(files):
-        for raw in _reverse_lines(path):
+        size = path.stat().st_size
+        for offset, raw in _reverse_lines(path):
             record = parse_record(raw)
             if isinstance(record, dict):
                 return record
+            end = offset + (raw.length if isinstance(raw, Overlong) else len(raw))
+            if raw and end < size:
+                log.warning("decision log %s:%d is not a record (%s): skipped; the chain continues from the record "
+                            "before it, and `decisions verify` reports the line", path, _line_number(path, offset),
+                            record)
     return None
+
+
+def _line_number(path: Path, offset: int, block: int = 1024 * 1024) -> int:
+    """The number (from 1) of the line that starts at ``offset``: the newlines before it, counted
+    a block at a time."""
+    newlines = 0
+    with open(path, "rb") as f:
+        while offset > 0:
+            data = f.read(min(block, offset))
+            newlines += data.count(b"\n")
+            offset -= len(data)
+    return newlines + 1

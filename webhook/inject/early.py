@@ -46,6 +46,8 @@ class Injector(Protocol):
 
     async def withdraw(self, namespace: str, records: list[dict], admission_id: str) -> None: ...
 
+    async def gone(self, namespace: str, records: list[dict], admission_id: str) -> list[dict]: ...
+
 
 # Whose submission a started entry is: (namespace, kind, name, username, user uid). Only a /validate
 # of the same job by the same user finishes or withdraws it; anyone else's id is not theirs to claim.
@@ -101,9 +103,9 @@ class EarlyInjections:
         return started is not None and started.owner == by
 
     async def finish(self, decision: Decision, admission_id: str, by: Owner) -> list[dict]:
-        """The records of ``decision``'s objects: those its /mutate started here, awaited; made now,
-        those started elsewhere and those planned otherwise since (a bundle reloaded in between:
-        what /mutate made under the old plan is deleted first)."""
+        """The records of ``decision``'s objects: those its /mutate started here, awaited and read back;
+        made now, those started elsewhere, those gone since and those planned otherwise since (a
+        bundle reloaded in between: what /mutate made under the old plan is deleted first)."""
         started = self._claim(admission_id, by)
         if started is None:
             return await self.injector(decision, admission_id)
@@ -113,7 +115,11 @@ class EarlyInjections:
         kept = [made.pop((p["kind"], p["name"])) for p in unchanged]
         if made:  # planned otherwise now: what was created for the old plan goes first
             await self.injector.withdraw(started.owner[0], list(made.values()), admission_id)
-        redo = [p for p in decision.injections if p not in unchanged]
+        # Reported as created only while still there as this submission's: deleted or replaced since
+        # /mutate (another create of the same name, the reconciler), they are made again.
+        gone = {(r["kind"], r["name"]) for r in await self.injector.gone(started.owner[0], kept, admission_id)}
+        kept = [r for r in kept if (r["kind"], r["name"]) not in gone]
+        redo = [p for p in decision.injections if p not in unchanged or (p["kind"], p["name"]) in gone]
         if redo:
             kept += await self.injector(replace(decision, injections=redo), admission_id)
         return kept

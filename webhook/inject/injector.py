@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime as dt
 import logging
 
 from trainjob_admission.policies.decide import injections
@@ -35,6 +36,9 @@ from .provenance import Provenance
 
 log = logging.getLogger("trainjob_admission.injector")
 
+# How long another submission's unowned objects count as in flight: no create outlives the API
+# server's request timeout (--request-timeout, 60 s by default), which bounds all its webhook calls.
+IN_FLIGHT_SECONDS = 60.0
 FINGERPRINT_ANNOTATION = "trainjob-admission.io/ssh-key-fingerprint"
 KEY_TYPE_ANNOTATION = "trainjob-admission.io/ssh-key-type"
 
@@ -83,6 +87,19 @@ class Injector(Calls):
                 log.warning("could not delete %s %s/%s of a refused submission: %s", record["kind"], namespace,
                             record["name"], summary(exc, self.timeout))
 
+    async def gone(self, namespace: str, records: list[dict], admission_id: str) -> list[dict]:
+        """Those of ``records`` said created that are no longer this submission's objects (deleted, or
+        replaced by another submission's), read back together; one that cannot be read counts as gone."""
+        async def lost(record: dict) -> bool:
+            try:
+                existing = await self.get(INJECTED[record["kind"]], namespace, record["name"])
+            except Exception:  # noqa: BLE001 - making it again reports the API trouble as a record
+                return True
+            return existing is None or not (_annotations(existing).get(injections.ADMISSION_ANNOTATION) == admission_id
+                                            and self.provenance.verify(record["kind"], existing))
+        created = [r for r in records if r.get("status") == "created"]
+        return [r for r, lost_it in zip(created, await asyncio.gather(*map(lost, created))) if lost_it]
+
     async def _inject(self, plan: dict, job: EffectiveJob, admission_id: str, decision: Decision) -> dict:
         """Create first and look only on a name conflict: one API call per object in the common
         case (the admission latency of a job is the slower of its two objects)."""
@@ -99,7 +116,7 @@ class Injector(Calls):
                             and _same_settings(kind, existing, body):
                         # started by /mutate (here or on another replica), or a retried call
                         return {**record, "status": "created", **_key_fields(existing)}
-                    reason, fix = await self._keep_reason(kind, existing, job, ours)
+                    reason, fix = await self._keep_reason(kind, existing, job, ours, admission_id)
                     if reason and _adopts(kind, decision):
                         consequence = ("Trainer will use it" if kind == "Secret"
                                        else "trainjob-admission added no NetworkPolicy for this job")
@@ -132,7 +149,8 @@ class Injector(Calls):
         body["metadata"]["annotations"][injections.ADMISSION_ANNOTATION] = admission_id
         return self.provenance.stamp("NetworkPolicy", body)
 
-    async def _keep_reason(self, kind: str, existing: dict, job: EffectiveJob, ours: bool) -> tuple[str, str]:
+    async def _keep_reason(self, kind: str, existing: dict, job: EffectiveJob, ours: bool,
+                           admission_id: str) -> tuple[str, str]:
         """Why an existing object must not be replaced, and the submitter's fix; ("", "") when it
         is our leftover to replace."""
         if not ours:
@@ -146,6 +164,14 @@ class Injector(Calls):
         if await self.get_job(job.kind, job.namespace, job.name) is not None:  # not yet adopted, but a stored job of this name mounts it
             return (f"already exists for the {job.kind} {job.name} that is already in the cluster",
                     f"rename the job, or delete {job.kind} {job.name} first")
+        left = IN_FLIGHT_SECONDS - age(existing["metadata"])
+        if _annotations(existing).get(injections.ADMISSION_ANNOTATION) != admission_id and left > 0:
+            # Another create of this name is being admitted: replacing its object would leave that job
+            # without it (and our refusal's withdrawal would then delete what it holds).
+            return (f"was created {IN_FLIGHT_SECONDS - left:.0f} s ago for another submission of {job.kind} "
+                    f"{job.name} that is still being admitted",
+                    f"wait for that submission: once it is stored, rename this job; if it was refused, retry "
+                    f"in {left:.0f} s")
         return "", ""
 
 
@@ -161,6 +187,12 @@ def secret(job: EffectiveJob, name: str, admission_id: str, pair: keys.KeyPair) 
         "data": {"ssh-privatekey": base64.b64encode(pair.private_pem).decode(),
                  "ssh-publickey": base64.b64encode(pair.public_openssh).decode()},
     }
+
+
+def age(meta: dict) -> float:
+    """Seconds since the API server created the object (its clock, second precision)."""
+    created = dt.datetime.fromisoformat(meta["creationTimestamp"].replace("Z", "+00:00"))
+    return (dt.datetime.now(dt.timezone.utc) - created).total_seconds()
 
 
 def _annotations(obj: dict) -> dict:

@@ -11,7 +11,8 @@ is conditional on the resourceVersion we looked at.
 
 Work follows events, so an idle cluster costs nothing however many jobs it holds: watches of the
 jobs (kind, namespace, name and uid kept) and of our own objects (label-selected; only those not
-owned yet are kept, as metadata: never a key) meet in memory, and the object or the job that
+owned by their job yet are kept, as metadata: never a key; owned means by the job's uid, not a
+reference that merely names it) meet in memory, and the object or the job that
 arrives second triggers the adoption, once admissions pause (``lull``). A watch that lost events
 lists again and its cache is replaced (webhook/kube/watch.py), which adopts whatever met meanwhile. An object still unowned at
 the end of its grace period is looked at through the API, then adopted or deleted; a paged sweep
@@ -25,7 +26,6 @@ garbage collector deletes the dependents either way.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import time
 from collections import Counter
@@ -37,6 +37,7 @@ from ..kube.calls import Calls
 from ..kube.client import ApiError, KubeApi, summary
 from ..kube.resources import INJECTED, JOBS, Resource
 from ..kube.watch import Watcher
+from .injector import age
 from .provenance import Provenance
 
 log = logging.getLogger("trainjob_admission.reconciler")
@@ -89,7 +90,7 @@ class Reconciler(Calls):
         kind, job_name = _job_of(obj)
         if not self._ours(resource, obj, kind, job_name):
             return "skipped"
-        if _owned(obj, kind, job_name):
+        if _owned(obj, kind, job_name, self._jobs.get((kind, meta["namespace"], job_name))):
             return "owned"
         return await self._settle(resource, obj, kind, job_name, meta)
 
@@ -103,11 +104,11 @@ class Reconciler(Calls):
                 # it lives and dies with the job that uses it.
                 await self._adopt(resource, obj, kind, job_name, job["metadata"]["uid"])
                 return "adopted"
-            age = _age(meta)
-            if age < self.grace_seconds:
+            unowned_for = age(meta)
+            if unowned_for < self.grace_seconds:
                 return "waiting"
             await self.delete(resource, obj)
-            log.info("deleted orphan %s: %s %s never appeared in %.0f s", where, kind, job_name, age)
+            log.info("deleted orphan %s: %s %s never appeared in %.0f s", where, kind, job_name, unowned_for)
             return "deleted"
         except Exception as exc:  # noqa: BLE001 - one object's trouble must not stop the sweep
             if isinstance(exc, ApiError) and exc.status in (404, 409, 422):
@@ -124,7 +125,11 @@ class Reconciler(Calls):
                 and self.provenance.verify(resource.kind, obj))
 
     async def _adopt(self, resource: Resource, obj: dict, kind: str, name: str, uid: str) -> None:
-        existing = obj["metadata"].get("ownerReferences") or []
+        """Owner-reference ``obj`` to the job of ``uid``, replacing any reference that names a job
+        of that kind and name but is not this one (another uid or API group: a job deleted since,
+        or a look-alike, which the garbage collector would delete the object for, or never)."""
+        existing = [r for r in obj["metadata"].get("ownerReferences") or []
+                    if not (r.get("kind") == kind and r.get("name") == name)]
         ref = {"apiVersion": JOBS[kind].api_version, "kind": kind, "name": name, "uid": uid,
                "controller": not any(r.get("controller") for r in existing)}
         await self.json_patch(resource, obj, [
@@ -221,7 +226,7 @@ class Reconciler(Calls):
         """Objects still unowned at the end of their grace period: adopted or deleted through the API."""
         for key, objects in self._unowned.items():
             for kind, obj in objects.items():
-                if _age(obj["metadata"]) >= self.grace_seconds:
+                if age(obj["metadata"]) >= self.grace_seconds:
                     self._start(key, kind, obj, self._settle(INJECTED[kind], obj, key[0], key[2], obj["metadata"]))
 
     def _start(self, key: JobKey, kind: str, obj: dict, work: Coroutine, *, lull_until: float | None = None) -> None:
@@ -300,7 +305,8 @@ class _ObjectSink:
 
     def _unowned(self, obj: dict) -> tuple[JobKey, dict | None]:
         key, meta = _key(obj), obj["metadata"]
-        if not self.reconciler._ours(self.resource, obj, key[0], key[2]) or _owned(obj, key[0], key[2]):
+        uid = self.reconciler._jobs.get(key)  # read from the watch thread: one lookup in a dict only the loop replaces
+        if not self.reconciler._ours(self.resource, obj, key[0], key[2]) or _owned(obj, key[0], key[2], uid):
             return key, None
         return key, {"metadata": {field: meta[field] for field in _KEPT if field in meta}}
 
@@ -317,13 +323,13 @@ def _job_of(obj: dict) -> tuple[str, str]:
     return kind, name
 
 
-def _owned(obj: dict, kind: str, job_name: str) -> bool:
-    return any(r.get("kind") == kind and r.get("name") == job_name for r in obj["metadata"].get("ownerReferences") or [])
-
-
-def _age(meta: dict) -> float:
-    created = dt.datetime.fromisoformat(meta["creationTimestamp"].replace("Z", "+00:00"))
-    return (dt.datetime.now(dt.timezone.utc) - created).total_seconds()
+def _owned(obj: dict, kind: str, job_name: str, uid: str | None) -> bool:
+    """Whether ``obj`` is owned by its job: by ``uid`` when the job is known (a reference that only
+    names it is not it); else, by the job's API group, kind and name."""
+    group = JOBS[kind].api_version.partition("/")[0] if kind in JOBS else ""
+    return any(r.get("uid") == uid if uid is not None else
+               (r.get("kind") == kind and r.get("name") == job_name and str(r.get("apiVersion")).startswith(group + "/"))
+               for r in obj["metadata"].get("ownerReferences") or [])
 
 
 def _summary(counts: Counter) -> dict:
