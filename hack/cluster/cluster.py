@@ -66,6 +66,9 @@ VERSIONS = {
     # (policies/k8s/versions.py TRAINER_OLDEST; tests/unit/test_versions.py)
     "trainer-v2.1": "v2.1.0",  # spec.podTemplateOverrides
     "trainer-v2.0": "v2.0.0",  # spec.podSpecOverrides
+    # Pod Security admission's fixtures (tests/unit/test_podsecurity_upstream.py); the staging
+    # module of "kubernetes", nothing is built from it here
+    "pod-security-admission": "v0.36.3",
 }
 MODULES = {
     "kubernetes": "k8s.io/kubernetes",
@@ -78,6 +81,7 @@ MODULES = {
     "trainer-v2.1": "github.com/kubeflow/trainer/v2",
     "trainer-v2.0": "github.com/kubeflow/trainer/v2",
     "kueue": "sigs.k8s.io/kueue",  # built in its own module (OWN_MODULES); its version is per stack
+    "pod-security-admission": "k8s.io/pod-security-admission",
 }
 # Modules read for manifests only. They stay out of tools/go.mod: a `require` would merge their
 # module graph (mpi-operator pulls golangci-lint, kind, volcano) into the build and could move
@@ -88,6 +92,7 @@ DATA_MODULES = {
     "cel-spec": "h1:1KrZg61W6TWSxuNZ37Xy49ps13NUovb66QLprthtwi4=",
     "trainer-v2.1": "h1:jRABD9ZYToamNH2atHze3L/VC/v6KCAqUEqsOQOjVTg=",
     "trainer-v2.0": "h1:mnQSR9iPKItxyUR8mq66XsmxqKNVHwr9YYOB7BTU9dU=",
+    "pod-security-admission": "h1:nWRx42eQwSkapa0TPwtho35adfSziRmPYuzwU+4xPpo=",
 }
 BUILD_MODULES = {k: m for k, m in MODULES.items() if k not in DATA_MODULES and k in VERSIONS}
 

@@ -104,6 +104,23 @@ def test_body_over_limit_is_refused_and_logged(webhook_server):
     assert record["decision"] == "error" and record["httpStatus"] == 413 and record["allowed"] is False
 
 
+def test_a_caller_gone_mid_body_is_recorded_without_a_traceback(webhook_server, caplog):
+    """A client (or an API server timing out) that closes its connection halfway through a body
+    leaves a record of what happened, not an aiohttp 'Error handling request' traceback in the log."""
+    before = len(webhook_server.records())
+    with socket.create_connection(("127.0.0.1", webhook_server.port), timeout=5) as raw:
+        with webhook_server.client_context().wrap_socket(raw, server_hostname="localhost") as tls:
+            tls.sendall(b"POST /validate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: 100000\r\n\r\n{\"apiVersion\": ")
+    deadline = time.monotonic() + 10
+    while len(webhook_server.records()) == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (record,) = webhook_server.records()[before:]
+    assert record["httpStatus"] == 400 and record["allowed"] is False
+    assert record["messages"] == ["the connection closed before the request body arrived"]
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], [r.getMessage() for r in caplog.records]
+
+
 @pytest.mark.parametrize("encoding", ["gzip", "deflate", "br"])
 def test_compressed_body_is_refused_unread_and_logged(webhook_server, encoding):
     """A 3.5 KB gzip body that inflates to 3 MB would slip past the size and in-flight bounds,

@@ -105,6 +105,9 @@ class WebhookServer:
         except asyncio.TimeoutError:
             status, payload = await self.reviewer.refuse(
                 endpoint, 408, f"request body not received within {BODY_READ_TIMEOUT:g} s", caller)
+        except ConnectionResetError:  # the caller went away mid-body: recorded, never a traceback
+            status, payload = await self.reviewer.refuse(
+                endpoint, 400, "the connection closed before the request body arrived", caller)
         except web.HTTPRequestEntityTooLarge:
             status, payload = await self.reviewer.refuse(
                 endpoint, 413, f"request body larger than {MAX_BODY_BYTES} bytes", caller)
