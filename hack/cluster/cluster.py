@@ -55,6 +55,9 @@ VERSIONS = {
     "trainer": "v2.3.0",
     "mpi-operator": "v0.7.0",  # CRD only (legacy kubeflow.org/v2beta1 MPIJob); nothing is built
     "cel-spec": "v0.25.1",  # the cel-spec conformance suite (tests/unit/test_cel_conformance.py); nothing is built
+    # Pod Security admission's fixtures (tests/unit/test_podsecurity_upstream.py); the staging
+    # module of "kubernetes", nothing is built from it here
+    "pod-security-admission": "v0.36.3",
 }
 MODULES = {
     "kubernetes": "k8s.io/kubernetes",
@@ -64,6 +67,7 @@ MODULES = {
     "trainer": "github.com/kubeflow/trainer/v2",
     "mpi-operator": "github.com/kubeflow/mpi-operator",
     "cel-spec": "cel.dev/expr",
+    "pod-security-admission": "k8s.io/pod-security-admission",
 }
 # Modules read for manifests only. They stay out of tools/go.mod: a `require` would merge their
 # module graph (mpi-operator pulls golangci-lint, kind, volcano) into the build and could move
@@ -72,6 +76,7 @@ MODULES = {
 DATA_MODULES = {
     "mpi-operator": "h1:ID1eyzAFOMofgynEvfy4//S3q7Ra1OSexrggb1VcC1o=",
     "cel-spec": "h1:1KrZg61W6TWSxuNZ37Xy49ps13NUovb66QLprthtwi4=",
+    "pod-security-admission": "h1:nWRx42eQwSkapa0TPwtho35adfSziRmPYuzwU+4xPpo=",
 }
 BUILD_MODULES = {k: m for k, m in MODULES.items() if k not in DATA_MODULES}
 

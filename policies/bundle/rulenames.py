@@ -10,7 +10,8 @@ MATCH_CONDITION = "match-condition"  # a bundle's matchCondition that could not 
 AUDIT_ANNOTATION = "audit-annotation"  # an auditAnnotation that could not be evaluated
 CUSTOM_MUTATION = "custom-mutation"  # an admin-written mutation that could not be applied
 PARAMS = "params"  # a paramRef bundle found no params object (policies/decide/paramref.py)
+FIELD_VALIDATION = "field-validation"  # the API server's strict field validation (offline review; bundle "kubernetes")
 # the job could not be modelled; it is over the input limits; a GPU product the bundle does not offer
 ENGINE_RULES = ("job-model", "input-limits", "gpu-node-targeting", MATCH_CONDITION, AUDIT_ANNOTATION,
-                CUSTOM_MUTATION, PARAMS)
+                CUSTOM_MUTATION, PARAMS, FIELD_VALIDATION)
 BUILTIN_RULES = CHECK_RULES + ENGINE_RULES

@@ -161,6 +161,14 @@ class NodeTargetingMutation(Strict):
     productAnnotation: str = Field(default="trainjob-admission.io/gpu-product", min_length=1, max_length=316)
 
 
+class ExtendedResourceTolerationsMutation(Strict):
+    """Kubernetes' ExtendedResourceToleration admission plugin, for clusters that do not enable it:
+    each pod that requests an extended resource (nvidia.com/gpu) tolerates taints keyed by that
+    resource's name with effect NoSchedule, the GPU operator's and cloud GPU pools' convention."""
+
+    enabled: bool = True
+
+
 class PatchExpression(Strict):
     """A CEL expression that computes a patch (MutatingAdmissionPolicy's JSONPatch and ApplyConfiguration)."""
 
@@ -198,6 +206,7 @@ class Mutations(Strict):
     securityDefaults: SecurityDefaultsMutation | None = None
     costLabels: CostLabelsMutation | None = None
     nodeTargeting: NodeTargetingMutation | None = None
+    extendedResourceTolerations: ExtendedResourceTolerationsMutation | None = None
     custom: list[CustomMutation] | None = Field(default=None, max_length=64)  # run per bundle, never merged
 
 

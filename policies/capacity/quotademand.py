@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from ..job.effective_job import EffectiveJob, PodSet
-from ..k8s.quantity import QuantityError, numbers
+from ..k8s.quantity import QuantityError, is_extended_resource, numbers
 from . import objectcounts, quotascope
 
 POD_COMPUTE = ("cpu", "memory", "ephemeral-storage")
@@ -65,7 +65,7 @@ def pod_key(key: str) -> tuple[str, str] | None:
     if section == "limits" and resource in POD_COMPUTE:
         return ("limits", resource)
     if section == "requests" and (resource in POD_COMPUTE or resource.startswith(HUGEPAGES)
-                                  or _extended(resource) or resource.startswith(DEVICE_CLASS)):
+                                  or is_extended_resource(resource) or resource.startswith(DEVICE_CLASS)):
         return ("requests", resource)
     return None
 
@@ -76,17 +76,11 @@ def unenforced(key: str) -> str | None:
     if pod_key(key) is not None:
         return None
     section, dot, resource = key.partition(".")
-    if dot and section == "limits" and resource not in POD_COMPUTE and (_extended(resource) or resource.startswith(HUGEPAGES)):
+    if dot and section == "limits" and resource not in POD_COMPUTE and (is_extended_resource(resource) or resource.startswith(HUGEPAGES)):
         return resource
-    if _extended(key) and not key.startswith("count/") and objectcounts.STORAGE_CLASS_SUFFIX not in key:
+    if is_extended_resource(key) and not key.startswith("count/") and objectcounts.STORAGE_CLASS_SUFFIX not in key:
         return key
     return None
-
-
-def _extended(resource: str) -> bool:
-    """helper.IsExtendedResourceName's test that matters here: not native (native names have no
-    domain or a kubernetes.io one)."""
-    return "/" in resource and "kubernetes.io/" not in resource
 
 
 def needs(job: EffectiveJob, quota: dict, injected: Iterable[str] = (), matched: set[int] | None = None) -> dict[str, Need]:

@@ -236,8 +236,9 @@ class Defaults:
 
 
 def defaults(settings: Sequence[DurationCheck | None], namespace: str, groups: Sequence[str]) -> Defaults:
-    """The default duration is that of the first bundle (``settings`` in priority order) whose
-    enabled duration check has one for this namespace and submitter, as mutation settings combine."""
-    found = [limits(s, namespace, groups) for s in settings if s is not None and s.enabled]
-    return Defaults(next((f.default for f in found if f.default is not None), None),
-                    any(f.apply for f in found))
+    """What the first bundle (``settings`` in priority order) whose duration check is enabled
+    sets for this namespace and submitter: that bundle owns the duration limits, its maximum the
+    only one checked (checks/registry.py ``yields``), so its default is the one set."""
+    owner = next((s for s in settings if s is not None and s.enabled), None)
+    found = limits(owner, namespace, groups) if owner is not None else None
+    return Defaults(found.default if found else None, bool(found and found.apply))

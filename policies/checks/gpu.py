@@ -1,5 +1,6 @@
-"""GPU limits: accelerators per node and per job, which accelerator resources are allowed, and
-no GPUs on a launcher that only coordinates (unless the launcher also runs as a node)."""
+"""GPU limits: accelerators per node and per job, which accelerator resources are allowed (every
+family by default), and no GPUs on a launcher that only coordinates (unless the launcher also runs
+as a node)."""
 from __future__ import annotations
 
 from typing import Annotated
@@ -7,7 +8,7 @@ from typing import Annotated
 from pydantic import Field
 
 from ..k8s.apitypes import Strict
-from ..k8s.quantity import DEFAULT_ACCELERATORS
+from ..k8s.quantity import DEFAULT_ACCELERATORS, is_accelerator
 from .base import CheckContext, Finding
 from ..job.vocabulary import field_value, is_node, plural
 from .fields import per_worker_field
@@ -17,7 +18,10 @@ class GpuCheck(Strict):
     enabled: bool = True
     maxPerWorker: int | None = Field(default=None, ge=0)
     maxPerJob: int | None = Field(default=None, ge=0)
-    allowedResources: list[str] = ["nvidia.com/gpu", "amd.com/gpu"]
+    # The accelerators jobs may request (fnmatch patterns, as accelerators): every family by
+    # default; an admin narrows the list to what the cluster offers. Empty: any.
+    allowedResources: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(
+        default=list(DEFAULT_ACCELERATORS), max_length=64)
     allowOnLauncher: bool = False
     # What counts as a GPU (fnmatch patterns of device-plugin resources): job totals, these limits,
     # quota messages, the CEL job.totals.gpus. Device counts only, never shares such as millicores.
@@ -28,11 +32,11 @@ class GpuCheck(Strict):
 def check(context: CheckContext, settings: GpuCheck) -> list[Finding]:
     job = context.job
     findings: list[Finding] = []
-    allowed = set(settings.allowedResources)
+    allowed = tuple(settings.allowedResources)
     launcher_is_node = bool(job.mpi.get("runLauncherAsNode"))
     for ps in job.with_pods:
         for resource, amount in sorted(ps.gpus.items()):
-            if allowed and resource not in allowed:
+            if allowed and not is_accelerator(resource, allowed):
                 findings.append(Finding(
                     f"{ps.name} pods request {amount} {resource}, which this cluster's policy does not allow "
                     f"(allowed accelerators: {', '.join(sorted(allowed))})",

@@ -18,6 +18,9 @@ class BuiltinCheck:
     model: type[Strict]  # its settings (with ``enabled: bool = True``)
     run: Check
     needs_old_job: bool = False  # reads the job before an UPDATE (built only when such a check runs)
+    # One bundle's settings decide, as mutation settings combine: an enforcing bundle's check
+    # runs only where no enforcing bundle before it (in priority order) enables the same check.
+    yields: bool = False
 
     def settings(self, checks: Any) -> Any | None:
         """This check's settings in a bundle, or None when the bundle does not enable it."""
@@ -31,7 +34,8 @@ CHECKS: tuple[BuiltinCheck, ...] = (
     BuiltinCheck("job-shape", "shape", shape.ShapeCheck, shape.check),
     BuiltinCheck("pod-security", "podSecurity", podsecurity.PodSecurityCheck, podsecurity.check),
     BuiltinCheck("limit-range", "limitRange", limitrange.LimitRangeCheck, limitrange.check),
-    BuiltinCheck("duration", "duration", duration.DurationCheck, duration.check),
+    # The default deadline is the first bundle's (duration.defaults); so is the maximum it is held to.
+    BuiltinCheck("duration", "duration", duration.DurationCheck, duration.check, yields=True),
     BuiltinCheck("image-policy", "images", images.ImageCheck, images.check),
     BuiltinCheck("schedulability", "schedulability", schedulability.SchedulabilityCheck, schedulability.check),
     BuiltinCheck("kueue", "kueue", kueue.KueueCheck, kueue.check),

@@ -11,8 +11,8 @@ from typing import Any, Callable
 
 from ..bundle import custommutations, rulenames
 from ..capacity import clusterqueues, objectcounts, quotascope
-from ..job import effective_job, queueing, vocabulary
-from ..k8s import redaction
+from ..job import effective_job, queueing, trainerwebhook, vocabulary
+from ..k8s import fieldvalidation, redaction
 from . import exceptions, injections, limits, mutations
 
 from ..bundle.compile import Bundle, CompiledRule, Conditions, accelerators
@@ -324,12 +324,15 @@ def _builtin(bundle: str, rule: str, findings: list[Finding], found: Found) -> l
     return results
 
 
-def _checks(bundle: Bundle, context: CheckContext, found: Found) -> list[RuleResult]:
+def _checks(bundle: Bundle, context: CheckContext, owners: dict[str, str], found: Found) -> list[RuleResult]:
+    """The bundle's built-in checks; a check that yields runs in an enforcing bundle only when that
+    bundle owns it (``owners``: rule -> the first enforcing bundle that enables it)."""
     results = []
     for check in CHECKS:
         settings = check.settings(bundle.spec.checks)
-        if settings is not None:
-            results += _builtin(bundle.name, check.rule, check.run(context, settings), found)
+        if settings is None or (check.yields and bundle.spec.mode == "enforce" and owners.get(check.rule) != bundle.name):
+            continue
+        results += _builtin(bundle.name, check.rule, check.run(context, settings), found)
     return results
 
 
@@ -486,12 +489,29 @@ def _unchecked(request: AdmissionInput, state: ClusterState, active: list[Bundle
     return unchecked
 
 
+FIELD_VALIDATION = ("kubernetes", rulenames.FIELD_VALIDATION)  # (bundle, rule) of the API server's own refusal
+
+
+def _field_validation(request: AdmissionInput, schemas: fieldvalidation.Schemas | None) -> list[RuleResult]:
+    """The API server's strict field validation of the object (policies/k8s/fieldvalidation.py):
+    it refuses such an object whatever the bundles say, so it is no bundle's rule."""
+    found = fieldvalidation.problems(request.object, schemas) if schemas is not None else []
+    if not found:
+        return []
+    kind = request.kind.lower()
+    return [RuleResult(*FIELD_VALIDATION, Result.FAIL, Effect.DENY, [message for message, _ in found],
+                       [fix.replace("<kind>", kind) for _, fix in found])]
+
+
 def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState,
-             budget: Budget | None = None, *, mutate: bool = True, report_unchecked: bool = False) -> Decision:
+             budget: Budget | None = None, *, mutate: bool = True, report_unchecked: bool = False,
+             schemas: fieldvalidation.Schemas | None = None) -> Decision:
     """``budget`` bounds the CEL work (a fresh :class:`~policies.cel.environment.Budget` if None); the server
     gives it a deadline and a cancel flag, so an evaluation nobody waits for stops. ``mutate=False``
     judges the object as it is, without the bundles' mutations (policies/decide/stored.py).
-    ``report_unchecked`` fills Decision.unchecked (offline review; the webhook does not pay for it)."""
+    ``report_unchecked`` fills Decision.unchecked (offline review; the webhook does not pay for it).
+    ``schemas``: validate the object's fields as the API server does first (offline: the server's
+    objects have passed the API server already); a refused object is judged no further."""
     budget = budget or Budget()
     obj = request.object
     namespace = state.namespace(request.namespace)
@@ -503,9 +523,10 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
                           "namespaceObject": lambda: namespace, "authorizer": request.authorizer})
     resolved = paramref.resolve(active, state, request.namespace)  # paramRef bundles' params
     active = resolved.bundles
-    oversized = _oversized(request, active) if active else []  # before any CEL reads the object
+    # Too large to evaluate, or refused by the API server's field validation: denied as it is, unmutated.
+    stopped = (_oversized(request, active) if active else []) or _field_validation(request, schemas)
     unmet: list[RuleResult] = []
-    if not oversized and any(b.conditions for b in active):
+    if not stopped and any(b.conditions for b in active):
         active, unmet = _matching(active, shared, obj, budget)
     enforcing = [b for b in active if b.spec.mode == "enforce"]
     warnings = [DEPRECATION_WARNING] if request.kind == "MPIJob" else []
@@ -515,21 +536,23 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
     patch: list[dict] = []
     mutated = obj
     budget.check()
-    results: list[RuleResult] = oversized + unmet + resolved.results
-    if not oversized:  # else too large to evaluate: denied as it is, unmutated
+    results: list[RuleResult] = stopped + unmet + resolved.results
+    if not stopped:
         try:
             state, snapshot_warning = running_state(request.operation, obj, state)  # the runtime Trainer runs it with
             warnings += [snapshot_warning] if snapshot_warning and active else []
             families = accelerators(active)
             job = effective_job.build(obj, state, families)
+            warnings += list(job.warnings) if active else []
             if request.operation == "UPDATE":
                 queueing.check_stays_remote(request.old_object, obj)
+                refused = trainerwebhook.update_refusals(request.old_object or {}, obj) if job.kind == "TrainJob" else []
+                if refused:
+                    raise JobModelError(trainerwebhook.message(refused, "the update"))
             if mutate and request.operation == "CREATE" and enforcing:
-                settings = merged(Mutations, [b.spec.mutations for b in enforcing])
+                settings, deadline = _mutation_settings(enforcing, request)
                 base = mutations.without_own_patch(obj)  # planned on the pods as the runtime and user made them
                 planned_on = job if base is None else effective_job.build(base, state, families)
-                deadline = duration.defaults([b.spec.checks.duration for b in enforcing], request.namespace,
-                                             request.groups)
                 patch, patched = mutations.plan(obj, planned_on, settings, namespace, deadline, state.local_queues)
                 if patch:
                     mutated = patched
@@ -547,6 +570,15 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
             # Pods the API server would refuse: the job is judged without the refused values, so every
             # other problem is reported with it (unmutated: it is denied).
             job = exc.job if isinstance(exc, PodRefused) else None
+            if job is not None and mutate and request.operation == "CREATE" and enforcing:
+                # ...and as /mutate would leave it (its default deadline, its security defaults), so a
+                # value the service would set is not reported missing.
+                try:
+                    settings, deadline = _mutation_settings(enforcing, request)
+                    _, mutated = mutations.plan(obj, job, settings, namespace, deadline, state.local_queues)
+                    job = mutations.mutated_job(job, mutated) or job
+                except JobModelError:
+                    mutated = obj
 
     planned: list[dict] = []  # planned before the checks: object-count quotas count what the server adds
     injection_settings = None
@@ -565,10 +597,12 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
             limit_ranges=state.namespace_limit_ranges(request.namespace), injections=planned, state=state,
             operation=request.operation, username=request.username, groups=tuple(request.groups),
             submitted=obj, budget=budget, facts=facts)
+        owners = {c.rule: next((b.name for b in enforcing if c.settings(b.spec.checks) is not None), "")
+                  for c in CHECKS if c.yields}
         fixes: Found = []
         for bundle in active:
             budget.check()
-            results += _checks(bundle, context, fixes)
+            results += _checks(bundle, context, owners, fixes)
             found, annotations = paramref.run_each(bundle, resolved, lambda b: _run_cel(b, activation, budget))
             results += found
             audit_annotations.update(annotations)
@@ -604,3 +638,9 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
         facts=facts,
         audit_annotations=audit_annotations,
     )
+
+
+def _mutation_settings(enforcing: list, request: AdmissionInput) -> tuple[Mutations, duration.Defaults]:
+    """What /mutate sets on a new job: the enforcing bundles' mutations and the default deadline."""
+    return (merged(Mutations, [b.spec.mutations for b in enforcing]),
+            duration.defaults([b.spec.checks.duration for b in enforcing], request.namespace, request.groups))

@@ -95,6 +95,7 @@ def plan(obj: dict, job: EffectiveJob, settings: Mutations, namespace: dict,
     defaults = settings.securityDefaults is not None and settings.securityDefaults.enabled
     targeting = settings.nodeTargeting
     product = nodetargeting.requested_product(obj, targeting) if targeting else None
+    resource_tolerations = settings.extendedResourceTolerations is not None and settings.extendedResourceTolerations.enabled
     mutated = smp.clone(obj)
     if labels:
         mutated.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
@@ -108,6 +109,8 @@ def plan(obj: dict, job: EffectiveJob, settings: Mutations, namespace: dict,
             spec_patch = security_defaults(pod_spec, ps.added_containers) if defaults else {}
             if targeting:  # only the pods that request the accelerators (never a launcher without)
                 spec_patch.update(nodetargeting.pod_spec_patch(pod_spec, ps.requests, targeting, product))
+            if resource_tolerations:  # after node targeting: its tolerations count as the pod's
+                spec_patch.update(nodetargeting.resource_tolerations({**pod_spec, **spec_patch}, ps.requests))
             if spec_patch:
                 pod_patch["spec"] = spec_patch
             if pod_patch:
@@ -128,9 +131,13 @@ def plan(obj: dict, job: EffectiveJob, settings: Mutations, namespace: dict,
                     template.setdefault("metadata", {}).setdefault(part, {}).update(metadata[part])
             if defaults:
                 template["spec"] = _merge_defaults(template.get("spec") or {})
+            requests = next((ps.requests for ps in job.pod_sets if ps.name == key.lower()), {})
             if targeting:
-                requests = next((ps.requests for ps in job.pod_sets if ps.name == key.lower()), {})
                 found = nodetargeting.pod_spec_patch(template.get("spec") or {}, requests, targeting, product)
+                if found:
+                    template["spec"] = smp.merge(template.get("spec") or {}, found)
+            if resource_tolerations:
+                found = nodetargeting.resource_tolerations(template.get("spec") or {}, requests)
                 if found:
                     template["spec"] = smp.merge(template.get("spec") or {}, found)
     if local_queues is not None and settings.scheduling and labels.get(settings.scheduling.queueLabel):

@@ -18,7 +18,7 @@ from ..bundle.schema import AcceleratorTargeting, NodeTargetingMutation
 from ..capacity.nodefit import toleration_of, tolerates
 from ..job.effective_job import MutationRefused
 from ..k8s.apitypes import Toleration
-from ..k8s.quantity import is_accelerator
+from ..k8s.quantity import is_accelerator, is_extended_resource
 
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 # A label value (apimachinery validation IsValidLabelValue): a pod whose affinity names another
@@ -60,6 +60,17 @@ def pod_spec_patch(pod_spec: dict, requests: dict[str, int], settings: NodeTarge
     if terms is not None:
         patch["affinity"] = {"nodeAffinity": {REQUIRED: {"nodeSelectorTerms": terms}}}
     return patch
+
+
+def resource_tolerations(pod_spec: dict, requests: dict[str, int]) -> dict:
+    """The pod-spec patch of the ExtendedResourceToleration admission plugin (k8s.io/kubernetes
+    plugin/pkg/admission/extendedresourcetoleration/admission.go): for each extended resource the
+    pod's containers request (sorted), an Exists toleration of that key with effect NoSchedule,
+    unless one the pod has already covers it; {} when none is missing."""
+    wanted = [Toleration(key=name, operator="Exists", effect="NoSchedule")
+              for name in sorted(requests) if is_extended_resource(name)]
+    tolerations = _tolerations(pod_spec.get("tolerations"), wanted) if wanted else None
+    return {"tolerations": tolerations} if tolerations is not None else {}
 
 
 def _requested(rule: AcceleratorTargeting, requests: dict[str, int]) -> str | None:

@@ -16,7 +16,7 @@ from ..k8s import limitranger, podvalidation, redaction
 from ..k8s.clusterstate import TRAINER_GROUP, ClusterState
 from ..k8s.podresources import pod_resources
 from ..k8s.quantity import DEFAULT_ACCELERATORS, QuantityError, is_accelerator, numbers
-from . import phases, runtimepatch, smp
+from . import phases, runtimepatch, smp, trainerwebhook
 
 MPIJOB_GROUP = "kubeflow.org"
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"  # pkg/constants/constants.go
@@ -133,6 +133,7 @@ class EffectiveJob:
     # and whether it gets a headless Service (network.enableDNSHostnames, defaulted to true).
     volume_claims: list[dict] = field(default_factory=list)
     headless_service: bool = False
+    warnings: tuple[str, ...] = ()  # what Trainer's webhook warns about the job (a deprecated runtime)
 
     def role(self, role: str) -> PodSet | None:
         return next((ps for ps in self.pod_sets if ps.role == role), None)
@@ -498,6 +499,14 @@ def from_trainjob(trainjob: dict, state: ClusterState,
             jobset_spec = smp.merge(jobset_spec, template["spec"])
             for rjob in template["spec"].get("replicatedJobs") or [] if _cited(patch) else []:
                 patched_by.setdefault(rjob.get("name", ""), []).append(f"spec.runtimePatches[{index}]")
+    refused = trainerwebhook.runtime_refusals(runtime)
+    if refused:
+        raise JobModelError(trainerwebhook.message(refused, f"{runtime_name}") + " (the runtime could not have been "
+                            "created with Trainer's webhook running): use a runtime that Trainer accepts")
+    refused = trainerwebhook.trainjob_refusals(trainjob, runtime, jobset_spec,
+                                               lambda: _gpus_per_node(jobset_spec, per_node_gpus))
+    if refused:
+        raise JobModelError(trainerwebhook.message(refused))
     replicated_jobs = jobset_spec.get("replicatedJobs") or []
     if not replicated_jobs:
         raise JobModelError(f"runtime {runtime_name} has no replicatedJobs, so Trainer would create no pods: "
@@ -604,9 +613,24 @@ def from_trainjob(trainjob: dict, state: ClusterState,
         pod_selector={JOBSET_NAME_LABEL: name},
         volume_claims=[dict(claim) for policy in jobset_spec.get("volumeClaimPolicies") or [] if isinstance(policy, dict)
                        for claim in policy.get("templates") or [] if isinstance(claim, dict)],  # shallow: read only
+        warnings=tuple(trainerwebhook.warnings(runtime)),
         headless_service=not (isinstance(jobset_spec.get("network"), dict)
                               and jobset_spec["network"].get("enableDNSHostnames") is False),
     )
+
+
+def _gpus_per_node(jobset_spec: dict, per_node_gpus: int | None) -> int:
+    """GPUs per node as Trainer's torchtune validation counts them: spec.trainer.resourcesPerNode,
+    else the "node" container of the first "node" or trainer-ancestor job (runtime.go
+    ExtractResourcePerNodeFromRuntime, GetNumGPUPerNode)."""
+    if per_node_gpus is not None:
+        return per_node_gpus
+    for rjob in jobset_spec.get("replicatedJobs") or []:
+        if isinstance(rjob, dict) and (rjob.get("name") == NODE or _ancestor(rjob) == ANCESTOR_TRAINER):
+            node = _container(_pod_template(rjob).get("spec") or {}, NODE)
+            if node is not None and isinstance(node.get("resources"), dict):
+                return _gpus_in(node["resources"], f"replicatedJobs[{rjob.get('name')}] node container resources")
+    return 0
 
 
 def _add_flux_installer(pod_spec: dict, node_container: dict | None) -> str:

@@ -22,6 +22,36 @@ MAX_DOCUMENT_CHARS = 2 * 1024 * 1024  # one document (etcd stores at most 1.5 Mi
 MAX_ALIAS_NODES = 10_000  # nodes that aliases may add to one document, all together
 
 
+class DuplicateKeys(dict):
+    """A mapping whose text named some keys more than once (the last value kept, as a decoder
+    keeps it): strict field validation (policies/k8s/fieldvalidation.py) refuses them by path."""
+
+    duplicates: tuple[str, ...] = ()
+
+
+def _construct_map(loader: yaml.SafeLoader, node: yaml.MappingNode) -> Any:
+    """SafeLoader's mapping, a DuplicateKeys where a key is written twice (merge keys aside)."""
+    seen: set[tuple[str, str]] = set()
+    repeated: list[str] = []
+    for key, _ in node.value:
+        if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+            if (key.tag, key.value) in seen and key.value not in repeated:
+                repeated.append(key.value)
+            seen.add((key.tag, key.value))
+    data: dict = DuplicateKeys() if repeated else {}
+    if repeated:
+        data.duplicates = tuple(repeated)  # type: ignore[attr-defined]
+    yield data
+    data.update(loader.construct_mapping(node))
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that remembers repeated keys."""
+
+
+_Loader.add_constructor("tag:yaml.org,2002:map", _construct_map)
+
+
 class ManifestError(PolicyError, ValueError):
     """A source that cannot be read as YAML documents, with where (1-based; None: the whole source)."""
 
@@ -35,7 +65,7 @@ def parse_nodes(text: str, what: str = "a manifest") -> list[tuple[Any, yaml.Nod
     names the kind of source in messages ("a bundle")."""
     if len(text) > MAX_SOURCE_CHARS:
         raise ManifestError(f"{len(text)} characters, more than the {MAX_SOURCE_CHARS} {what} source may have")
-    loader = yaml.SafeLoader(text)
+    loader = _Loader(text)
     documents = []
     try:
         while loader.check_node():

@@ -141,6 +141,21 @@ def resource_base(name: str) -> str:
     return name
 
 
+# apimachinery validation IsQualifiedName: an optional DNS-subdomain prefix and "/", then a name of
+# at most 63 alphanumerics, "-", "_" or "." that starts and ends alphanumeric.
+_QUALIFIED = re.compile(r"(?:(?=.{1,253}/)[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*/)?"
+                        r"(?=.{1,63}$)[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
+
+def is_extended_resource(name: str) -> bool:
+    """core/helper IsExtendedResourceName (k8s.io/kubernetes pkg/apis/core/helper/helpers.go): not
+    native (native names have no domain or a kubernetes.io one), not a ``requests.`` quota name,
+    and a qualified name once ``requests.`` is put in front of it."""
+    if "/" not in name or "kubernetes.io/" in name or name.startswith("requests."):
+        return False
+    return _QUALIFIED.fullmatch("requests." + name) is not None
+
+
 def is_accelerator(resource: str, patterns: tuple[str, ...] = DEFAULT_ACCELERATORS) -> bool:
     """Whether the resource is a device count of one of the accelerator families ``patterns``."""
     return _matcher(patterns)(resource_base(resource)) is not None

@@ -7,7 +7,10 @@ submitter's terminal, so the engine replaces every verbatim occurrence of such a
 ``MIN_LENGTH`` characters or more with ``[redacted]`` before the decision leaves it. Shorter
 values ("1", "true", "debug") are kept: they are not secrets, and replacing them would garble
 the numbers and words around them. Annotations under ``trainjob-admission.io/`` are kept too: they
-are requests to this service (a GPU product, a duration grant) that its messages must name.
+are requests to this service (a GPU product, a duration grant) that its messages must name; and
+so are those whose values Kubernetes and OpenShift define (``PUBLIC_ANNOTATIONS``: seccomp and
+AppArmor profiles, a project's SCC ranges), which a Pod Security or SCC finding must name to say
+what is wrong (``AppArmor profile unconfined``).
 docs/auditor-guide.md, "Redaction", states the rule.
 
 Replacing finds only whole values, so the service's own error texts never echo part of one:
@@ -20,6 +23,11 @@ from typing import Any
 
 REDACTED = "[redacted]"
 OWN_ANNOTATIONS = "trainjob-admission.io/"
+PUBLIC_ANNOTATIONS = (  # key prefixes whose values are profiles and ranges, never credentials
+    OWN_ANNOTATIONS,
+    "seccomp.security.alpha.kubernetes.io/", "container.seccomp.security.alpha.kubernetes.io/",
+    "container.apparmor.security.beta.kubernetes.io/", "openshift.io/sa.scc.",
+)
 MIN_LENGTH = 8
 MAX_NODES = 50_000  # maps and lists walked per object: policies/decide/limits.py MAX_NODES values in all
 SHOWN_CHARS = 24  # the longest value an error text repeats
@@ -65,7 +73,7 @@ def _echoable(key: str, value: Any) -> Iterator[str]:
     if key == "env" and isinstance(value, list):
         yield from (e["value"] for e in value if isinstance(e, dict) and isinstance(e.get("value"), str))
     elif key == "annotations" and isinstance(value, dict):
-        yield from (v for k, v in value.items() if isinstance(v, str) and not str(k).startswith(OWN_ANNOTATIONS))
+        yield from (v for k, v in value.items() if isinstance(v, str) and not str(k).startswith(PUBLIC_ANNOTATIONS))
 
 
 def scrub(text: str, values: list[str]) -> str:

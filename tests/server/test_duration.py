@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from trainjob_admission.policies.checks.duration import ANNOTATION
-from tests.support.objects import example_job
+from tests.support.objects import example_job, undated
 
 from .conftest import decode_patch, start_server, stop_server
 
@@ -39,7 +39,7 @@ def long_job(annotate: bool = False) -> dict:
 
 
 def test_mutate_sets_the_default_and_validate_admits_the_result(server):
-    obj = example_job("allowed.yaml")
+    obj = undated(example_job("allowed.yaml"))
     mutated = server.review(obj, "mutate")
     assert {"op": "add", "path": "/spec/activeDeadlineSeconds", "value": DAY} in decode_patch(mutated)
     stored = jsonpatch.apply_patch(obj, decode_patch(mutated))
@@ -67,7 +67,7 @@ def test_an_exception_by_an_admin_is_admitted_and_logged_with_its_grantor(server
 
 
 def test_an_mpijob_gets_a_clean_pod_policy_that_stops_its_workers_at_the_deadline(server):
-    obj = example_job("legacy-mpijob.yaml")
+    obj = undated(example_job("legacy-mpijob.yaml"))
     mutated = server.review(obj, "mutate")
     stored = jsonpatch.apply_patch(obj, decode_patch(mutated))
     assert stored["spec"]["runPolicy"] == {"activeDeadlineSeconds": DAY, "cleanPodPolicy": "Running"}

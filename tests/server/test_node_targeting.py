@@ -50,7 +50,7 @@ def test_a_product_not_offered_is_refused_with_the_list(gpu_server):
 
 def test_a_node_selector_on_a_product_not_offered_is_refused(gpu_server):
     obj = example_job("allowed.yaml")
-    obj["spec"]["runtimePatches"] = [{"manager": "me", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+    obj["spec"]["runtimePatches"] = [{"manager": "acme.io/me", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
         {"name": "node", "template": {"spec": {"template": {"spec": {
             "nodeSelector": {"nvidia.com/gpu.product": "Tesla-T4"}}}}}}]}}}}]
     response = gpu_server.review(obj, "validate")

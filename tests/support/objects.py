@@ -92,6 +92,15 @@ def example_job(file: str, namespace: str | None = None, *, runtime: str | None 
     return obj
 
 
+def undated(job: dict) -> dict:
+    """An example job without the deadline (and MPIJob cleanPodPolicy) the examples set, as a
+    user who sets none submits it: what /mutate's default deadline and the duration check are for."""
+    job["spec"].pop("activeDeadlineSeconds", None)
+    if isinstance(job["spec"].get("runPolicy"), dict):
+        job["spec"]["runPolicy"] = {}
+    return job
+
+
 def runtime(name: str | None = None, namespace: str | None = None, *, labels: dict | None = None,
             file: str = "mpi-openmpi.yaml") -> dict:
     """examples/runtimes/<file> (a ClusterTrainingRuntime) as is; given a name, renamed, with its

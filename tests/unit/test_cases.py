@@ -72,7 +72,7 @@ def run(tmp_path: Path, bundles, **case) -> CaseResult:
     ({"decision": "allow", "patches": [{"op": "add", "path": QUEUE_LABEL, "value": "other"}]},
      [f"no patch add {QUEUE_LABEL} with value 'other'"]),
     ({"decision": "allow", "patches": [{"op": "replace", "path": QUEUE_LABEL}]}, [f"no patch replace {QUEUE_LABEL}"]),
-    ({"decision": "allow", "patches": []}, ["expected no patch, got 2"]),
+    ({"decision": "allow", "patches": []}, ["expected no patch, got 3"]),
     ({"decision": "allow", "injections": [{"kind": "Secret", "name": "vit-mpi-ssh-auth"}, {"kind": "NetworkPolicy"}]},
      []),
     ({"decision": "allow", "injections": [{"kind": "Secret", "name": "other"}]}, ["no injection Secret other"]),
@@ -148,6 +148,7 @@ def test_a_failing_case_prints_what_came_back_next_to_what_was_expected(tmp_path
         "warning: [team/no-bob] bob may not submit",
         "patch: add /metadata/labels/kueue.x-k8s.io~1queue-name",
         "patch: add /spec/runtimePatches",
+        "patch: add /spec/activeDeadlineSeconds",
         "injection: Secret vit-mpi-ssh-auth",
         "injection: NetworkPolicy vit-mpi-isolation",
         "0 passed, 1 failed"]
@@ -174,7 +175,8 @@ def test_json_has_each_result_with_what_came_back(tmp_path, bundles):
     first = body["results"][0]
     assert (first["name"], first["passed"], first["failures"]) == ("case", False, ["expected deny, got allow"])
     assert first["got"]["decision"] == "allow"
-    assert [p["path"] for p in first["got"]["patches"]] == [QUEUE_LABEL, "/spec/runtimePatches"]
+    assert [p["path"] for p in first["got"]["patches"]] == [QUEUE_LABEL, "/spec/runtimePatches",
+                                                             "/spec/activeDeadlineSeconds"]
     assert first["got"]["injections"] == [{"kind": "Secret", "name": "vit-mpi-ssh-auth"},
                                           {"kind": "NetworkPolicy", "name": "vit-mpi-isolation"}]
 

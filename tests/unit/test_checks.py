@@ -10,6 +10,7 @@ from trainjob_admission.policies.checks import gpu, podsecurity, quota, shape
 from trainjob_admission.policies.checks.base import CheckContext
 from trainjob_admission.policies.checks.gpu import GpuCheck
 from trainjob_admission.policies.checks.podsecurity import PodSecurityCheck
+from trainjob_admission.policies.k8s import sccadmission
 from trainjob_admission.policies.checks.quota import QuotaCheck
 from trainjob_admission.policies.checks.registry import CHECKS
 from trainjob_admission.policies.checks.shape import ShapeCheck
@@ -385,9 +386,11 @@ def test_namespace_label_honoured_or_ignored(build):
     strict = build.namespace(labels={"pod-security.kubernetes.io/enforce": "restricted"})
     level, _, findings = _psa(build, node=silent, namespace=strict, defaultLevel="baseline", openshiftSCC="never")
     assert level == "restricted" and findings
-    # A bogus label value is ignored.
+    # A bogus label value is restricted, as Pod Security admission reads it (api/helpers.go
+    # ParseLevel fails closed); with honorNamespaceLabel false the label is not read at all.
     bogus = build.namespace(labels={"pod-security.kubernetes.io/enforce": "yes-please"})
-    assert _psa(build, namespace=bogus, defaultLevel="baseline", openshiftSCC="never")[0] == "baseline"
+    assert _psa(build, namespace=bogus, defaultLevel="baseline", openshiftSCC="never")[0] == "restricted"
+    assert _psa(build, namespace=bogus, defaultLevel="baseline", **PSS_ONLY)[0] == "baseline"
 
 
 def test_privileged_level_skips_pss(build):
@@ -398,7 +401,7 @@ def test_privileged_level_skips_pss(build):
 
 def test_openshift_scc_uid_range(build):
     ns = build.namespace(annotations={"openshift.io/sa.scc.uid-range": "1000680000/10000"})
-    assert podsecurity.uid_range(ns) == (1000680000, 1000689999)
+    assert sccadmission.Allocations.of(ns).uids == (1000680000, 1000689999)
     # pod_spec() sets runAsUser 1000: outside the namespace range.
     _, text, findings = _psa(build, namespace=ns, defaultLevel="privileged", openshiftSCC="auto", honorNamespaceLabel=False)
     assert "spec.securityContext.runAsUser" in text
@@ -418,16 +421,23 @@ def test_openshift_scc_uid_range(build):
     assert _psa(build, node=root, defaultLevel="privileged", openshiftSCC="auto")[2] == []
 
 
-def test_openshift_fs_group_range_from_supplemental_groups(build):
+def test_openshift_fs_group_is_the_first_supplemental_group(build):
+    """restricted-v2's fsGroup MustRunAs takes one group: the start of the first block of
+    openshift.io/sa.scc.supplemental-groups (apiserver-library-go sccmatching/matcher.go
+    getPreallocatedFSGroup), which SCC admission also fills in where the pod sets none."""
     ns = build.namespace(annotations={"openshift.io/sa.scc.uid-range": "1000680000/10000",
                                       "openshift.io/sa.scc.supplemental-groups": "2000/100,5000/10"})
     node = build.pod_spec(secure=False)
-    node["securityContext"] = {"fsGroup": 2050}
+    node["securityContext"] = {"fsGroup": 2000}
     silent = build.pod_spec(secure=False)
     assert _psa(build, node=node, launcher=silent, namespace=ns, defaultLevel="privileged")[2] == []
-    node["securityContext"] = {"fsGroup": 1000685000}  # in the UID range, not the group range
-    assert "fsGroup 1000685000 is outside the namespace's group range 2000-2099" in \
-        _psa(build, node=node, namespace=ns, defaultLevel="privileged")[1]
+    for other in (2050, 5000, 1000685000):  # in a block, in the second block, in the UID range
+        node["securityContext"] = {"fsGroup": other}
+        assert f"fsGroup {other} is not the namespace's group 2000" in \
+            _psa(build, node=node, launcher=copy.deepcopy(silent), namespace=ns, defaultLevel="privileged")[1]
+    # nonroot-v2 (fsGroup RunAsAny) admits it where the admin granted it.
+    assert _psa(build, node=node, launcher=copy.deepcopy(silent), namespace=ns, defaultLevel="privileged",
+                openshiftSCCs=["restricted-v2", "nonroot-v2"])[2] == []
 
 
 OPENSHIFT = {"openshift.io/sa.scc.uid-range": "1000680000/10000"}
@@ -545,3 +555,105 @@ def test_quota_missing_value_fix_names_each_containers_field(build):
                                    "ClusterTrainingRuntime rt, replicatedJobs[launcher] pod template (only the runtime "
                                    "sets it; spec.runtimePatches cannot change it); or ask your admin for a LimitRange "
                                    "default")
+
+
+def test_every_finding_on_one_field_is_named(build):
+    """Two forbidden sysctls are two findings, each naming its sysctl; tcp_rmem/tcp_wmem are safe
+    from v1.32 (check_sysctls.go sysctlsAllowedV1Dot32) and refused before."""
+    node = build.pod_spec()
+    node["securityContext"]["sysctls"] = [{"name": "net.ipv4.tcp_wmem", "value": "4096 16384 4194304"},
+                                          {"name": "kernel.msgmax", "value": "65536"},
+                                          {"name": "net.core.somaxconn", "value": "1024"}]
+    _, text, _ = _psa(build, node=node, defaultLevel="baseline", **PSS_ONLY)
+    assert "sets unsafe sysctl kernel.msgmax" in text and "sets unsafe sysctl net.core.somaxconn" in text
+    assert "tcp_wmem" not in text
+    pinned = build.namespace(labels={"pod-security.kubernetes.io/enforce": "baseline",
+                                     "pod-security.kubernetes.io/enforce-version": "v1.31"})
+    _, text, _ = _psa(build, node=node, namespace=pinned, openshiftSCC="never")
+    assert 'Pod Security "baseline" at v1.31' in text
+    for name in ("net.ipv4.tcp_wmem", "kernel.msgmax", "net.core.somaxconn"):
+        assert f"spec.securityContext.sysctls[{name}] (sets unsafe sysctl {name})" in text
+
+
+@pytest.mark.parametrize("version, refused", [
+    ("v1.18", False),  # the field was not yet judged: seccomp annotations only (v1.0-v1.18)
+    ("v1.19", True), ("latest", True), ("not-a-version", True),  # unparsable: the newest
+])
+def test_enforce_version_picks_the_policy_version(build, version, refused):
+    node = build.pod_spec()
+    node["securityContext"]["seccompProfile"] = {"type": "Unconfined"}
+    ns = build.namespace(labels={"pod-security.kubernetes.io/enforce": "baseline",
+                                 "pod-security.kubernetes.io/enforce-version": version})
+    assert bool(_psa(build, node=node, namespace=ns, openshiftSCC="never")[2]) is refused
+
+
+def test_user_namespaced_pods_are_relaxed_from_v1_35(build):
+    """hostUsers: false lets a pod run as UID 0 in its user namespace and use procMount Unmasked
+    at baseline (check_runAsUser.go, check_runAsNonRoot.go, check_procMount_baseline.go 1.35);
+    restricted still refuses Unmasked (check_procMount_restricted.go)."""
+    node = build.pod_spec()
+    node["hostUsers"] = False
+    node["securityContext"].update(runAsUser=0, runAsNonRoot=False)
+    node["containers"][0]["securityContext"]["procMount"] = "Unmasked"
+    for version, level, findings in [("v1.34", "baseline", ["procMount"]), ("v1.35", "baseline", []),
+                                     ("v1.34", "restricted", ["procMount", "runAsUser", "runAsNonRoot"]),
+                                     ("v1.35", "restricted", ["procMount"])]:
+        ns = build.namespace(labels={"pod-security.kubernetes.io/enforce": level,
+                                     "pod-security.kubernetes.io/enforce-version": version})
+        _, text, _ = _psa(build, node=node, namespace=ns, openshiftSCC="never")
+        assert sorted(f for f in ("procMount", "runAsUser", "runAsNonRoot") if f"securityContext.{f}" in text) == \
+            sorted(findings), (version, level, text)
+
+
+MCS = {**OPENSHIFT, "openshift.io/sa.scc.mcs": "s0:c27,c4"}
+
+
+@pytest.mark.parametrize("options, refused", [
+    (None, []),  # SCC admission fills in the namespace's level
+    ({"level": "s0:c27,c4"}, []),
+    ({"level": "s0:c4,c27"}, []),  # the same categories in another order (selinux/mustrunas.go equalLevels)
+    ({"level": "s0:c1,c2"}, ["seLinuxOptions.level"]),
+    ({"level": "s1:c27,c4"}, ["seLinuxOptions.level"]),
+    ({"type": "container_t"}, ["seLinuxOptions.level", "seLinuxOptions.type"]),  # no level: not the namespace's
+    ({"level": "s0:c27,c4", "type": "spc_t"}, ["seLinuxOptions.type"]),
+])
+def test_openshift_scc_selinux_level_is_the_namespaces_mcs(build, options, refused):
+    """restricted-v2's seLinuxContext MustRunAs takes the level of openshift.io/sa.scc.mcs and no
+    type, user or role (apiserver-library-go selinux/mustrunas.go Validate); pod and container alike."""
+    for where in ("pod", "container"):
+        node = build.pod_spec(secure=False)
+        if options is not None:
+            target = node if where == "pod" else node["containers"][0]
+            target["securityContext"] = {"seLinuxOptions": options}
+        _, text, _ = _psa(build, node=node, launcher=build.pod_spec(secure=False),
+                          namespace=build.namespace(annotations=MCS), defaultLevel="privileged")
+        found = sorted({f for f in ("seLinuxOptions.level", "seLinuxOptions.type") if f in text})
+        assert found == sorted(refused), (where, text)
+        if refused and "level" in refused[0]:
+            assert "not the namespace's s0:c27,c4" in text and "OpenShift SCC restricted-v2" in text
+
+
+def test_pod_security_judges_the_pod_as_the_scc_filled_it_in(build):
+    """On OpenShift, Pod Security admission runs after SCC admission: a silent pod gets a UID from
+    the range, runAsNonRoot, drop ALL, no privilege escalation and seccomp runtime/default, so
+    restricted admits it there and refuses it elsewhere."""
+    silent = build.pod_spec(secure=False)
+    restricted = {"pod-security.kubernetes.io/enforce": "restricted"}
+    on_openshift = build.namespace(labels=restricted, annotations=MCS)
+    assert _psa(build, node=silent, launcher=copy.deepcopy(silent), namespace=on_openshift)[2] == []
+    assert _psa(build, node=silent, launcher=copy.deepcopy(silent), namespace=build.namespace(labels=restricted))[2]
+
+
+def test_nonroot_v2_admits_any_non_root_uid_where_granted(build):
+    """nonroot-v2 (MustRunAsNonRoot): runAsUser 1000 outside the range is refused by restricted-v2
+    and admitted by nonroot-v2; root is refused by both."""
+    node = build.pod_spec(secure=False)
+    node["securityContext"] = {"runAsUser": 1000}
+    ns = build.namespace(annotations=MCS)
+    both = ["restricted-v2", "nonroot-v2"]
+    assert "outside the namespace's UID range" in _psa(build, node=node, namespace=ns, defaultLevel="privileged")[1]
+    assert _psa(build, node=node, launcher=build.pod_spec(secure=False), namespace=ns, defaultLevel="privileged",
+                openshiftSCCs=both)[2] == []
+    node["securityContext"] = {"runAsUser": 0}
+    _, text, _ = _psa(build, node=node, namespace=ns, defaultLevel="privileged", openshiftSCCs=both)
+    assert "OpenShift SCC restricted-v2" in text and "runs as root" in text

@@ -289,11 +289,11 @@ def test_policy_test_wrong_expectation_fails_and_names_it(cli):
 def test_explain_lists_every_rule_with_its_result(cli):
     result = cli["explain"]
     assert result.returncode == 0, out(result)
-    rows = [line.split(None, 4) for line in result.stdout.splitlines()[1:9]]
+    rows = [line.split(None, 4) for line in result.stdout.splitlines()[1:10]]
     assert [(r[1], r[2], r[3]) for r in rows] == [
         ("quota", "fail", "deny"), ("gpu-limits", "pass", "allow"), ("job-shape", "pass", "allow"),
-        ("pod-security", "pass", "allow"), ("limit-range", "pass", "allow"), ("schedulability", "pass", "allow"),
-        ("kueue", "pass", "allow"), ("max-job-gpus", "pass", "allow")]
+        ("pod-security", "pass", "allow"), ("limit-range", "pass", "allow"), ("duration", "pass", "allow"),
+        ("schedulability", "pass", "allow"), ("kueue", "pass", "allow"), ("max-job-gpus", "pass", "allow")]
     assert "24 are in use" in rows[0][4]
 
 
@@ -302,7 +302,7 @@ def test_explain_json(cli):
     assert result.returncode == 0
     body = json.loads(result.stdout)
     assert [r["rule"] for r in body["results"]] == ["quota", "gpu-limits", "job-shape", "pod-security", "limit-range",
-                                                    "schedulability", "kueue", "max-job-gpus"]
+                                                    "duration", "schedulability", "kueue", "max-job-gpus"]
     assert body["job"]["totals"]["gpus"] == 4 and body["job"]["numNodes"] == 4
 
 

@@ -1,6 +1,7 @@
 """The real-world job corpus (tests/unit/corpus/corpus.yaml) under the shipped default bundle:
 every job in every namespace scenario decided as Kubernetes, Trainer, JobSet and mpi-operator
-would have it, through the engine `review` and the webhook use; and docs/corpus.md current."""
+would have it, through the engine `review` and the webhook use (with the API server's strict
+field validation first, as `review` runs it); and docs/corpus.md current."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,6 +15,7 @@ from trainjob_admission.policies.decide import mutations
 from trainjob_admission.policies.decide.decision import Effect
 from trainjob_admission.policies.decide.engine import AdmissionInput, evaluate
 from trainjob_admission.policies.job import effective_job
+from trainjob_admission.policies.k8s.fieldvalidation import Schemas
 from trainjob_admission.policies.k8s.quantity import DEFAULT_ACCELERATORS
 from tests.support import corpus, upstream
 
@@ -32,7 +34,7 @@ def test_corpus_decision(case: corpus.Case, bundles) -> None:
         job, state = case.job(), case.state()
     except upstream.UpstreamMissing as exc:
         pytest.skip(f"upstream source not available: {exc}")
-    decision = evaluate(AdmissionInput(job), bundles, state, report_unchecked=True)
+    decision = evaluate(AdmissionInput(job), bundles, state, report_unchecked=True, schemas=Schemas.builtin())
     denying = {r.rule for r in decision.results if r.effect is Effect.DENY}
     assert case.expect.matches(decision.allowed, denying), (
         f"{case.describe()}\n"

@@ -9,6 +9,7 @@ import pytest
 from trainjob_admission.policies.bundle.compile import BundleError
 from trainjob_admission.policies.checks.duration import ANNOTATION, human
 from trainjob_admission.policies.decide.decision import Effect, Result
+from tests.support.objects import undated
 
 WEEK, DAY = 604800, 86400
 LIMITS = {"defaultSeconds": DAY, "maxSeconds": WEEK,
@@ -146,15 +147,14 @@ def test_updates_that_keep_the_deadline_pass(build, bundle, review):
 
 def test_a_legacy_mpijob_uses_run_policy(example_job, example_state, make_bundle, review):
     bundle = make_bundle({"checks": {"duration": LIMITS}})
-    decision = review(example_job("legacy-mpijob"), [bundle], example_state)
+    decision = review(mpijob(example_job), [bundle], example_state)
     assert decision.mutated["spec"]["runPolicy"]["activeDeadlineSeconds"] == DAY
     assert decision.allowed
-    long = example_job("legacy-mpijob")
-    long["spec"].setdefault("runPolicy", {})["activeDeadlineSeconds"] = 14 * DAY
+    long = mpijob(example_job, 14 * DAY)
     (result,) = results(review(long, [bundle], example_state))
     assert result.messages[0].startswith("spec.runPolicy.activeDeadlineSeconds is 1209600 (14 d)")
     # An MPIJob's runPolicy can change on UPDATE (no immutability rule): a raise is judged too.
-    raised = review(long, [bundle], example_state, operation="UPDATE", old=example_job("legacy-mpijob"))
+    raised = review(long, [bundle], example_state, operation="UPDATE", old=mpijob(example_job))
     assert not raised.allowed
 
 
@@ -171,7 +171,7 @@ def test_human(seconds, shown):
 
 
 def mpijob(example_job, seconds=None, clean=None) -> dict:
-    obj = example_job("legacy-mpijob")
+    obj = undated(example_job("legacy-mpijob"))
     policy = obj["spec"].setdefault("runPolicy", {})
     if seconds is not None:
         policy["activeDeadlineSeconds"] = seconds

@@ -204,7 +204,7 @@ def test_runtime_patch_fields_the_crd_prunes_take_no_effect(build):
     runtime = build.runtime()
     state = build.state(runtime)
     baseline = build_from(build, state)
-    patch = _patch("x", "node", {"containers": [{"name": "node", "image": "evil.io/x:1",
+    patch = _patch("acme.io/x", "node", {"containers": [{"name": "node", "image": "evil.io/x:1",
                                                  "resources": {"limits": {"nvidia.com/gpu": 2}}}],
                                  "hostNetwork": True, "nodeName": "n1"})
     patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0].update(replicas=5)
@@ -234,7 +234,7 @@ def test_runtime_patches_do_not_modify_the_cached_runtime(build):
     runtime = build.runtime()
     state = build.state(runtime)
     before = copy.deepcopy(state.cluster_runtimes["rt"])
-    build_from(build, state, runtime_patches=[_patch("x", "node", {"containers": [{"name": "node", "image": "evil"}]})],
+    build_from(build, state, runtime_patches=[_patch("acme.io/x", "node", {"containers": [{"name": "node", "image": "evil"}]})],
                resourcesPerNode={"requests": {"cpu": "9"}}, image="quay.io/a/b:1")
     assert state.cluster_runtimes["rt"] == before
 

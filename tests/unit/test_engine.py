@@ -9,6 +9,7 @@ from trainjob_admission.policies.bundle.compile import BundleError
 from trainjob_admission.policies.decide.engine import DEPRECATION_WARNING
 from trainjob_admission.policies.offline import render
 from trainjob_admission.policies.offline.cases import Case, load_cases, run_case
+from tests.support.objects import undated
 
 
 def rule_named(decision, qualified):
@@ -23,7 +24,7 @@ def test_allowed_example(example_job, example_state, default, review):
     assert decision.bundles == [default[0].ref]
     assert {r.result for r in decision.results} == {"pass"}
     assert [r.rule for r in decision.results] == ["quota", "gpu-limits", "job-shape", "pod-security", "limit-range",
-                                                  "schedulability", "kueue", "max-job-gpus"]
+                                                  "duration", "schedulability", "kueue", "max-job-gpus"]
     totals = decision.as_json()["job"]
     assert totals["gpus"] == 4 and totals["pods"] == 4 and totals["cpu"] == 8000 and totals["memory"] == 32 << 30
 
@@ -158,7 +159,7 @@ def test_warn_severity_rule_allows_with_warning(example_job, example_state, make
     bundle = make_bundle({"validations": [{"name": "deadline", "expression": "has(object.spec.activeDeadlineSeconds)",
                                            "message": "set a deadline", "remediation": "add activeDeadlineSeconds",
                                            "severity": "warn"}]})
-    decision = review(example_job("allowed"), [bundle], example_state)
+    decision = review(undated(example_job("allowed")), [bundle], example_state)
     assert decision.allowed and decision.decision == "warn"
     assert decision.warnings == ["[test/deadline] set a deadline: add activeDeadlineSeconds"]
 
@@ -181,7 +182,7 @@ def test_a_rule_returning_non_bool_never_loads(make_bundle):
 def test_rule_eval_error_denies_with_readable_message(example_job, example_state, make_bundle, review):
     bundle = make_bundle({"validations": [{"name": "deadline", "expression": "object.spec.activeDeadlineSeconds < 10",
                                            "message": "m"}]})
-    decision = review(example_job("allowed"), [bundle], example_state)
+    decision = review(undated(example_job("allowed")), [bundle], example_state)
     assert not decision.allowed
     text = decision.messages[0]["message"]
     assert text.startswith("rule 'deadline' could not be evaluated:")
@@ -256,7 +257,7 @@ def test_production_bundle_denials(build, production, example_job, review):
     from trainjob_admission.policies.k8s.clusterstate import load_objects
     runtimes = [o for p in build.state_files[1:] for o in load_objects(p)]
     state = build.state(*runtimes, build.namespace("ml-prod", labels={"environment": "production"}))
-    job = example_job("over-quota")  # 8 nodes x 4 GPUs, docker-free image, no labels, no deadline
+    job = undated(example_job("over-quota"))  # 8 nodes x 4 GPUs, docker-free image, no labels, no deadline
     job["metadata"]["namespace"] = "ml-prod"
     job["spec"]["trainer"]["image"] = "docker.io/me/bert:1"
     decision = review(job, production, state)

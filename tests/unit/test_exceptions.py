@@ -10,6 +10,7 @@ import yaml
 
 from trainjob_admission.policies.decide import exceptions
 from trainjob_admission.policies.k8s.clusterstate import ClusterState
+from tests.support.objects import undated
 
 LATER = (datetime.now(timezone.utc) + timedelta(days=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
 EARLIER = (datetime.now(timezone.utc) - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -131,7 +132,7 @@ def test_safety_rules_are_never_waived(build, default, review, example_state):
 def test_waiving_a_warning_turns_it_into_the_exception_warning(example_job, example_state, make_bundle, review):
     bundle = make_bundle({"validations": [{"name": "deadline", "expression": "has(object.spec.activeDeadlineSeconds)",
                                            "message": "set a deadline", "severity": "warn"}]})
-    decision = review(example_job("allowed"), [bundle], with_exceptions(
+    decision = review(undated(example_job("allowed")), [bundle], with_exceptions(
         example_state, exception(rules=["deadline"], names=(), selector={})))
     assert decision.allowed and rule(decision, "test/deadline").result == "excepted"
     assert [w.split(":")[0] for w in decision.warnings] == ["rule test/deadline waived by PolicyException team-a/launch "

@@ -177,7 +177,7 @@ def test_a_product_the_bundle_does_not_list_is_refused_with_the_list(build, bund
 
 def user_patch(spec: dict) -> dict:
     """The submitter's own runtimePatch of the workers' pod spec."""
-    return {"manager": "me", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+    return {"manager": "acme.io/me", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
         {"name": "node", "template": {"spec": {"template": {"spec": spec}}}}]}}}}
 
 

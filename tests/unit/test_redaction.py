@@ -58,3 +58,21 @@ def test_values_the_runtime_and_the_namespace_hold_are_redacted_too(make_bundle,
     for secret in ("hf_RUNTIMESECRETabcdef123456", "s3-INITSECRET-0987654321", "s.NAMESPACESECRETxyz123"):
         assert secret not in text, text
     assert text.count("[redacted]") >= 3 and "cc-4711-long-label" in text, "labels are not secret: kept"
+
+
+def test_profiles_and_scc_ranges_kubernetes_defines_are_not_secrets(build, default, review):
+    """A Pod Security finding names the profile it refuses: the annotation's value "unconfined"
+    (or an SCC range) is Kubernetes' vocabulary, not a credential, and stays in the message."""
+    job = {"metadata": {"annotations": {
+        "container.apparmor.security.beta.kubernetes.io/node": "unconfined",
+        "seccomp.security.alpha.kubernetes.io/pod": "localhost/profile-12345",
+        "openshift.io/sa.scc.mcs": "s0:c27,c4,c9",
+        "example.com/token": "tok-12345678"}}}
+    assert echoable_values(job) == ["tok-12345678"]
+    node = pod_spec(secure=False)
+    runtime = mpi_runtime(node=node, launcher=pod_spec(secure=False))
+    runtime["spec"]["template"]["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["metadata"] = {
+        "annotations": {"container.apparmor.security.beta.kubernetes.io/node": "unconfined"}}
+    decision = review(bare_trainjob(numNodes=2), default, ClusterState.from_objects([runtime, build.namespace()]))
+    (message,) = [m["message"] for m in decision.messages if m["rule"] == "default/pod-security"]
+    assert "sets AppArmor profile unconfined" in message and "[redacted]" not in message

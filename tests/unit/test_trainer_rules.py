@@ -82,11 +82,16 @@ def test_peak_beyond_the_exact_search_counts_everything():
 
 
 def test_initializers_run_once_and_before_the_trainer(build):
-    """Trainer forces initializer replicas to 1 (jobset/builder.go Initializer); JobSet starts the
-    node job after they complete, so the job never holds initializer and node pods together."""
+    """Trainer runs initializers as one replica (its runtime webhook refuses another count,
+    webhooks/trainingruntime_webhook.go validateReplicatedJobs); JobSet starts the node job after
+    they complete, so the job never holds initializer and node pods together."""
+    refused = _runtime(_rjob("dataset-initializer", build.pod_spec(name="dataset-initializer"),
+                             ancestor="dataset-initializer", replicas=3),
+                       _rjob("node", build.pod_spec(cpu="1"), ancestor="trainer"), ml_policy={"torch": {}})
+    with pytest.raises(JobModelError, match=r"replicatedJobs\[0\]\.replicas: 3: always must be 1"):
+        _job(build, refused)
     runtime = _runtime(
-        _rjob("dataset-initializer", build.pod_spec(cpu="8", name="dataset-initializer"), ancestor="dataset-initializer",
-              replicas=3),
+        _rjob("dataset-initializer", build.pod_spec(cpu="8", name="dataset-initializer"), ancestor="dataset-initializer"),
         _rjob("model-initializer", build.pod_spec(cpu="2", name="model-initializer"), ancestor="model-initializer"),
         _rjob("node", build.pod_spec(cpu="1"), ancestor="trainer",
               depends_on=[("dataset-initializer", "Complete"), ("model-initializer", "Complete")]),

@@ -115,7 +115,7 @@ def test_the_services_own_patch_is_never_cited_as_the_submitters(example_job, ex
     stored = evaluate(AdmissionInput(example_job("allowed"), username="alice"), default, example_state).mutated
     assert [p["manager"] for p in stored["spec"]["runtimePatches"]] == [MANAGER]
     stored["spec"]["runtimeRef"]["name"] = "mpi-privileged"
-    stored["spec"]["runtimePatches"].append({"manager": "alice", "trainingRuntimeSpec": {"template": {"spec": {
+    stored["spec"]["runtimePatches"].append({"manager": "example.com/alice", "trainingRuntimeSpec": {"template": {"spec": {
         "replicatedJobs": [{"name": "launcher", "template": {"spec": {"template": {"metadata": {"labels": {"a": "b"}}}}}}]}}}})
     cited = words(evaluate(AdmissionInput(stored, operation="UPDATE", old_object=copy.deepcopy(stored), username="alice"),
                            default, example_state, mutate=False))

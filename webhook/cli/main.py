@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from trainjob_admission.policies.k8s.clusterstate import ClusterState
     from trainjob_admission.policies.decide.decision import Decision
     from trainjob_admission.policies.decide.engine import AdmissionInput
+    from trainjob_admission.policies.k8s import fieldvalidation
 
 # The policy engine (CEL, pydantic) is imported by the commands that decide, not here: --help and
 # argument errors then answer in a tenth of a second. Hence the literal: policies.bundle.schema.BUILTIN_PREFIX.
@@ -141,11 +142,26 @@ def _states(args: argparse.Namespace) -> Callable[[str], ClusterState]:
             else:
                 from trainjob_admission.policies.capacity import reservations  # not for --help
 
-                cache[key] = reservations.state_of(
-                    [obj for path in getattr(args, "cluster_state", None) or [] for obj in _objects(path)])
+                cache[key] = reservations.state_of(_state_objects(args))
         return cache[key]
 
     return state
+
+
+def _state_objects(args: argparse.Namespace) -> list[dict]:
+    """The objects of the --cluster-state files, read once per command (kept on ``args``)."""
+    if getattr(args, "state_objects", None) is None:
+        args.state_objects = [obj for path in getattr(args, "cluster_state", None) or [] for obj in _objects(path)]
+    return args.state_objects
+
+
+def _schemas(args: argparse.Namespace) -> fieldvalidation.Schemas:
+    """What review validates a job's fields against, as the API server does: the schemas of the
+    CRDs in --cluster-state (the cluster's own versions), else the built-in ones."""
+    from trainjob_admission.policies.k8s import fieldvalidation
+
+    crds = [obj for obj in _state_objects(args) if obj.get("kind") == "CustomResourceDefinition"]
+    return fieldvalidation.Schemas.from_crds(crds, fieldvalidation.Schemas.builtin())
 
 
 def _request(obj: dict, args: argparse.Namespace) -> AdmissionInput:
@@ -192,7 +208,7 @@ def _evaluate(obj: dict, args: argparse.Namespace, bundles: list, state: Callabl
 
     request = _request(obj, args)
     offline = not getattr(args, "kubeconfig", None)  # a live cluster's state is the truth
-    decision = evaluate(request, bundles, state(request.namespace), report_unchecked=offline)
+    decision = evaluate(request, bundles, state(request.namespace), report_unchecked=offline, schemas=_schemas(args))
     for item in decision.unchecked:
         print(f"not checked: {item['check']} ({item['reason']} in --cluster-state)", file=sys.stderr)
     return decision
