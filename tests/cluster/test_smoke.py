@@ -96,12 +96,18 @@ def test_mpi_trainjob_runs_to_complete_then_gc(namespace, kubectl, get_json, wai
         return int(used.get("requests.nvidia.com/gpu", "0")) >= 1
     wait_for("quota status.used counts GPU requests of running pods", gpus_in_use, 60, interval=0.3)
 
+    def smoke_pods() -> list[dict]:
+        return get_json("pods", "-n", ns, "-l", "jobset.sigs.k8s.io/jobset-name=smoke")["items"]
+
+    # The launcher's and the nodes' pods, while they run (on the oldest stack, JobSet v0.11.1 with
+    # Trainer v2.2.0, only the launcher's pod is left once the job is complete).
+    running = wait_for("the launcher's and the nodes' pods", lambda: (lambda p: p if len(p) >= 2 else None)(smoke_pods()), 60)
+    assert all(p["spec"]["nodeName"] in node_names for p in running), [p["spec"].get("nodeName") for p in running]
+
     tj = wait_for("TrainJob Complete", lambda: (lambda o: condition(o, "Complete") and
                   condition(o, "Complete")["status"] == "True" and o)(get_json("trainjob", "smoke", "-n", ns)), 240)
     assert not condition(tj, "Failed") or condition(tj, "Failed")["status"] != "True"
-    pods = get_json("pods", "-n", ns, "-l", "jobset.sigs.k8s.io/jobset-name=smoke")["items"]
-    assert len(pods) >= 2
-    assert all(p["spec"]["nodeName"] in node_names for p in pods), [p["spec"].get("nodeName") for p in pods]
+    pods = smoke_pods()
     launcher = [p for p in pods if p["metadata"]["labels"].get("jobset.sigs.k8s.io/replicatedjob-name") == "launcher"]
     assert launcher and all(p["status"]["phase"] == "Succeeded" for p in launcher)
     assert condition(get_json("jobset", "smoke", "-n", ns), "Completed")["status"] == "True"
