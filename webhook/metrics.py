@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 if TYPE_CHECKING:
     from trainjob_admission.policies.capacity.reservations import Reservations
+    from trainjob_admission.policies.k8s.versions import Versions
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -65,6 +66,11 @@ class Metrics:
                                     "seq of the last checkpoint written (head minus this: records not yet anchored)",
                                     registry=self.registry)
 
+        self.cluster = Gauge("trainjob_admission_cluster_info",
+                             "What the service judges the cluster as (value 1): the API server's version, Trainer's "
+                             "release by its TrainJob schema, the Kueue API read, where they came from "
+                             "(discovered, default) and whether that is in the tested matrix",
+                             ["kubernetes", "trainer", "kueue", "source", "tested"], registry=self.registry)
         self.reserved = Gauge("trainjob_admission_reserved",
                               "Quota that admitted TrainJobs will take but whose pods do not exist yet, by namespace "
                               "and quota key (the largest over the namespace's quotas with that key)",
@@ -81,6 +87,13 @@ class Metrics:
             "unreachable, forbidden, invalid (a ledger this version cannot read), full, conflict (other replicas "
             "kept writing until the deadline), busy (too many decisions queued for the namespace), error",
             ["reason"], registry=self.registry)
+
+    def set_cluster(self, versions: "Versions") -> None:
+        """The one series of the info metric: what the service models the cluster as now."""
+        self.cluster.clear()
+        self.cluster.labels(versions.kubernetes_text, versions.trainer_text, versions.kueue_text,
+                            versions.source.get("kubernetes", ""),
+                            "false" if versions.outside_matrix() or versions.unsupported() else "true").set(1)
 
     def set_reserved(self, reservations: "Reservations", quotas: Callable[[str], list[dict]]) -> None:
         """The gauge as the reservations stand now (read at scrape time: no timer while idle)."""

@@ -8,7 +8,9 @@ TrainJob watch and a watch of JobSet pods feed the quota reservations (webhook/l
 which the replicas share through a ledger Lease per reconciled namespace (webhook/admission/ledger.py);
 /readyz waits for the first complete list of everything watched (the Secrets and NetworkPolicies under
 our names included: admission refuses planted ones from them); the namespaces' isolating
-NetworkPolicies and each job's own are made by webhook/inject/isolation.py. This is the only composition
+NetworkPolicies and each job's own are made by webhook/inject/isolation.py. What the cluster runs is
+discovered first and again every minute (webhook/kube/discovery.py): Kueue is watched at the API
+version it serves, a Trainer older than v2.2 stops the start. This is the only composition
 root: the one place that builds the server, the watches, the injector and the loops together.
 
 May import: policies, certs, webhook.kube, webhook.decisionlog, webhook.metrics, webhook.inject,
@@ -28,6 +30,7 @@ from typing import Awaitable, Callable
 from trainjob_admission.policies.capacity.reservations import Reservations, state_of
 from trainjob_admission.policies.decide.engine import injection_plan, isolated_kinds
 from trainjob_admission.policies.k8s.clusterstate import ClusterState
+from trainjob_admission.policies.k8s.versions import Versions
 
 from .admission.access import SubjectAccessReviews
 from .admission.config import ServerConfig
@@ -41,9 +44,10 @@ from .inject.provenance import Provenance
 from .inject.reconciler import SYSTEM_NAMESPACES, Reconciler
 from .kube.aio import AsyncApi
 from .kube.calls import Calls
-from .kube.client import KubeApi, api_client
+from .kube.client import ApiError, ClusterUnreachable, KubeApi, api_client
+from .kube.discovery import Discovery, UnsupportedCluster
 from .kube.resources import POLICY_BUNDLES
-from .kube.statewatch import state_watchers
+from .kube.statewatch import kueue_watchers, state_watchers
 from .kube.watch import Watcher
 from .loops.auditscan import BackgroundAudit
 from .loops.bundleset import BundleRegistry
@@ -56,6 +60,7 @@ log = logging.getLogger("trainjob_admission.startup")
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 DEFAULT_NAMESPACE = "trainjob-admission"  # manifests/base: never reconciled, whatever it is called
+DISCOVERY_INTERVAL = 60.0  # seconds between two looks at what the cluster runs (three small GETs)
 
 
 @dataclass(frozen=True)
@@ -70,26 +75,48 @@ class ClusterOptions:
 
 
 class ClusterSync:
-    """The watchers behind one server: cluster state, and PolicyBundles into ``registry``."""
+    """The watchers behind one server: cluster state, and PolicyBundles into ``registry``; Kueue's
+    kinds at the version the cluster serves, once it is known (:meth:`watch_kueue`)."""
 
     def __init__(self, api: KubeApi, state: ClusterState, registry: BundleRegistry, *,
                  bundle_selector: str | None = None):
+        self.api, self.state = api, state
         self.watchers = state_watchers(api, state) + [
             Watcher(api, POLICY_BUNDLES, ClusterBundles(api, registry), label_selector=bundle_selector)]
+        self.kueue: list[Watcher] = []
+        self.kueue_api: str | None = None
+        self.discovered = False  # the first discovery set up Kueue's watches
+        self._started = False
 
     def start(self) -> None:
-        for watcher in self.watchers:
+        self._started = True
+        for watcher in self.watchers + self.kueue:
             watcher.start()
 
-    def stop(self) -> None:
-        for watcher in self.watchers:
+    def watch_kueue(self, version: str | None) -> None:
+        """Watch Kueue at ``version`` (None: not served), replacing the watches of another version:
+        its objects are kept as v1beta2 has them whichever version is read (policies/k8s/kueueapi.py)."""
+        if self.discovered and version == self.kueue_api:
+            return
+        old, self.kueue = self.kueue, kueue_watchers(self.api, self.state, version)
+        self.kueue_api, self.discovered = version, True
+        for watcher in old:
             watcher.close()
-        for watcher in self.watchers:
+        if self._started:
+            for watcher in self.kueue:
+                watcher.start()
+        log.info("Kueue: %s", f"watching kueue.x-k8s.io/{version}" if version else "not served (no queues)")
+
+    def stop(self) -> None:
+        watchers = self.watchers + self.kueue
+        for watcher in watchers:
+            watcher.close()
+        for watcher in watchers:
             watcher.stop()
 
     @property
     def synced(self) -> bool:
-        return all(w.synced.is_set() for w in self.watchers)
+        return self.discovered and all(w.synced.is_set() for w in self.watchers + self.kueue)
 
     async def wait_synced(self, ready: asyncio.Event | None = None) -> None:
         while not self.synced:
@@ -97,7 +124,55 @@ class ClusterSync:
         gc.freeze()  # the first lists and the compiled PolicyBundles live long too (see WebhookServer.start)
         if ready is not None:
             ready.set()
-        log.info("cluster state synced: %s", ", ".join(f"{w.resource.plural}@{w.resource_version}" for w in self.watchers))
+        log.info("cluster state synced: %s", ", ".join(f"{w.resource.plural}@{w.resource_version}"
+                                                       for w in self.watchers + self.kueue))
+
+
+class ClusterVersions:
+    """Keeps ``state.versions`` (and with them Kueue's watches) equal to what the cluster runs:
+    read at start, then every ``interval`` seconds; a failed read keeps the last known."""
+
+    def __init__(self, discovery: Discovery, state: ClusterState, sync: ClusterSync,
+                 interval: float = DISCOVERY_INTERVAL):
+        self.discovery, self.state, self.sync, self.interval = discovery, state, sync, interval
+
+    async def first(self) -> None:
+        """One read before the server starts: a cluster the service cannot judge stops the start
+        (:class:`UnsupportedCluster`); an API that does not answer yet is read again by :meth:`run`."""
+        try:
+            found = await asyncio.to_thread(self.discovery.read)
+        except (ClusterUnreachable, ApiError) as exc:
+            log.warning("cannot read the cluster's versions yet (%s); not ready until they are", exc)
+            return
+        problem = found.unsupported()
+        if problem:
+            raise UnsupportedCluster(f"{problem} (docs/deploy.md \"Supported versions\")")
+        self.apply(found)
+
+    def apply(self, found: Versions) -> None:
+        if not self.sync.discovered or found != self.state.versions:
+            log.info("cluster: %s", found.describe())
+            for line in found.outside_matrix():
+                log.warning("%s (docs/deploy.md \"Supported versions\")", line)
+            if found.unsupported():
+                log.error("%s: not ready, /validate answers the failure mode", found.unsupported())
+        self.state.versions = found
+        self.sync.watch_kueue(found.kueue_api)
+
+    async def run(self) -> None:
+        delay = 1.0
+        if self.sync.discovered:
+            await asyncio.sleep(self.interval)
+        while True:
+            try:
+                found = await asyncio.to_thread(self.discovery.read)
+            except Exception as exc:  # noqa: BLE001 - an API that does not answer now: keep the last known, retry
+                log.warning("cannot read the cluster's versions (%s); keeping %s", exc, self.state.versions.describe())
+                await asyncio.sleep(delay if not self.sync.discovered else self.interval)
+                delay = min(delay * 2, 30.0)
+                continue
+            self.apply(found)
+            await asyncio.sleep(self.interval)
 
 
 async def serve(config: ServerConfig, *, objects: list[dict] | None = None, cluster: ClusterOptions | None = None) -> None:
@@ -140,10 +215,13 @@ async def _start_with_cluster(config: ServerConfig, options: ClusterOptions,
     # Quota reservations in each reconciled namespace's ledger Lease (webhook/admission/ledger.py).
     ledger = Ledger(Calls(api, LEDGER_TIMEOUT), config.replica, options.namespaces or None)
     server = WebhookServer(config, state, injector=injector, state_ready=ready, checkpoint_store=checkpoints,
-                           snapshots=SnapshotReader(api), access=SubjectAccessReviews(api), ledger=ledger)
+                           snapshots=SnapshotReader(api, versions=lambda: state.versions),
+                           access=SubjectAccessReviews(api), ledger=ledger)
     sync = ClusterSync(api, state, server.registry, bundle_selector=options.bundle_selector)
     # admission reads what exists under our names from these: ready only once they have listed
     sync.watchers += [pod_watcher(api, state.reservations), *existing.watchers]
+    versions = ClusterVersions(Discovery(api), state, sync)
+    await versions.first()  # before the bundles compile: their CEL is checked at the cluster's level
     log.info("reading state and PolicyBundles%s from %s",
              f" ({options.bundle_selector})" if options.bundle_selector else "", api.describe())
     sync.start()
@@ -154,6 +232,7 @@ async def _start_with_cluster(config: ServerConfig, options: ClusterOptions,
                               isolation=isolation)
                    for ns in sorted(set(options.namespaces)) or [None]]
     tasks = [asyncio.create_task(_synced(sync, jobs, ready), name="state sync"),
+             asyncio.create_task(versions.run(), name="cluster versions"),
              asyncio.create_task(DeadlineWarnings(api, also=(jobs,)).run(), name="deadline warnings"),
              asyncio.create_task(_when_ready(ready, isolation.run), name="network isolation")] + [
         asyncio.create_task(_when_ready(ready, r.run), name=f"reconciler ({r.namespace or 'all namespaces'})")

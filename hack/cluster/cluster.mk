@@ -1,12 +1,13 @@
 # The cluster test tier: a real control plane (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, KWOK, JobSet, Trainer, Kueue) built from Go modules and run on 127.0.0.1.
-# Driven by hack/cluster/cluster.py; versions are pinned in its VERSIONS dict.
+# kube-scheduler, KWOK, JobSet, Trainer, Kueue) built from Go modules and run on 127.0.0.1, in two
+# stacks: the newest and the oldest this machine builds (TJA_STACK=oldest for up/down/status).
+# Driven by hack/cluster/cluster.py; versions are pinned in its VERSIONS and OLDEST dicts.
 CLUSTER := $(PY) hack/cluster/cluster.py
 
 .PHONY: cluster-build cluster-up cluster-down cluster-status test-cluster
 
 cluster-build: $(STAMP)
-	$(CLUSTER) build
+	$(CLUSTER) build --stack all
 
 cluster-up: $(STAMP)
 	$(CLUSTER) up
@@ -17,6 +18,7 @@ cluster-down: $(STAMP)
 cluster-status: $(STAMP)
 	$(CLUSTER) status
 
-# build (cached) + up + pytest tests/cluster -m cluster + down; skipped (exit 0) without Go.
+# both stacks: build (cached; the oldest beside the newest's tests) + up + pytest + down; skipped
+# (exit 0) without Go.
 test-cluster: $(STAMP)
 	$(CLUSTER) test

@@ -2,14 +2,19 @@
 """A real Kubernetes control plane on loopback for the cluster test tier.
 
 Subcommands (run with .venv/bin/python hack/cluster/cluster.py CMD):
-  gomod   regenerate hack/cluster/tools/go.mod from VERSIONS (needs the module proxy)
-  build   build every component from Go modules into hack/cluster/bin/ (cached by version)
+  gomod   regenerate hack/cluster/tools/go.mod (or tools-old/go.mod, --stack oldest) from the pins
+  build   build every component from Go modules into hack/cluster/bin/ (cached by version);
+          --stack newest|oldest|all (default: $TJA_STACK, else newest)
   up      start etcd, kube-apiserver, kube-controller-manager, kube-scheduler, KWOK,
           the JobSet controller, the Trainer controller manager and Kueue; no-op if already up
   down    stop every process `up` started and remove nothing but the processes
   status  print what runs and where
   env     print shell exports (KUBECONFIG, KUBECTL, ...) for the running cluster
+  test    build both stacks + up + pytest tests/cluster + down, on the newest stack, then the
+          tests marked `oldest` on the oldest (the oldest built beside the newest's tests)
 
+Two stacks: the newest (VERSIONS) and the oldest this machine builds (OLDEST); $TJA_STACK picks
+the one `up`, `status` and the tests use (newest by default), one at a time, on the same ports.
 Everything listens on 127.0.0.1 only.  State lives in hack/cluster/run/ (git-ignored).
 Importable: tests use `register_webhook`, `issue_serving_cert`, `kubectl`, `apply_objects` from here.
 """
@@ -33,6 +38,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -42,6 +48,7 @@ REPO = HERE.parent.parent
 BIN = HERE / "bin"
 RUN = HERE / "run"
 TOOLS = HERE / "tools"  # the Go wrapper module
+TOOLS_OLD = HERE / "tools-old"  # the oldest stack's Kubernetes
 
 # ---------------------------------------------------------------------------------------------
 # Versions: the one place they are pinned.  tools/go.mod is generated from this by `gomod`,
@@ -55,6 +62,10 @@ VERSIONS = {
     "trainer": "v2.3.0",
     "mpi-operator": "v0.7.0",  # CRD only (legacy kubeflow.org/v2beta1 MPIJob); nothing is built
     "cel-spec": "v0.25.1",  # the cel-spec conformance suite (tests/unit/test_cel_conformance.py); nothing is built
+    # Trainer releases before v2.2, read only for their TrainJob CRD: the service refuses to start on them
+    # (policies/k8s/versions.py TRAINER_OLDEST; tests/unit/test_versions.py)
+    "trainer-v2.1": "v2.1.0",  # spec.podTemplateOverrides
+    "trainer-v2.0": "v2.0.0",  # spec.podSpecOverrides
     # Pod Security admission's fixtures (tests/unit/test_podsecurity_upstream.py); the staging
     # module of "kubernetes", nothing is built from it here
     "pod-security-admission": "v0.36.3",
@@ -67,6 +78,9 @@ MODULES = {
     "trainer": "github.com/kubeflow/trainer/v2",
     "mpi-operator": "github.com/kubeflow/mpi-operator",
     "cel-spec": "cel.dev/expr",
+    "trainer-v2.1": "github.com/kubeflow/trainer/v2",
+    "trainer-v2.0": "github.com/kubeflow/trainer/v2",
+    "kueue": "sigs.k8s.io/kueue",  # built in its own module (OWN_MODULES); its version is per stack
     "pod-security-admission": "k8s.io/pod-security-admission",
 }
 # Modules read for manifests only. They stay out of tools/go.mod: a `require` would merge their
@@ -76,9 +90,27 @@ MODULES = {
 DATA_MODULES = {
     "mpi-operator": "h1:ID1eyzAFOMofgynEvfy4//S3q7Ra1OSexrggb1VcC1o=",
     "cel-spec": "h1:1KrZg61W6TWSxuNZ37Xy49ps13NUovb66QLprthtwi4=",
+    "trainer-v2.1": "h1:jRABD9ZYToamNH2atHze3L/VC/v6KCAqUEqsOQOjVTg=",
+    "trainer-v2.0": "h1:mnQSR9iPKItxyUR8mq66XsmxqKNVHwr9YYOB7BTU9dU=",
     "pod-security-admission": "h1:nWRx42eQwSkapa0TPwtho35adfSziRmPYuzwU+4xPpo=",
 }
-BUILD_MODULES = {k: m for k, m in MODULES.items() if k not in DATA_MODULES}
+BUILD_MODULES = {k: m for k, m in MODULES.items() if k not in DATA_MODULES and k in VERSIONS}
+
+# The oldest stack this machine can build from the module proxy with its Go toolchain (docs/testing.md
+# "The oldest stack"): what the platforms we serve run at the low end of the supported range
+# (docs/deploy.md "Supported versions"). Kubernetes from tools-old/go.mod; Trainer v2.2.0 and the
+# JobSet its go.mod pins and Kueue v0.14.0 each in its own module (OWN_MODULES);
+# etcd and KWOK are the newest stack's binaries (neither is what is tested).
+OLDEST = {
+    "kubernetes": "v1.33.13",  # the oldest that installs Trainer v2.2's CRDs and whose staging modules the proxy serves (docs/testing.md "The oldest stack")
+    "trainer": "v2.2.0",  # the oldest with spec.runtimePatches
+    "jobset": "v0.11.1",  # what Trainer v2.2.0's go.mod requires
+    "kueue": "v0.14.0",  # the newest Kueue that serves only kueue.x-k8s.io/v1beta1 (v1beta2 came in v0.15)
+}
+STACKS = ("newest", "oldest")
+STACK = os.environ.get("TJA_STACK") or "newest"  # the stack up, status, env and the tests use
+if STACK not in STACKS:
+    raise SystemExit(f"TJA_STACK={STACK!r}: one of {', '.join(STACKS)}")
 
 
 def staging_version(k8s: str = VERSIONS["kubernetes"]) -> str:
@@ -104,6 +136,31 @@ COMPONENTS = {
     "trainer-controller-manager": (
         "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager", "trainer",
         "trainer-controller-manager"),
+}
+# The oldest stack's components built from tools-old/go.mod; its JobSet and Trainer are built in
+# their own modules (OWN_MODULES, by key here), etcd and KWOK are the newest's (binary()).
+OLD_COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+OLD_CONTROLLERS = {"jobset": "jobset-v0.11", "trainer-controller-manager": "trainer-v2.2"}
+
+
+@dataclass(frozen=True)
+class MainBuild:
+    """One wrapper module and the binaries one `go build` makes from it."""
+
+    stack: str
+    tools: Path
+    versions: dict  # key -> version, for the modules it requires
+    components: tuple[str, ...]
+    stamp: str  # bin/ file holding its fingerprint
+
+    @property
+    def modules(self) -> dict:
+        return {k: BUILD_MODULES[k] for k in self.versions if k in BUILD_MODULES}
+
+
+MAIN_BUILDS = {
+    "newest": MainBuild("newest", TOOLS, {k: VERSIONS[k] for k in BUILD_MODULES}, tuple(COMPONENTS), ".fingerprint"),
+    "oldest": MainBuild("oldest", TOOLS_OLD, {"kubernetes": OLDEST["kubernetes"]}, OLD_COMPONENTS, ".fingerprint-oldest"),
 }
 
 # Fixed loopback ports (a busy one is replaced by a free one at `up`; see run/state.json).
@@ -198,13 +255,20 @@ def go_env(go: str) -> dict:
     return env
 
 
-def binary(component: str) -> Path:
+def binary(component: str, stack: str | None = None) -> Path:
+    """Where ``component`` of ``stack`` (default: the active one) is built."""
     _, vkey, _ = COMPONENTS[component]
+    if (stack or STACK) == "oldest":
+        if component in OLD_COMPONENTS:
+            return BIN / f"{component}-{OLDEST['kubernetes']}"
+        if component in OLD_CONTROLLERS:
+            return own_module_binary(OLD_CONTROLLERS[component])
     return BIN / f"{component}-{VERSIONS[vkey]}"
 
 
-def ldflags() -> str:
-    k8s = VERSIONS["kubernetes"]
+def ldflags(build: MainBuild | None = None) -> str:
+    build = build or MAIN_BUILDS["newest"]
+    k8s = build.versions["kubernetes"]
     major, minor, _ = k8s.lstrip("v").split(".")
     parts = ["-s", "-w"]
     for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
@@ -215,52 +279,57 @@ def ldflags() -> str:
             f"-X={pkg}.gitTreeState=clean",
             f"-X={pkg}.buildDate=1970-01-01T00:00:00Z",
         ]
-    parts += [
-        f"-X=sigs.k8s.io/kwok/pkg/consts.Version={VERSIONS['kwok']}",
-        f"-X=sigs.k8s.io/jobset/pkg/version.GitVersion={VERSIONS['jobset']}",
-    ]
+    if "kwok" in build.versions:
+        parts += [
+            f"-X=sigs.k8s.io/kwok/pkg/consts.Version={build.versions['kwok']}",
+            f"-X=sigs.k8s.io/jobset/pkg/version.GitVersion={build.versions['jobset']}",
+        ]
     return " ".join(parts)
 
 
-def _gomod_requires() -> dict:
-    """module -> version from tools/go.mod's direct require lines."""
+def _gomod_requires(build: MainBuild) -> dict:
+    """module -> version from the build's go.mod's direct require lines."""
     out = {}
-    for line in (TOOLS / "go.mod").read_text().splitlines():
+    for line in (build.tools / "go.mod").read_text().splitlines():
         f = line.split()
-        if len(f) >= 2 and f[0] in BUILD_MODULES.values() and f[1].startswith("v"):
+        if len(f) >= 2 and f[0] in build.modules.values() and f[1].startswith("v"):
             out[f[0]] = f[1]
     return out
 
 
-def check_gomod() -> None:
-    req = _gomod_requires()
-    bad = [f"{m}: go.mod has {req.get(m)}, VERSIONS has {VERSIONS[k]}"
-           for k, m in BUILD_MODULES.items() if req.get(m) != VERSIONS[k]]
-    text = (TOOLS / "go.mod").read_text()
-    if f"=> k8s.io/api {staging_version()}" not in text:
-        bad.append(f"replace block is not at {staging_version()}")
+def check_gomod(build: MainBuild | None = None) -> None:
+    build = build or MAIN_BUILDS["newest"]
+    req = _gomod_requires(build)
+    bad = [f"{m}: go.mod has {req.get(m)}, the pin is {build.versions[k]}"
+           for k, m in build.modules.items() if req.get(m) != build.versions[k]]
+    text = (build.tools / "go.mod").read_text()
+    staging = staging_version(build.versions["kubernetes"])
+    if f"=> k8s.io/api {staging}" not in text:
+        bad.append(f"replace block is not at {staging}")
     if bad:
-        raise SystemExit("hack/cluster/tools/go.mod is out of date with VERSIONS "
-                         "(run: .venv/bin/python hack/cluster/cluster.py gomod):\n  "
-                         + "\n  ".join(bad))
+        flag = "" if build.stack == "newest" else f" --stack {build.stack}"
+        raise SystemExit(f"{build.tools.relative_to(REPO)}/go.mod is out of date with its pins "
+                         f"(run: .venv/bin/python hack/cluster/cluster.py gomod{flag}):\n  " + "\n  ".join(bad))
 
 
-def fingerprint(go: str) -> str:
+def fingerprint(go: str, build: MainBuild | None = None) -> str:
+    build = build or MAIN_BUILDS["newest"]
     h = hashlib.sha256()
-    h.update((TOOLS / "go.mod").read_bytes())
-    h.update((TOOLS / "go.sum").read_bytes())
-    h.update(ldflags().encode())
+    h.update((build.tools / "go.mod").read_bytes())
+    h.update((build.tools / "go.sum").read_bytes())
+    h.update(ldflags(build).encode())
     h.update(subprocess.run([go, "version"], capture_output=True, text=True, timeout=60).stdout.encode())
     return h.hexdigest()[:16]
 
 
-def cmd_gomod(_args=None) -> int:
-    """Write tools/go.mod from VERSIONS; the replace list comes from k8s.io/kubernetes' go.mod."""
+def cmd_gomod(args=None) -> int:
+    """Write the stack's go.mod from its pins; the replace list comes from k8s.io/kubernetes' go.mod."""
+    build = MAIN_BUILDS[_stack_arg(args, default="newest")]
     go = find_go()
     if not go:
         raise SystemExit("go not found")
     env = go_env(go)
-    k8s = f"{MODULES['kubernetes']}@{VERSIONS['kubernetes']}"
+    k8s = f"{MODULES['kubernetes']}@{build.versions['kubernetes']}"
     info = json.loads(subprocess.run([go, "mod", "download", "-json", k8s], env=env, check=True,
                                      capture_output=True, text=True, timeout=600).stdout)
     staging = []
@@ -268,23 +337,26 @@ def cmd_gomod(_args=None) -> int:
         f = line.split()
         if len(f) == 3 and f[1] == "=>" and f[2].startswith("./staging/"):
             staging.append(f[0])
-    sv = staging_version()
+    sv = staging_version(build.versions["kubernetes"])
+    what = ("etcd, kube-apiserver,\n// kube-controller-manager, kube-scheduler, kubectl, KWOK, the JobSet controller and the\n"
+            "// Trainer controller manager" if build.stack == "newest" else
+            f"the oldest stack's kube-apiserver,\n// kube-controller-manager, kube-scheduler and kubectl "
+            f"({build.versions['kubernetes']})")
     lines = [
-        "// Wrapper module for the cluster test tier: builds etcd, kube-apiserver,",
-        "// kube-controller-manager, kube-scheduler, kubectl, KWOK, the JobSet controller and the",
-        "// Trainer controller manager in one `go build`, so shared packages compile once.",
-        "// Generated by `hack/cluster/cluster.py gomod` from its VERSIONS dict; the replace",
+        f"// Wrapper module for the cluster test tier: builds {what} in one `go build`, so shared packages compile once.",
+        f"// Generated by `hack/cluster/cluster.py gomod{'' if build.stack == 'newest' else ' --stack ' + build.stack}` "
+        "from its pins; the replace",
         "// block maps every k8s.io staging module of k8s.io/kubernetes to its published version.",
-        "module trainjob-admission/hack/cluster/tools",
+        f"module trainjob-admission/hack/cluster/{build.tools.name}",
         "",
         "go 1.26.0",
         "",
         "require (",
-        *[f"\t{m} {VERSIONS[k]}" for k, m in sorted(BUILD_MODULES.items(), key=lambda km: km[1])],
+        *[f"\t{m} {build.versions[k]}" for k, m in sorted(build.modules.items(), key=lambda km: km[1])],
         ")",
         "",
         "tool (",
-        *[f"\t{p}" for p in sorted({c[0] for c in COMPONENTS.values()})],
+        *[f"\t{p}" for p in sorted({COMPONENTS[c][0] for c in build.components})],
         ")",
         "",
         "replace (",
@@ -292,62 +364,92 @@ def cmd_gomod(_args=None) -> int:
         ")",
         "",
     ]
-    (TOOLS / "go.mod").write_text("\n".join(lines))
-    subprocess.run([go, "mod", "tidy"], cwd=TOOLS, env=env, check=True, timeout=1800)
-    log("tools/go.mod regenerated; commit go.mod and go.sum")
+    (build.tools / "go.mod").write_text("\n".join(lines))
+    subprocess.run([go, "mod", "tidy"], cwd=build.tools, env=env, check=True, timeout=1800)
+    log(f"{build.tools.name}/go.mod regenerated; commit go.mod and go.sum")
     return 0
 
 
-def _main_built() -> bool:
-    go = find_go()
-    stamp = BIN / ".fingerprint"
-    if not all(binary(c).exists() for c in COMPONENTS) or not stamp.exists():
+def _stack_arg(args, default: str | None = None) -> str:
+    return getattr(args, "stack", None) or default or STACK
+
+
+def _main_built(stack: str = "newest") -> bool:
+    go, build = find_go(), MAIN_BUILDS[stack]
+    stamp = BIN / build.stamp
+    if not all(binary(c, stack).exists() for c in build.components) or not stamp.exists():
         return False
-    return go is None or stamp.read_text().strip() == fingerprint(go)
+    return go is None or stamp.read_text().strip() == fingerprint(go, build)
 
 
-def built() -> bool:
-    return _main_built() and all(own_module_binary(n).exists() for n in wanted_own_modules())
+def built(stack: str | None = None) -> bool:
+    """Everything ``stack`` (default: the active one) runs is in bin/; the oldest also runs the newest's etcd and KWOK."""
+    stack = stack or STACK
+    shared = all(binary(c, "newest").exists() for c in ("etcd", "kwok")) if stack == "oldest" else True
+    return shared and _main_built(stack) and all(own_module_binary(n).exists() for n in wanted_own_modules(stack))
 
 
-def cmd_build(_args=None) -> int:
-    check_gomod()
-    realnode.install_host_tools(log)
-    if built():  # without Go, prebuilt binaries are used as they are
-        log(f"build: cached, nothing to do ({BIN})")
+def cmd_build(args=None) -> int:
+    """Build the stack(s) --stack names: newest, oldest or all (default: $TJA_STACK, else newest)."""
+    which = _stack_arg(args)
+    stacks = STACKS if which == "all" else (which,)
+    if "oldest" in stacks and "newest" not in stacks and not all(binary(c, "newest").exists() for c in ("etcd", "kwok")):
+        stacks = ("newest", *stacks)  # its etcd and KWOK are the newest's
+    for stack in stacks:
+        rc = _build_stack(stack)
+        if rc:
+            return rc
+    return 0
+
+
+def _build_stack(stack: str) -> int:
+    build = MAIN_BUILDS[stack]
+    check_gomod(build)
+    if stack == "newest":
+        realnode.install_host_tools(log)
+    if built(stack):  # without Go, prebuilt binaries are used as they are
+        log(f"build: {stack} stack cached, nothing to do ({BIN})")
         return 0
     go = find_go()
     if not go:
         log("SKIP: no Go toolchain (set GO=/path/to/go or put go on PATH); cannot build")
         return 3
-    if not _main_built():
-        _build_main(go)
-    for name in wanted_own_modules():  # a second build each, after the main one
+    t0 = time.monotonic()
+    if not _main_built(stack):
+        _build_main(go, build)
+    for name in wanted_own_modules(stack):  # a second build each, after the main one
         build_own_module(name)
-    if realnode.unsupported_reason() is None:
+    if stack == "newest" and realnode.unsupported_reason() is None:
         node_images()
+    if stack == "oldest":
+        (BIN / ".build-seconds-oldest").write_text(f"{time.monotonic() - t0:.0f}\n")
     return 0
 
 
-def _build_main(go: str) -> None:
-    """Every COMPONENTS binary from tools/go.mod in one `go build`, so shared packages compile once."""
+def _build_main(go: str, build: MainBuild) -> None:
+    """Every binary of ``build`` from its go.mod in one `go build`, so shared packages compile once.
+    The oldest stack's builds at nice 19: it is built beside the newest stack's tests (cmd_test)."""
     BIN.mkdir(parents=True, exist_ok=True)
     env = go_env(go)
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=BIN))
-    pkgs = sorted({c[0] for c in COMPONENTS.values()})
-    cmd = [go, "build", "-p", "2", "-trimpath", "-ldflags", ldflags(), "-o", str(tmp) + "/", *pkgs]
-    log(f"build: {len(pkgs)} main packages in one go build (GOCACHE={env.get('GOCACHE') or 'default'})")
+    pkgs = sorted({COMPONENTS[c][0] for c in build.components})
+    cmd = [go, "build", "-p", "2", "-trimpath", "-ldflags", ldflags(build), "-o", str(tmp) + "/", *pkgs]
+    if build.stack != "newest":
+        cmd = ["nice", "-n", "19", *cmd]
+    log(f"build: {build.stack} stack, {len(pkgs)} main packages in one go build "
+        f"(GOCACHE={env.get('GOCACHE') or 'default'})")
     t0 = time.monotonic()
     try:
-        subprocess.run(cmd, cwd=TOOLS, env=env, check=True, timeout=5400)
-        for comp, (_, _, out) in COMPONENTS.items():
-            os.replace(tmp / out, binary(comp))
+        subprocess.run(cmd, cwd=build.tools, env=env, check=True, timeout=5400)
+        for comp in build.components:
+            os.replace(tmp / COMPONENTS[comp][2], binary(comp, build.stack))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    (BIN / ".fingerprint").write_text(fingerprint(go) + "\n")
+    (BIN / build.stamp).write_text(fingerprint(go, build) + "\n")
     dt = time.monotonic() - t0
-    (BIN / ".build-seconds").write_text(f"{dt:.0f}\n")
-    log(f"build: done in {dt:.0f} s -> {BIN}")
+    if build.stack == "newest":
+        (BIN / ".build-seconds").write_text(f"{dt:.0f}\n")
+    log(f"build: {build.stack} stack done in {dt:.0f} s -> {BIN}")
 
 
 # Components built inside their own module directory: their go.mod resolves a module graph other
@@ -360,6 +462,9 @@ def _build_main(go: str) -> None:
 #   edits        {file in the module: (text, replacement)}, applied to a copy of the module made
 #                for the build; each text must occur exactly once
 #   bench_only   `build` and `make test` never build it (bench/cluster.py --peers does)
+#   stack        the stack that runs it (default newest); name: the bin/ name when the key is not it
+KUEUE_METRICS_EDIT = {"cmd/kueue/main.go": ('metricsCertPath := "/etc/kueue/metrics/certs"',
+                                            'metricsCertPath := os.Getenv("KUEUE_METRICS_CERT_DIR")')}
 OWN_MODULES = {
     "kueue": {
         "module": "sigs.k8s.io/kueue", "version": "v0.19.0",
@@ -368,8 +473,29 @@ OWN_MODULES = {
         # Without internal cert management the manager reads its metrics serving cert from a fixed
         # /etc/kueue/metrics/certs (cmd/kueue/main.go) and exits when it is missing; the one edit
         # takes that directory from $KUEUE_METRICS_CERT_DIR so nothing outside run/ is written.
-        "edits": {"cmd/kueue/main.go": ('metricsCertPath := "/etc/kueue/metrics/certs"',
-                                        'metricsCertPath := os.Getenv("KUEUE_METRICS_CERT_DIR")')},
+        "edits": KUEUE_METRICS_EDIT,
+    },
+    # The oldest stack (OLDEST): Trainer v2.2.0, the JobSet its go.mod pins (v0.11.1: it cannot join
+    # Trainer's module graph, whose controller-runtime v0.23 changed the webhook builder JobSet v0.11
+    # calls, and Trainer's go.sum lacks what JobSet's main imports) and Kueue v0.14.0, with the same
+    # edit as v0.19.0's (its main.go has the line). At nice 19: cmd_test builds them beside the
+    # newest stack's tests.
+    "trainer-v2.2": {
+        "module": "github.com/kubeflow/trainer/v2", "version": OLDEST["trainer"], "name": "trainer-controller-manager",
+        "sum": "h1:whChZckEtycLo1UKH/M0hiNaCUozbLvf9JrgmMv+TAg=", "main": "./cmd/trainer-controller-manager",
+        "cpus": 2, "nice": 19, "stack": "oldest",
+    },
+    "jobset-v0.11": {
+        "module": "sigs.k8s.io/jobset", "version": OLDEST["jobset"], "name": "jobset",
+        "sum": "h1:WgLEBnXTeX+4MxfVkIbfm4jIVgjvIY6Jfaei2okxKNk=", "main": ".",
+        "ldflags": f"-X=sigs.k8s.io/jobset/pkg/version.GitVersion={OLDEST['jobset']}",
+        "cpus": 2, "nice": 19, "stack": "oldest",
+    },
+    "kueue-v0.14": {
+        "module": "sigs.k8s.io/kueue", "version": OLDEST["kueue"], "name": "kueue",
+        "sum": "h1:lDR34L42/k17opLfkZbZ+taymLaPpryj3ZBbvKqs/N4=", "main": "./cmd/kueue",
+        "ldflags": f"-X=sigs.k8s.io/kueue/pkg/version.GitVersion={OLDEST['kueue']}", "cpus": 2, "nice": 19,
+        "edits": KUEUE_METRICS_EDIT, "stack": "oldest",
     },
     # The real node (realnode.py); built only where it can run (realnode.unsupported_reason()).
     "containerd": {
@@ -409,15 +535,21 @@ OWN_MODULES = {
 CLUSTER_OWN_MODULES = [n for n, spec in OWN_MODULES.items() if not spec.get("bench_only")]
 
 
-def wanted_own_modules() -> list[str]:
-    """The modules `build` and `up` need here: the real node's only where it can run."""
-    return [n for n in CLUSTER_OWN_MODULES
-            if not OWN_MODULES[n].get("real_node") or realnode.unsupported_reason() is None]
+def wanted_own_modules(stack: str | None = None) -> list[str]:
+    """The modules `build` and `up` need here for ``stack``: the real node's only where it can run."""
+    stack = stack or STACK
+    return [n for n in CLUSTER_OWN_MODULES if OWN_MODULES[n].get("stack", "newest") == stack
+            and (not OWN_MODULES[n].get("real_node") or realnode.unsupported_reason() is None)]
+
+
+# The stack's Kueue, by its OWN_MODULES key
+KUEUE_MODULE = {"newest": "kueue", "oldest": "kueue-v0.14"}
 
 
 def own_module_binary(name: str) -> Path:
     """The binary, or for a module with several `mains` the directory holding them by their names."""
-    return BIN / f"{name}-{OWN_MODULES[name]['version']}"
+    spec = OWN_MODULES[name]
+    return BIN / f"{spec.get('name', name)}-{spec['version']}"
 
 
 def own_module_dir(name: str) -> Path:
@@ -487,9 +619,18 @@ def _escape_module_path(mod: str) -> str:
     return "".join("!" + c.lower() if c.isupper() else c for c in mod)
 
 
-def module_dir(key: str) -> Path:
-    """Directory of MODULES[key]@VERSIONS[key] in the Go module cache (downloaded if needed)."""
-    mod, ver = MODULES[key], VERSIONS[key]
+def stack_versions(stack: str | None = None) -> dict:
+    """Every pinned version ``stack`` (default: the active one) reads or runs, by MODULES key."""
+    stack = stack or STACK
+    return VERSIONS | {"kueue": OWN_MODULES[KUEUE_MODULE[stack]]["version"]} | (OLDEST if stack == "oldest" else {})
+
+
+def module_dir(key: str, stack: str | None = None) -> Path:
+    """Directory of MODULES[key] at ``stack``'s version (default: the active stack's) in the Go
+    module cache (downloaded if needed)."""
+    if key == "kueue":  # built in its own module: downloaded and checked as OWN_MODULES says
+        return own_module_dir(KUEUE_MODULE[stack or STACK])
+    mod, ver = MODULES[key], stack_versions(stack)[key]
     go = find_go()
     if go:
         out = subprocess.run([go, "mod", "download", "-json", f"{mod}@{ver}"], cwd=TOOLS,
@@ -924,6 +1065,8 @@ def is_up() -> bool:
     state = _load_state()
     if state.get("status") != "up" or not state.get("webhook_client_ca"):  # no CA: started by an older cluster.py
         return False
+    if state.get("stack", "newest") != STACK:  # the other stack is up: `up` stops it and starts this one
+        return False
     for p in state.get("procs", {}).values():
         if not (_alive(p["pid"]) and _is_ours(p["pid"], p["exe"])):
             return False
@@ -1069,8 +1212,9 @@ def kueue_objects(kueue_dir: Path) -> list:
     """Kueue's namespace and its manager's roles (read from the module: the ClusterRole, and the
     Role on Secrets in Kueue's namespace) bound to KUEUE_IDENTITY."""
     objs: list = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KUEUE_NAMESPACE}}]
-    for f in ("role.yaml", "manager_secrets_role.yaml"):
-        for role in _yaml_docs(kueue_dir / "config/components/rbac" / f):
+    for f in ("role.yaml", "manager_secrets_role.yaml"):  # v0.14 has no Role on Secrets
+        path = kueue_dir / "config/components/rbac" / f
+        for role in _yaml_docs(path) if path.exists() else []:
             name = f"tja-test:kueue-{role['metadata']['name']}"
             meta = {"name": name} | ({"namespace": KUEUE_NAMESPACE} if role["kind"] == "Role" else {})
             role["metadata"] = meta
@@ -1083,15 +1227,16 @@ def kueue_objects(kueue_dir: Path) -> list:
 
 
 def kueue_crd_files(kueue_dir: Path) -> list:
-    """The CRD bases (v1beta2 stored); the conversion-webhook patches are left out: nothing here
-    writes the older v1beta1."""
+    """The CRD bases (v1beta2 stored from v0.15; v0.14's serve v1beta1 alone); the conversion-webhook
+    patches are left out: nothing here writes the older v1beta1 where v1beta2 is stored."""
     return sorted((kueue_dir / "config/components/crd/bases").glob("*.yaml"))
 
 
 def kueue_config(ports: dict) -> dict:
-    """Kueue's v1beta2 Configuration: one replica, certificates from our CA, all on loopback."""
+    """Kueue's Configuration (v1beta2 from v0.15, v1beta1 before, the same fields here): one
+    replica, certificates from our CA, all on loopback."""
     return {
-        "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
+        "apiVersion": f"config.kueue.x-k8s.io/{'v1beta1' if STACK == 'oldest' else 'v1beta2'}", "kind": "Configuration",
         "namespace": KUEUE_NAMESPACE,
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": False},
@@ -1163,12 +1308,12 @@ def _start(t0: float, timeout: float) -> dict:
     deadline = t0 + timeout
     left = lambda: max(5.0, deadline - time.monotonic())  # noqa: E731
     ports = _pick_ports()
-    why_not = realnode.unsupported_reason()
+    why_not = realnode.unsupported_reason() or ("the oldest stack has none" if STACK == "oldest" else None)
     real_node = why_not is None and os.environ.get("TJA_REAL_NODE", "1") != "0"
     if not real_node:
         log(f"up: no real node ({why_not or 'TJA_REAL_NODE=0'}); its tests will skip")
-    state = {"status": "starting", "ports": ports, "procs": {},
-             "versions": VERSIONS | {n: OWN_MODULES[n]["version"] for n in wanted_own_modules()},
+    state = {"status": "starting", "stack": STACK, "ports": ports, "procs": {},
+             "versions": stack_versions() | {n: OWN_MODULES[n]["version"] for n in wanted_own_modules()},
              "real_node_skipped": None if real_node else (why_not or "TJA_REAL_NODE=0"),
              "apiserver": _apiserver_url(ports), "kubectl": str(KUBECTL),
              "kubeconfigs": {"admin": str(ADMIN_KUBECONFIG), "user-a": str(USER_A_KUBECONFIG),
@@ -1280,7 +1425,7 @@ def _start(t0: float, timeout: float) -> dict:
         res = node_capacity(n)
         kubectl("patch", "node", n["name"], "--subresource=status", "--type=merge",
                 "-p", json.dumps({"status": {"capacity": res, "allocatable": res}}))
-    jobset_dir, trainer_dir, kueue_dir = module_dir("jobset"), module_dir("trainer"), own_module_dir("kueue")
+    jobset_dir, trainer_dir, kueue_dir = module_dir("jobset"), module_dir("trainer"), module_dir("kueue")
     apply_objects(kueue_objects(kueue_dir))
     crd_files = _resource_files(jobset_dir / "config/components/crd/bases") if (
         jobset_dir / "config/components/crd/bases/kustomization.yaml").exists() else sorted(
@@ -1363,7 +1508,7 @@ def _start(t0: float, timeout: float) -> dict:
         {"KUBECONFIG": str(RUN / "trainer.kubeconfig"), "TMPDIR": str(RUN / "trainer/tmp")})
     kueue_cfg = RUN / "kueue" / "config.yaml"
     kueue_cfg.write_text(json.dumps(kueue_config(p)))
-    controllers["kueue"] = ([own_module_binary("kueue"), f"--config={kueue_cfg}"],
+    controllers["kueue"] = ([own_module_binary(KUEUE_MODULE[STACK]), f"--config={kueue_cfg}"],
                             {"KUBECONFIG": str(RUN / "kueue.kubeconfig"),
                              "KUEUE_METRICS_CERT_DIR": str(RUN / "kueue/metrics-certs")})
     for name, (argv, env) in controllers.items():
@@ -1586,23 +1731,62 @@ def cmd_env(_args=None) -> int:
     return 0
 
 
+# What each stack runs of tests/cluster: every cluster test on the newest, those marked `oldest`
+# (the core end-to-end cases, docs/testing.md "The oldest stack") on the oldest.
+STACK_TESTS = {"newest": "cluster", "oldest": "cluster and oldest"}
+
+
 def cmd_test(args=None) -> int:
-    """build + up + pytest tests/cluster -m cluster + down (unless it was already up)."""
-    if find_go() is None and not built():
+    """Both stacks (--stack all, the default): build the newest, build the oldest beside the newest's
+    tests (at nice 19, in a process of its own), then test the oldest. One stack: build + up +
+    pytest + down (unless it was already up)."""
+    which = getattr(args, "stack", None) or "all"
+    extra = list(getattr(args, "pytest_args", None) or [])
+    if find_go() is None and not built("newest"):
         log("SKIP cluster tier: no Go toolchain found (install Go >= 1.26 or set GO=...); "
             "the control plane is built from Go modules")
         return 0
-    rc = cmd_build()
+    if which != "all":
+        return _test_stack(which, extra)
+    rc = _build_stack("newest")
+    if rc:
+        return rc
+    oldest_log = BIN / ".build-oldest.log"
+    with open(oldest_log, "w") as out:  # the oldest stack builds while the newest's tests wait on the API server
+        building = subprocess.Popen([sys.executable, __file__, "build", "--stack", "oldest"], stdout=out,
+                                    stderr=subprocess.STDOUT, cwd=REPO, env=dict(os.environ, TJA_STACK="oldest"))
+    try:
+        newest = _test_stack("newest", extra)
+    finally:
+        built_oldest = building.wait()
+    if built_oldest:
+        log(f"test: the oldest stack did not build (exit {built_oldest}); last lines of {oldest_log}:\n"
+            + oldest_log.read_text(errors="replace")[-3000:])
+        return newest or built_oldest
+    log(f"test: the oldest stack built beside the newest's tests ({_build_seconds('oldest')})")
+    return newest or _test_stack("oldest", extra)
+
+
+def _build_seconds(stack: str) -> str:
+    path = BIN / (".build-seconds" if stack == "newest" else ".build-seconds-oldest")
+    return f"{path.read_text().strip()} s" if path.exists() else "cached"
+
+
+def _test_stack(stack: str, extra: list[str]) -> int:
+    """build + up + pytest (the stack's tests) + down, in a process of that stack's own when it is not the active one."""
+    if stack != STACK:
+        return subprocess.call([sys.executable, __file__, "test", "--stack", stack, *extra], cwd=REPO,
+                               env=dict(os.environ, TJA_STACK=stack))
+    rc = _build_stack(stack)
     if rc:
         return rc
     was_up = is_up()
     t0 = time.monotonic()
     up()
-    log(f"test: control plane up in {time.monotonic() - t0:.1f} s")
+    log(f"test: the {stack} stack's control plane up in {time.monotonic() - t0:.1f} s")
     try:
-        extra = list(getattr(args, "pytest_args", None) or [])
-        rc = subprocess.call([sys.executable, "-m", "pytest", "tests/cluster", "-m", "cluster", *extra],
-                             cwd=REPO)
+        rc = subprocess.call([sys.executable, "-m", "pytest", "tests/cluster", "-m", STACK_TESTS[stack], *extra],
+                             cwd=REPO, env=dict(os.environ, TJA_STACK=stack))
         if rc == 5:
             log("test: no cluster tests collected: a lost marker or filter, not a pass")
         return rc
@@ -1617,9 +1801,12 @@ def cmd_test(args=None) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("gomod", "build", "up", "down", "status", "env"):
+    for name in ("up", "down", "status", "env"):
         sub.add_parser(name)
+    sub.add_parser("gomod").add_argument("--stack", choices=STACKS, default="newest")
+    sub.add_parser("build").add_argument("--stack", choices=(*STACKS, "all"))
     t = sub.add_parser("test")
+    t.add_argument("--stack", choices=(*STACKS, "all"), default="all")
     t.add_argument("pytest_args", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     if args.cmd in ("status", "env"):  # read-only: fine to die quietly when piped into `head`

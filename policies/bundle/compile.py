@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 from .. import PolicyError
 from ..cel.environment import CompiledExpression, Fields, merged_reads
 from ..k8s.quantity import DEFAULT_ACCELERATORS
+from ..k8s.versions import NEWEST, Versions
 from . import expressions
 from .schema import BundleDocument, BundleSpec, Validation
 from .yamlpos import Anchor, locate
@@ -140,10 +141,10 @@ def accelerators(bundles: Sequence["Bundle"]) -> tuple[str, ...]:
             found.update(dict.fromkeys(bundle.spec.checks.gpu.accelerators))
     return tuple(found) if found else DEFAULT_ACCELERATORS
 
-def compile_document(document: Any, source: str, node: yaml.Node | None = None) -> Bundle:
+def compile_document(document: Any, source: str, node: yaml.Node | None = None, versions: Versions = NEWEST) -> Bundle:
     """Validate the schema and compile every expression; raises BundleError listing every
     problem, schema and CEL alike, in file order (with ``node``, the composed YAML of the
-    document, each at its line and column)."""
+    document, each at its line and column). ``versions``: the cluster's, for its CEL library level."""
     name = (document.get("metadata") or {}).get("name") if isinstance(document, dict) else None
     problems: list[Problem] = []
     parsed: BundleDocument | None = None
@@ -152,7 +153,7 @@ def compile_document(document: Any, source: str, node: yaml.Node | None = None) 
     except ValidationError as exc:
         problems += [_schema_problem(err, document, source, name, node) for err in exc.errors()]
     spec = document.get("spec") if isinstance(document, dict) else None
-    compiled, errors = expressions.compile_sites(spec)
+    compiled, errors = expressions.compile_sites(spec, versions)
     problems += [expression_problem(source, name, error.path, error.message, document, locate(node, error.path),
                                     error.line, error.column) for error in errors]
     params = spec.get("params") if isinstance(spec, dict) else None

@@ -18,6 +18,7 @@ from ..cel.environment import (
 )
 from ..cel.cost import PER_BUNDLE
 from ..cel.types import DYN, Type
+from ..k8s.versions import NEWEST, Versions
 from . import typecheck
 from .rulenames import BUILTIN_RULES
 
@@ -83,8 +84,10 @@ def _site(base: SitePath, item: dict, key: str, environment: tuple[str, ...], kn
         yield Site((*base, key), text, environment, known, declared, kind)
 
 
-def compile_sites(spec: Any) -> tuple[dict[SitePath, CompiledExpression], list[SiteError]]:
-    """Each expression compiled by its path, and every error found (none stops the others)."""
+def compile_sites(spec: Any, versions: Versions = NEWEST) -> tuple[dict[SitePath, CompiledExpression], list[SiteError]]:
+    """Each expression compiled by its path, and every error found (none stops the others). A
+    function the cluster's CEL environment does not have yet (``versions``: the library level a
+    ValidatingAdmissionPolicy there compiles at) is refused as VAP would refuse it."""
     compiled: dict[SitePath, CompiledExpression] = {}
     errors: list[SiteError] = []
     # params.X is checked against inline params; a paramRef bundle's come from ConfigMaps, known at run time
@@ -102,6 +105,9 @@ def compile_sites(spec: Any) -> tuple[dict[SitePath, CompiledExpression], list[S
         found = _variable_errors(site, expression) + (
             _param_errors(site, expression.reads["params"], params, "params")
             if isinstance(params, dict) and expression.reads.get("params") is not None else [])
+        too_new = versions.cel_refusal(expression.functions)
+        if too_new:
+            found.append(SiteError(site.path, too_new))
         if not found:
             scope = typecheck.Scope(site.environment, site.kind, kinds, params_type,
                                     tuple((n, variable_types.get(n, DYN)) for n in site.known))

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from ..k8s import manifests
+from ..k8s.versions import NEWEST, Versions
 from .compile import Bundle, BundleError, CelSites, Problem, compile_document
 
 BUILTIN_PREFIX = "builtin:"
@@ -55,8 +56,9 @@ def read_source(spec: str) -> list[tuple[str, str]]:
             raise BundleError([Problem(str(file), f"cannot read: {exc}")]) from None
     return out
 
-def load_bundles(specs: list[str]) -> list[Bundle]:
-    """Load and compile every bundle in files/directories/builtins; all problems in one error."""
+def load_bundles(specs: list[str], versions: Versions = NEWEST) -> list[Bundle]:
+    """Load and compile every bundle in files/directories/builtins; all problems in one error.
+    ``versions``: the cluster's (its CEL library level), the newest when not known."""
     bundles: list[Bundle] = []
     problems: list[Problem] = []
     sites: list[CelSites] = []
@@ -69,7 +71,7 @@ def load_bundles(specs: list[str]) -> list[Bundle]:
                 continue
             for document, node in documents:
                 try:
-                    bundles.append(compile_document(document, source, node))
+                    bundles.append(compile_document(document, source, node, versions))
                 except BundleError as exc:
                     problems.extend(exc.problems)
                     sites.extend(exc.sites)

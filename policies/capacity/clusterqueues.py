@@ -122,8 +122,8 @@ class Forest:
                     groups, quotas = resource_groups(spec)
                 except Unreadable as exc:
                     groups, quotas, self.unreadable[(kind, name)] = [], {}, str(exc)
-                parent = (spec.get("parentName") or spec.get("parent")) if kind == "cohort" else (
-                    spec.get("cohortName") or spec.get("cohort"))
+                # v1beta2 names (policies/k8s/kueueapi.py maps v1beta1's cohort to cohortName as the state stores it)
+                parent = spec.get("parentName") if kind == "cohort" else spec.get("cohortName")
                 parent = str(parent) if parent else None
                 if kind == "cq":
                     self.groups[name] = groups

@@ -9,7 +9,8 @@ TrainJob (Trainer v2.3.0 with JobSet v0.12.0):
 - one headless Service named after the JobSet's subdomain, unless the runtime sets
   ``network.enableDNSHostnames: false`` (the JobSet webhook defaults it to true;
   createHeadlessSvcIfNecessary);
-- ConfigMap ``<job>-runtime-snapshot`` (pkg/runtime/core/snapshot.go, for every runtime) and, for
+- ConfigMap ``<job>-runtime-snapshot`` (pkg/runtime/core/snapshot.go, for every runtime; Trainer
+  v2.2 makes none, policies/k8s/versions.py TrainerRuntimeSnapshot) and, for
   MPI, ConfigMap ``<job>-mpi-hostfile`` and Secret ``<job>-mpi-ssh-auth`` (plugins/mpi/mpi.go,
   Build; when our injector creates that Secret first Trainer uses it, so it is one Secret either way);
 - one PVC per template of the runtime's ``volumeClaimPolicies`` (jobset
@@ -51,7 +52,8 @@ def objects(job: EffectiveJob, injected: Iterable[str] = ()) -> list[tuple[str, 
                   for ps in job.pod_sets for i in range(ps.replicas)]
         if job.headless_service:
             found.append(("Service", "the JobSet's headless Service"))
-        found.append(("ConfigMap", f"{job.name}-runtime-snapshot"))
+        if job.runtime_snapshot:
+            found.append(("ConfigMap", f"{job.name}-runtime-snapshot"))
         if job.mpi:
             found += [("ConfigMap", f"{job.name}-mpi-hostfile"), ("Secret", f"{job.name}-mpi-ssh-auth")]
         found += [("PersistentVolumeClaim", f"{_dict(claim.get('metadata')).get('name', '?')}-{job.name}")

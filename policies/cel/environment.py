@@ -123,6 +123,7 @@ class CompiledExpression:
     variables: frozenset[str]  # the top-level variables it reads, so callers convert only those
     reads: dict[str, Fields] = field(default_factory=dict)  # per variable, the fields it reads (see prune)
     run: Callable[[dict, Budget], Any] = field(default=None, repr=False)  # type: ignore[assignment]
+    functions: frozenset[str] = frozenset()  # the functions it calls, for the CEL library level (policies/k8s/versions.py)
 
     def evaluate(self, activation: dict[str, Any], budget: Budget | None = None) -> Any:
         """The expression's value; every step is charged to ``budget`` (a fresh one if None).
@@ -219,7 +220,14 @@ def _compile(source: str, variables: tuple[str, ...]) -> CompiledExpression:
         raise CelCompileError(exc.message, exc.line, exc.column) from None
     except (lark.exceptions.LarkError, RecursionError) as exc:
         raise CelCompileError(f"syntax error: {exc}") from None
-    return CompiledExpression(source, syntax, frozenset(reads), {name: _freeze(t) for name, t in reads.items()}, run)
+    return CompiledExpression(source, syntax, frozenset(reads), {name: _freeze(t) for name, t in reads.items()}, run,
+                              _functions(tree))
+
+
+def _functions(tree: lark.Tree) -> frozenset[str]:
+    """The names of the functions and methods the expression calls (macros included)."""
+    return frozenset(str(next(c for c in node.children if isinstance(c, lark.Token)))
+                     for node in tree.iter_subtrees() if node.data in ("ident_arg", "member_dot_arg"))
 
 
 def _check_depth(tree: lark.Tree) -> None:

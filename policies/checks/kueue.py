@@ -107,6 +107,7 @@ def _queue(context: CheckContext, settings: KueueCheck, queue: str, facts: dict)
                         f"({have}); Kueue would keep the job suspended for ever", _queue_choice(context))]
     cq_name = str((local.get("spec") or {}).get("clusterQueue", ""))
     facts["clusterQueue"] = cq_name
+    facts["apiVersion"] = local.get("apiVersion")  # the Kueue API it was read at (v1beta1 is judged as v1beta2)
     if state.cluster_queues is None:
         facts["verdict"] = "unknown: ClusterQueues not known"
         return []
@@ -186,13 +187,16 @@ def _capacity(context: CheckContext, settings: KueueCheck, queue: str, local: di
     for ps in sets:
         for resource, total in ps.totals.items():
             group = clusterqueues.covering(groups, resource)
-            if group is None and total == 0:
+            skips_zero = state.versions.enabled("KueueSkipsZeroRequests")
+            if group is None and total == 0 and skips_zero:
                 continue  # a zero request of a resource the queue does not list is skipped (#8079)
             if group is None:
                 facts["verdict"] = "never"
                 covered = ", ".join(sorted({r for g in groups for r in g.covered})) or "nothing"
+                zero = (f" (a request of 0: the Kueue here, which serves only {state.versions.kueue_text}, still needs a "
+                        "flavor for it)") if total == 0 else ""
                 return [Finding(f"pod set {ps.name} requests {resource}, which {where} does not cover (it covers "
-                                f"{covered}); Kueue never admits the job",
+                                f"{covered}){zero}; Kueue never admits the job",
                                 f"remove the {resource} request, or {ASK_ADMIN} for a queue that covers it")]
             if group in allowed.setdefault(ps.name, {}):
                 continue

@@ -94,6 +94,8 @@ class Decision:
     facts: dict[str, Any] = field(default_factory=dict)  # CheckContext.facts: kept in the decision log
     # The bundles' auditAnnotations ("<bundle>.<key>": value), for the API server's audit log
     audit_annotations: dict[str, str] = field(default_factory=dict)
+    # What the cluster runs, as the decision modelled it (policies/k8s/versions.py Versions.summary)
+    cluster: dict[str, Any] = field(default_factory=dict)
 
     @property
     def allowed(self) -> bool:
@@ -164,4 +166,5 @@ class Decision:
             "injections": self.injections,
             "job": self.job.totals if self.job else None,
             "unchecked": self.unchecked,
+            "cluster": self.cluster,
         } | ({"auditAnnotations": self.audit_annotations} if self.audit_annotations else {})

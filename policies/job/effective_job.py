@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from .. import PolicyError
-from ..k8s import limitranger, podvalidation, redaction
+from ..k8s import limitranger, podvalidation, redaction, versions
 from ..k8s.clusterstate import TRAINER_GROUP, ClusterState
 from ..k8s.podresources import pod_resources
 from ..k8s.quantity import DEFAULT_ACCELERATORS, QuantityError, is_accelerator, numbers
@@ -133,6 +133,12 @@ class EffectiveJob:
     # and whether it gets a headless Service (network.enableDNSHostnames, defaulted to true).
     volume_claims: list[dict] = field(default_factory=list)
     headless_service: bool = False
+    # Whether Trainer copies the runtime into ConfigMap <job>-runtime-snapshot (v2.3 on,
+    # policies/k8s/versions.py TrainerRuntimeSnapshot): one more ConfigMap for object-count quotas.
+    runtime_snapshot: bool = False
+    # What this cluster's API server drops from the pods ("launcher pods: spec.resources (...)"),
+    # for a warning to the submitter (policies/k8s/versions.py drop_disabled_fields).
+    dropped: list[str] = field(default_factory=list)
     warnings: tuple[str, ...] = ()  # what Trainer's webhook warns about the job (a deprecated runtime)
 
     def role(self, role: str) -> PodSet | None:
@@ -332,12 +338,13 @@ def build(obj: dict, state: ClusterState, accelerators: tuple[str, ...] = DEFAUL
 
 
 def _as_admitted(job: EffectiveJob, state: ClusterState, accelerators: tuple[str, ...]) -> EffectiveJob:
-    """Each pod as the API server will store it in the job's namespace: the default
-    PriorityClass (Priority admission), the RuntimeClass's overhead (RuntimeClass admission),
-    requests defaulted from limits, then the LimitRange defaults (policies/k8s/limitranger.py),
-    counted again; then refused if the API server would refuse it (policies/k8s/podvalidation.py).
-    Nothing is recounted (or spent) without overhead or LimitRange. The runtime's PVCs get the
-    default StorageClass (DefaultStorageClass admission)."""
+    """Each pod as the API server will store it in the job's namespace: without the fields this
+    cluster's version drops (policies/k8s/versions.py), the default PriorityClass (Priority
+    admission), the RuntimeClass's overhead (RuntimeClass admission), requests defaulted from
+    limits, then the LimitRange defaults (policies/k8s/limitranger.py), counted again; then refused
+    if the API server would refuse it (policies/k8s/podvalidation.py). Nothing is recounted (or
+    spent) without a dropped field, overhead or LimitRange. The runtime's PVCs get the default
+    StorageClass (DefaultStorageClass admission)."""
     limit_ranges = state.namespace_limit_ranges(job.namespace)
     defaults = limitranger.container_defaults(limit_ranges) if limit_ranges else None
     priority_class, storage_class = state.default_priority_class(), state.default_storage_class()
@@ -348,6 +355,8 @@ def _as_admitted(job: EffectiveJob, state: ClusterState, accelerators: tuple[str
     refusals: dict[str, list[str]] = {}  # what is refused -> the pod sets it is refused in
     for pod_set in job.pod_sets:
         pod_spec = pod_set.pod["spec"]
+        dropped = versions.drop_disabled_fields(pod_spec, state.versions)
+        job.dropped += [f"{pod_set.name} pods: {field}" for field in dropped]
         if priority_class and not pod_spec.get("priorityClassName"):
             pod_spec["priorityClassName"] = priority_class  # the Priority admission plugin
         overhead = _runtime_class_overhead(pod_spec, state)
@@ -355,7 +364,7 @@ def _as_admitted(job: EffectiveJob, state: ClusterState, accelerators: tuple[str
             pod_spec["overhead"] = overhead
         if defaults is not None:
             limitranger.apply(pod_spec, defaults)
-        if overhead is not None or defaults is not None:
+        if dropped or overhead is not None or defaults is not None:
             _finish(pod_set, accelerators)
         refused = podvalidation.refusals(pod_spec) or podvalidation.priority_refusals(pod_spec, state.priority_classes)
         if not refused and pod_spec.get("resources"):
@@ -473,6 +482,7 @@ def from_trainjob(trainjob: dict, state: ClusterState,
     trainer = spec.get("trainer") or {}
     run_launcher_as_node = bool(mpi_policy and mpi_policy.get("runLauncherAsNode"))
     per_node = trainer.get("resourcesPerNode")
+    merges_per_node = state.versions.enabled("TrainerMergesResourcesPerNode")
     # Read before it merges into the runtime's pods, so that a bad quantity is reported at its field.
     per_node_gpus = _gpus_in(per_node, "spec.trainer.resourcesPerNode") if per_node else None
     node_resources: dict | None = None  # the first node/trainer job's "node" container (ExtractResourcePerNodeFromRuntime)
@@ -490,7 +500,7 @@ def from_trainjob(trainjob: dict, state: ClusterState,
     } if patches else {}
     patched_by: dict[str, list[str]] = {}  # replicated job -> the patches that change its pods, for messages
     for index, patch in enumerate(patches):
-        template = runtimepatch.template_patch(patch)
+        template = runtimepatch.template_patch(patch, state.versions)
         try:
             runtimepatch.check_names(template, containers_by_job, index)
         except runtimepatch.PatchError as exc:
@@ -539,13 +549,18 @@ def from_trainjob(trainjob: dict, state: ClusterState,
                      else count_field(ml_policy["numNodes"], "the runtime's spec.mlPolicy.numNodes"))
 
         # 3. resourcesPerNode merges into the "node" container of the trainer ancestor, and of the
-        #    "node" job when the MPI launcher runs as a node (newRuntimeInfo + MergeResourceRequirements).
+        #    "node" job when the MPI launcher runs as a node (newRuntimeInfo + MergeResourceRequirements);
+        #    Trainer v2.2 replaces that container's resources with it instead (TrainerMergesResourcesPerNode).
         node_container = _container(pod_spec, NODE)
         from_trainer: set[str] = set()
-        if node_container is not None and (is_trainer or (run_launcher_as_node and rjob_name == NODE)):
+        if node_container is not None and (is_trainer or (run_launcher_as_node and rjob_name == NODE)
+                                           or (ancestor == ANCESTOR_TRAINER and not merges_per_node)):
             from_trainer.add("resources")
-            if trainer.get("resourcesPerNode"):
+            if trainer.get("resourcesPerNode") and merges_per_node:
                 node_container["resources"] = smp.merge(node_container.get("resources") or {}, trainer["resourcesPerNode"])
+            elif isinstance(per_node, dict) and (per_node.get("limits") is not None or per_node.get("requests") is not None):
+                node_container["resources"] = {key: smp.clone(per_node[key]) for key in ("limits", "requests")
+                                               if per_node.get(key) is not None}
         if node_resources is None and node_container is not None and (rjob_name == NODE or ancestor == ANCESTOR_TRAINER):
             node_resources = node_container.get("resources") or {}
 
@@ -616,6 +631,7 @@ def from_trainjob(trainjob: dict, state: ClusterState,
         warnings=tuple(trainerwebhook.warnings(runtime)),
         headless_service=not (isinstance(jobset_spec.get("network"), dict)
                               and jobset_spec["network"].get("enableDNSHostnames") is False),
+        runtime_snapshot=state.versions.enabled("TrainerRuntimeSnapshot"),
     )
 
 

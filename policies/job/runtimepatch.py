@@ -1,10 +1,11 @@
-"""spec.runtimePatches as Trainer v2.3.0 applies them: only the fields its CRD keeps, only onto
+"""spec.runtimePatches as Trainer v2.2 and v2.3 apply them: only the fields their CRD keeps, only onto
 replicated jobs and containers the runtime has.
 
 The TrainJob CRD's schema for a patch (RuntimePatch .. ContainerPatch in
 pkg/apis/trainer/v1alpha1/trainjob_types.go) exposes a few pod fields; the API server prunes every
 other field before anyone reads the object, so a patch cannot change resources, images, replicas or
-parallelism. Offline ``review`` reads the file as written, so it prunes the same way here; the
+parallelism. v2.2's schema lacks the pods' terminationGracePeriodSeconds (policies/k8s/versions.py
+RuntimePatchTerminationGracePeriod). Offline ``review`` reads the file as written, so it prunes the same way here; the
 webhook then sees what the API server stored. A patch can only change what the runtime has: one
 naming another replicated job or container would add one with no image, which the API server refuses
 when Trainer creates the JobSet (plugins/jobset/jobset.go Validate means to refuse it earlier).
@@ -12,7 +13,9 @@ when Trainer creates the JobSet (plugins/jobset/jobset.go Validate means to refu
 from __future__ import annotations
 
 from typing import Any
+
 from .. import PolicyError
+from ..k8s.versions import NEWEST, Versions
 
 # Field -> nested schema (a dict), or True for a value kept whole (a full Kubernetes type).
 _META = {key: True for key in ("annotations", "finalizers", "labels", "name", "namespace")}
@@ -32,6 +35,10 @@ _REPLICATED_JOB = {
     "template": {"metadata": _META, "spec": {"template": {"metadata": _META, "spec": _POD_SPEC}}},
 }
 SCHEMA = {"metadata": _META, "spec": {"replicatedJobs": [_REPLICATED_JOB]}}  # trainingRuntimeSpec.template
+# Trainer v2.2's: the same without the pods' terminationGracePeriodSeconds
+_POD_SPEC_V2_2 = {key: value for key, value in _POD_SPEC.items() if key != "terminationGracePeriodSeconds"}
+SCHEMA_V2_2 = {"metadata": _META, "spec": {"replicatedJobs": [{
+    "name": True, "template": {"metadata": _META, "spec": {"template": {"metadata": _META, "spec": _POD_SPEC_V2_2}}}}]}}
 _NO_ENV = ("dataset-initializer", "model-initializer", "node")  # containers whose env Trainer sets itself
 
 
@@ -50,10 +57,12 @@ def pruned(value: Any, schema: Any) -> Any:
     return {key: pruned(item, schema[key]) for key, item in value.items() if key in schema}
 
 
-def template_patch(patch: Any) -> dict:
-    """The pruned ``trainingRuntimeSpec.template`` of one runtimePatches entry ({} if it has none)."""
+def template_patch(patch: Any, versions: Versions = NEWEST) -> dict:
+    """The pruned ``trainingRuntimeSpec.template`` of one runtimePatches entry ({} if it has none),
+    by the schema of the cluster's Trainer."""
     template = ((patch or {}).get("trainingRuntimeSpec") or {}).get("template") if isinstance(patch, dict) else None
-    return pruned(template, SCHEMA) if isinstance(template, dict) else {}
+    schema = SCHEMA if versions.enabled("RuntimePatchTerminationGracePeriod") else SCHEMA_V2_2
+    return pruned(template, schema) if isinstance(template, dict) else {}
 
 
 def check_names(template: dict, containers_by_job: dict[str, set[str]], index: int) -> None:

@@ -3,7 +3,8 @@
 ever after (pkg/runtime/core/snapshot.go, clustertrainingruntime.go, trainingruntime.go), so a
 runtime edited or deleted later does not change a job that exists. An UPDATE is judged against
 the copy Trainer uses; a CREATE, and an UPDATE of a job without a valid copy, against the live
-runtime (Trainer makes the copy from it).
+runtime (Trainer makes the copy from it). Trainer v2.2 has no snapshot and reads the live runtime
+every time (policies/k8s/versions.py TrainerRuntimeSnapshot): there every request is judged against it.
 
 :func:`running_state` is the one place that decides this, for the webhook (which GETs the
 ConfigMap into the state, :meth:`ClusterState.with_snapshot`) and for ``review --cluster-state``.
@@ -15,6 +16,7 @@ from functools import lru_cache
 from .. import PolicyError
 from ..k8s.clusterstate import SNAPSHOT_SUFFIX, TRAINER_GROUP, ClusterState
 from ..k8s.manifests import ManifestError, parse_documents
+from ..k8s.versions import NEWEST, Versions
 from .effective_job import JobModelError
 
 DATA_KEY = "runtime"  # snapshot.go runtimeDataKey
@@ -37,12 +39,15 @@ class UnreadableSnapshot(JobModelError):
     """A snapshot Trainer would read differently from us: refused rather than judged wrong."""
 
 
-def snapshot_name(operation: str, obj: dict) -> str | None:
+def snapshot_name(operation: str, obj: dict, versions: Versions = NEWEST) -> str | None:
     """The ConfigMap that decides this request's runtime, or None when none can: only an UPDATE
-    of a TrainJob (on CREATE the job has no snapshot that could be its own)."""
+    of a TrainJob (on CREATE the job has no snapshot that could be its own), with a Trainer that
+    makes snapshots."""
     group = str(obj.get("apiVersion", "")).split("/")[0]
     name = (obj.get("metadata") or {}).get("name")
     if operation != "UPDATE" or obj.get("kind") != "TrainJob" or group != TRAINER_GROUP or not name:
+        return None
+    if not versions.enabled("TrainerRuntimeSnapshot"):
         return None
     return f"{name}{SNAPSHOT_SUFFIX}"
 
@@ -119,7 +124,7 @@ def _folded_key(value: object, path: str = "") -> str:
 def running_state(operation: str, obj: dict, state: ClusterState) -> tuple[ClusterState, str]:
     """``state`` with the job's runtime replaced by the one Trainer runs it with, and a warning
     when the job has a snapshot Trainer cannot use (judged against the live runtime then)."""
-    name = snapshot_name(operation, obj)
+    name = snapshot_name(operation, obj, state.versions)
     meta = obj.get("metadata") or {}
     configmap = state.snapshot(meta.get("namespace", ""), name) if name else None
     if configmap is None:  # no snapshot: a job made before Trainer v2.3, or not reconciled yet

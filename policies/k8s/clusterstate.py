@@ -4,7 +4,9 @@ Trainer's runtime snapshots (ConfigMaps ``<job>-runtime-snapshot``) and bundles'
 (ConfigMaps labelled ``trainjob-admission.io/params=true``, their data only); no other ConfigMap is kept.
 
 The server fills a :class:`ClusterState` from watches; ``review --cluster-state`` fills one from a
-file of objects as ``kubectl get -o yaml`` prints them, so both decide from the same inputs.
+file of objects as ``kubectl get -o yaml`` prints them, so both decide from the same inputs. Kueue's
+objects are kept as v1beta2 has them whichever version was read (kueueapi.py), and what the cluster
+runs (versions.py) comes with the state: discovered by the server, from the file offline.
 """
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .. import PolicyError
-from . import manifests
+from . import kueueapi, manifests, versions as cluster_versions
 from .podresources import requests_on_node
+from .versions import Versions
 
 TRAINER_GROUP = "trainer.kubeflow.org"
 # Trainer names a job's runtime snapshot <job> + this (pkg/runtime/core/snapshot.go, runtimeSnapshotSuffix).
@@ -84,6 +87,8 @@ class ClusterState:
     exceptions: dict[tuple[str, str], dict] = field(default_factory=dict)
     # ConfigMaps labelled PARAMS_SELECTOR (bundles' paramRef), slimmed to name, labels and data
     params: dict[tuple[str, str], dict] = field(default_factory=dict)
+    # What the cluster runs (policies/k8s/versions.py): discovered by the server, read from a state file offline.
+    versions: Versions = cluster_versions.NEWEST
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     def upsert(self, obj: dict) -> None:
@@ -209,7 +214,7 @@ class ClusterState:
         for obj in objects:
             if _kind(obj) in KINDS:
                 by_kind.setdefault(_kind(obj), []).append(obj)
-        state = cls()
+        state = cls(versions=cluster_versions.from_objects(objects))
         for kind, items in by_kind.items():
             state.replace(kind, items)
         return state
@@ -259,10 +264,10 @@ _SLIM = {"Node": {"metadata": ("name", "labels"), "spec": ("taints", "unschedula
          # Kueue: what the queue and capacity checks read (not the ClusterQueues' long condition messages)
          "LocalQueue": {"metadata": ("name", "namespace"), "spec": ("clusterQueue", "stopPolicy"),
                         "status": ("pendingWorkloads", "reservingWorkloads", "admittedWorkloads")},
-         "ClusterQueue": {"metadata": ("name",), "spec": ("cohortName", "cohort", "resourceGroups", "namespaceSelector",
+         "ClusterQueue": {"metadata": ("name",), "spec": ("cohortName", "resourceGroups", "namespaceSelector",
                                                           "stopPolicy"),
                           "status": ("flavorsReservation", "pendingWorkloads", "reservingWorkloads")},
-         "Cohort": {"metadata": ("name",), "spec": ("parentName", "parent", "resourceGroups")},
+         "Cohort": {"metadata": ("name",), "spec": ("parentName", "resourceGroups")},
          "ResourceFlavor": {"metadata": ("name",), "spec": ("nodeLabels", "nodeTaints", "tolerations")}}
 
 
@@ -293,6 +298,8 @@ def _slim(kind: str, obj: dict) -> dict:
         return {"apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {k: meta[k] for k in ("name", "namespace", "labels") if k in meta},
                 "data": data if isinstance(data, dict) else {}}
+    if kind in kueueapi.KINDS:
+        obj = kueueapi.as_v1beta2(obj)  # read at v1beta1 or v1beta2, kept as v1beta2 has it
     fields = _SLIM.get(kind)
     if fields is None:
         return obj
@@ -365,6 +372,8 @@ def parse_objects(text: str, source: str | Path) -> list[dict]:
 def _flatten(doc: Any, path: str | Path) -> list[dict]:
     if doc is None:
         return []
+    if isinstance(doc, dict) and "kind" not in doc and isinstance(doc.get("serverVersion"), dict):
+        return [{**doc, "kind": cluster_versions.VERSION_KIND}]  # `kubectl version -o yaml`: the API server's version
     if not isinstance(doc, dict) or not isinstance(doc.get("kind"), str):
         raise StateError(f"{path}: every document must be a Kubernetes object with a kind, got {repr(doc)[:80]}")
     if doc["kind"].endswith("List") and isinstance(doc.get("items"), list):

@@ -187,6 +187,7 @@ def _job_pods(ns: str, job: str) -> list[dict]:
     return json.loads(p.stdout)["items"] if p.returncode == 0 else []
 
 
+@pytest.mark.oldest
 def test_apply_admits_mutates_and_injects_what_trainer_uses(e2e):
     ns, name = e2e.ns, "resnet-allreduce"
     p = submit(trainjob(name, ns), verb="apply")
@@ -277,6 +278,7 @@ DENIED = {
 }
 
 
+@pytest.mark.oldest
 @pytest.mark.parametrize("case", sorted(DENIED))
 def test_denied_with_our_message_and_nothing_created(e2e, case):
     make, expected = DENIED[case]
@@ -392,6 +394,7 @@ def _privileged_launcher():
         template=JobSetTemplatePatch(spec=JobSetSpecPatch(replicated_jobs=[launcher]))))
 
 
+@pytest.mark.oldest
 def test_sdk_train_is_admitted_and_injected(e2e):
     client = _sdk_client(e2e)
     name = _sdk_train(client, "sdk-ok", nodes=4, gpus=1)
@@ -413,6 +416,7 @@ SDK_DENIED = {
 }
 
 
+@pytest.mark.oldest
 @pytest.mark.parametrize("case", sorted(SDK_DENIED))
 def test_sdk_train_denied_carries_our_message(e2e, case):
     from kubernetes.client.exceptions import ApiException

@@ -5,7 +5,9 @@ cluster tier registers one only inside the tests that use it, and removes it aft
 JobSet, the Job controller, the LimitRanger and ResourceQuota admission plugins and KWOK decide
 alone. What they built must be what ``effective_job.build`` says, given a ClusterState of the
 same runtime, Namespace, LimitRanges and ResourceQuotas read back from the cluster (the objects
-``review --cluster-state`` reads from ``kubectl get -o yaml`` and the server from its watches),
+``review --cluster-state`` reads from ``kubectl get -o yaml`` and the server from its watches), with
+``kubectl version -o yaml`` and the TrainJob CRD saying what the cluster runs (on the oldest stack:
+Kubernetes 1.33, Trainer v2.2, whose gates policies/k8s/versions.py keys),
 and the TrainJob exactly as submitted (what ``review`` reads from a file): pods per replicated
 job (JobSet replicas x Job parallelism, and the pods that exist), each container's requests and
 limits compared as numbers (policies/k8s/quantity.py), the pods running at one moment against
@@ -24,10 +26,12 @@ from kubernetes import watch as kube_watch
 
 from trainjob_admission.policies.job import effective_job
 from trainjob_admission.policies.job.effective_job import JOBSET_NAME_LABEL, EffectiveJob, containers_of
-from trainjob_admission.policies.k8s.clusterstate import ClusterState
+from trainjob_admission.policies.k8s.clusterstate import ClusterState, parse_objects
 from trainjob_admission.policies.k8s.quantity import numbers
+from trainjob_admission.policies.k8s.versions import parse_minor
 
 pytestmark = pytest.mark.cluster
+oldest = pytest.mark.oldest  # also on the oldest stack: Kubernetes 1.33, Trainer v2.2 build differently
 
 JOBSET = "jobsets.jobset.x-k8s.io"
 RJOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"  # jobset v0.12 api/jobset/v1alpha2
@@ -99,10 +103,19 @@ def engine_job(get_json, submitted: dict) -> EffectiveJob:
     ref = submitted["spec"]["runtimeRef"]
     where = ["-n", namespace] if ref["kind"] == "TrainingRuntime" else []
     objects = [get_json(ref["kind"].lower() + "s.trainer.kubeflow.org", ref["name"], *where),
-               get_json("namespace", namespace)]
+               get_json("namespace", namespace), get_json("crd", "trainjobs.trainer.kubeflow.org")]
     for kind in ("limitranges", "resourcequotas"):
         objects += get_json(kind, "-n", namespace)["items"]
-    return effective_job.build(submitted, ClusterState.from_objects(objects))
+    objects += parse_objects(cluster_version_yaml(), "kubectl version -o yaml")  # as review --cluster-state reads it
+    state = ClusterState.from_objects(objects)
+    assert state.versions.source == {"kubernetes": "cluster-state", "trainer": "cluster-state", "kueue": "default"}
+    return effective_job.build(submitted, state)
+
+
+def cluster_version_yaml() -> str:
+    from tests.support.service import cluster
+
+    return cluster.kubectl("version", "-o", "yaml").stdout
 
 
 def jobset_counts(jobset: dict) -> dict[str, int]:
@@ -176,6 +189,7 @@ LIMIT_RANGE = {"type": "Container",
                "max": {"cpu": "4", "memory": "8Gi"}}
 
 
+@oldest
 @pytest.mark.parametrize("resources", [
     None,  # the stock runtime's containers set none: every value is the LimitRange's
     {"limits": {"cpu": "2", "memory": "3Gi"}},  # requests default from these limits, not from defaultRequest
@@ -276,6 +290,7 @@ def test_initializers_run_once_then_the_nodes_and_the_peak_is_the_largest_phase(
 
 # -- 3. Scoped quotas ----------------------------------------------------------------------------
 
+@oldest
 def test_scoped_quota_usage_is_the_engines_demand(kubectl, get_json, wait_for, namespace):
     from trainjob_admission.policies.checks import (  # demand(job, quota) -> {hard key: amount}
         quota as quota_check,
@@ -338,6 +353,7 @@ def test_scoped_quota_usage_is_the_engines_demand(kubectl, get_json, wait_for, n
 
 # -- 4. MPI and runtimePatches -------------------------------------------------------------------
 
+@oldest
 def test_stock_mpi_runtimes_build_what_the_engine_says(kubectl, get_json, wait_for, namespace, control_plane):
     assert MPI_RUNTIME in control_plane.runtimes
     for runtime in control_plane.runtimes:
@@ -353,6 +369,7 @@ def test_stock_mpi_runtimes_build_what_the_engine_says(kubectl, get_json, wait_f
         assert job.num_nodes == 3
 
 
+@oldest
 def test_runtime_patch_resources_are_what_trainer_runs(kubectl, get_json, wait_for, namespace):
     """Trainer v2.3's runtimePatches take a container's securityContext, env and volumeMounts,
     not its resources: its CRD drops them (with a warning for a client that does not ask for
@@ -363,3 +380,49 @@ def test_runtime_patch_resources_are_what_trainer_runs(kubectl, get_json, wait_f
              "securityContext": {"runAsNonRoot": True}}]}}}}}]}}}}
     submitted = trainjob(f"patch-{uid()}", namespace, MPI_RUNTIME, numNodes=2, patches=[patch])
     check_built(kubectl, get_json, wait_for, submitted, validate="warn")
+
+
+# -- 5. What differs by version (policies/k8s/versions.py), on either stack -----------------------
+
+@oldest
+def test_resources_per_node_reach_the_node_container_as_this_trainer_builds_them(kubectl, get_json, wait_for,
+                                                                                  namespace, control_plane):
+    """resourcesPerNode with only a GPU, on a runtime whose node container requests cpu and
+    memory: Trainer v2.3 merges the two (TrainerMergesResourcesPerNode), Trainer v2.2 replaces the
+    container's resources with it, so its pods request no cpu. The pods are the engine's either way."""
+    from tests.support.objects import runtime
+
+    name = f"rpn-{uid()}"
+    create(kubectl, runtime(name, namespace))  # examples/runtimes/mpi-openmpi.yaml: 1 cpu, 2Gi per node container
+    submitted = trainjob(name, namespace, name, kind="TrainingRuntime", numNodes=2,
+                         resourcesPerNode={"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}})
+    job = check_built(kubectl, get_json, wait_for, submitted)
+    cpu = {ps.name: ps.requests.get("cpu", 0) for ps in job.pod_sets}
+    merged = parse_minor(control_plane.versions["trainer"], "trainer") >= (2, 3)
+    assert cpu == ({"node": 1000, "launcher": 1000} if merged else {"node": 0, "launcher": 0}), cpu
+
+
+@oldest
+def test_pod_level_resources_are_kept_and_counted_where_the_api_server_keeps_them(kubectl, get_json, wait_for,
+                                                                                   namespace, control_plane):
+    """A runtime with pod-level resources (2 cpu a pod; its container asks 1): Kubernetes 1.34 and
+    later keep them and the quota counts 2 a pod; 1.33 drops the field (PodLevelResources) and
+    counts the container's 1. The engine's pods, and the quota's usage, are the cluster's either way."""
+    create(kubectl, {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "cpu", "namespace": namespace},
+                     "spec": {"hard": {"requests.cpu": "100"}}})
+    wait_for("the quota controller's first count", lambda: "requests.cpu" in (
+        get_json("resourcequota", "cpu", "-n", namespace).get("status") or {}).get("used", {}))
+    pod_level = {"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "2"}}}
+    create(kubectl, torch_runtime("pod-level", namespace, [
+        replicated_job("node", container("node", {"requests": {"cpu": "1"}}), ancestor="trainer",
+                       annotations={RUN_FOR: "600s"}, pod_spec=pod_level)]))
+    submitted = trainjob(f"plr-{uid()}", namespace, "pod-level", kind="TrainingRuntime", numNodes=2)
+    job = check_built(kubectl, get_json, wait_for, submitted)
+    kept = parse_minor(control_plane.versions["kubernetes"], "kubernetes") >= (1, 34)
+    pods = get_json("pods", "-n", namespace, "-l", f"{JOBSET_NAME_LABEL}={submitted['metadata']['name']}")["items"]
+    assert [p["spec"].get("resources") is not None for p in pods] == [kept] * 2
+    assert [ps.pod["spec"].get("resources") is not None for ps in job.pod_sets] == [kept]
+    per_pod = 2000 if kept else 1000
+    assert job.pod_sets[0].requests["cpu"] == per_pod
+    wait_for(f"the quota to count {2 * per_pod}m cpu", lambda: numbers(
+        get_json("resourcequota", "cpu", "-n", namespace)["status"]["used"])["requests.cpu"] == 2 * per_pod, 60)

@@ -32,6 +32,7 @@ from tests.support.service import cert_dir, start_service
 from trainjob_admission.webhook.cli.demo import admission_review
 from trainjob_admission.webhook.inject.provenance import Provenance
 from trainjob_admission.webhook.kube.client import api_client
+from trainjob_admission.webhook.kube.discovery import Discovery
 from trainjob_admission.webhook.kube.watch import Watcher
 from trainjob_admission.webhook.loops.bundleset import BundleRegistry
 from trainjob_admission.webhook.startup import ClusterSync
@@ -189,6 +190,7 @@ def start_sync(admin_kubeconfig, crd, run_id):
         state, registry = ClusterState(), BundleRegistry([])
         selector = f"{LABEL}={run_id}"
         sync = ClusterSync(api, state, registry, bundle_selector=selector)
+        sync.watch_kueue(Discovery(api).read().kueue_api)  # as serve's start-up does (webhook/startup.py ClusterVersions)
         sync.start()
         started.append(sync)
         apis.append(api)

@@ -265,7 +265,8 @@ def test_service_rbac_covers_every_call_the_code_makes(tmp_path):
         return api_version.rpartition("/")[0]
 
     missing = []
-    for res in (*resources.STATE_RESOURCES, resources.POLICY_BUNDLES):
+    for res in (*resources.STATE_RESOURCES, *resources.kueue_resources("v1beta2"), *resources.kueue_resources("v1beta1"),
+                resources.POLICY_BUNDLES):
         missing += [(res.plural, v) for v in ("list", "watch") if not granted(rules, group(res.api_version), res.plural, v)]
     missing += [("configmaps", v) for v in ("get", "list", "watch") if not granted(rules, "", resources.CONFIG_MAPS.plural, v)]
     sar = resources.SUBJECT_ACCESS_REVIEWS

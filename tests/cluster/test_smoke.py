@@ -13,7 +13,6 @@ from tests.support import objects
 pytestmark = pytest.mark.cluster
 
 MPI_RUNTIME = "deepspeed-distributed"  # the MPI ClusterTrainingRuntime shipped in the trainer module
-K8S_VERSION = "v1.36.3"
 
 
 # A TrainJob on the MPI runtime: 2 nodes, each requesting 1 CPU, 1Gi and 1 GPU; pod labels and
@@ -30,10 +29,18 @@ def condition(obj, ctype):
     return None
 
 
+@pytest.mark.oldest
 def test_versions_nodes_and_runtime(control_plane, kubectl, get_json):
+    k8s = control_plane.versions["kubernetes"]  # v1.36.3, or v1.33.13 on the oldest stack
     v = json.loads(kubectl("version", "-o", "json").stdout)
-    assert v["clientVersion"]["gitVersion"] == K8S_VERSION
-    assert v["serverVersion"]["gitVersion"] == K8S_VERSION
+    assert v["clientVersion"]["gitVersion"] == k8s
+    assert v["serverVersion"]["gitVersion"] == k8s
+    kueue = get_json("crd", "localqueues.kueue.x-k8s.io")  # v1beta2 from Kueue v0.15; v0.14 serves v1beta1 alone
+    assert [v["name"] for v in kueue["spec"]["versions"] if v["served"]] == (
+        ["v1beta1"] if control_plane.stack == "oldest" else ["v1beta1", "v1beta2"])
+    runtime_patches = get_json("crd", "trainjobs.trainer.kubeflow.org")["spec"]["versions"][0]["schema"][
+        "openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert "runtimePatches" in runtime_patches  # Trainer v2.2 and v2.3 alike
     nodes = {n["metadata"]["name"]: n for n in get_json("nodes")["items"]}
     assert len(nodes) >= 2
     for want in control_plane.nodes:
@@ -48,6 +55,7 @@ def test_versions_nodes_and_runtime(control_plane, kubectl, get_json):
         assert condition(get_json("crd", crd), "Established")["status"] == "True"
 
 
+@pytest.mark.oldest
 def test_mpi_trainjob_runs_to_complete_then_gc(namespace, kubectl, get_json, wait_for, control_plane):
     ns = namespace
     kubectl("apply", "-f", "-", input=json.dumps({
@@ -88,12 +96,18 @@ def test_mpi_trainjob_runs_to_complete_then_gc(namespace, kubectl, get_json, wai
         return int(used.get("requests.nvidia.com/gpu", "0")) >= 1
     wait_for("quota status.used counts GPU requests of running pods", gpus_in_use, 60, interval=0.3)
 
+    def smoke_pods() -> list[dict]:
+        return get_json("pods", "-n", ns, "-l", "jobset.sigs.k8s.io/jobset-name=smoke")["items"]
+
+    # The launcher's and the nodes' pods, while they run (on the oldest stack, JobSet v0.11.1 with
+    # Trainer v2.2.0, only the launcher's pod is left once the job is complete).
+    running = wait_for("the launcher's and the nodes' pods", lambda: (lambda p: p if len(p) >= 2 else None)(smoke_pods()), 60)
+    assert all(p["spec"]["nodeName"] in node_names for p in running), [p["spec"].get("nodeName") for p in running]
+
     tj = wait_for("TrainJob Complete", lambda: (lambda o: condition(o, "Complete") and
                   condition(o, "Complete")["status"] == "True" and o)(get_json("trainjob", "smoke", "-n", ns)), 240)
     assert not condition(tj, "Failed") or condition(tj, "Failed")["status"] != "True"
-    pods = get_json("pods", "-n", ns, "-l", "jobset.sigs.k8s.io/jobset-name=smoke")["items"]
-    assert len(pods) >= 2
-    assert all(p["spec"]["nodeName"] in node_names for p in pods), [p["spec"].get("nodeName") for p in pods]
+    pods = smoke_pods()
     launcher = [p for p in pods if p["metadata"]["labels"].get("jobset.sigs.k8s.io/replicatedjob-name") == "launcher"]
     assert launcher and all(p["status"]["phase"] == "Succeeded" for p in launcher)
     assert condition(get_json("jobset", "smoke", "-n", ns), "Completed")["status"] == "True"

@@ -18,7 +18,10 @@ from dataclasses import dataclass
 
 from tests.support.service import cluster
 
-API_VERSION = "kueue.x-k8s.io/v1beta2"
+# The version the stack's Kueue serves: v1beta2 (v0.19), only v1beta1 on the oldest stack (v0.14),
+# where a ClusterQueue names its cohort in `cohort` (policies/k8s/kueueapi.py maps it)
+API_VERSION = "kueue.x-k8s.io/v1beta1" if cluster.STACK == "oldest" else "kueue.x-k8s.io/v1beta2"
+COHORT_FIELD = "cohort" if API_VERSION.endswith("v1beta1") else "cohortName"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 GPU = "nvidia.com/gpu"
@@ -46,7 +49,7 @@ def cluster_queue(name: str, run: str, *, cohort: str, default_flavor: str, gpu_
     if borrowing_limit is not None:
         gpu_quota["borrowingLimit"] = str(borrowing_limit)
     return {"apiVersion": API_VERSION, "kind": "ClusterQueue", "metadata": _meta(name, run), "spec": {
-        "cohortName": cohort,
+        COHORT_FIELD: cohort,
         "namespaceSelector": {},  # every namespace (null would admit from none)
         "queueingStrategy": "BestEffortFIFO",
         "resourceGroups": [

@@ -3,8 +3,10 @@ reservation ledger: namespaced objects by (plural, namespace, name), POST (409 w
 taken; uid, resourceVersion and creationTimestamp given), GET, JSON PATCH, PUT (409 unless the body
 names the stored resourceVersion, as etcd's optimistic concurrency answers), DELETE (its uid and
 resourceVersion preconditions honoured), and list and watch of a namespace's objects of one plural
-(resourceVersions from one counter, as etcd's). A stand-in for the API server where only these
-semantics matter; the cluster tier runs the real one.
+(resourceVersions from one counter, as etcd's); and fixed answers to GETs of other paths
+(``documents``: the discovery documents /version, /apis/<group>, /openapi/v3 of a cluster the tier
+cannot run, e.g. one with a Trainer older than v2.2). A stand-in for the API server where only
+these semantics matter; the cluster tier runs the real one.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ class MemoryApi(ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.objects: dict[tuple[str, str, str], dict] = {}
+        self.documents: dict[str, dict] = {}  # path (without the query) -> what a GET of it answers
         self.requests: list[str] = []
         self.changed = threading.Condition()  # a name is taken once, however many creations race for it
         self.version = 1
@@ -87,6 +90,12 @@ class _Handler(BaseHTTPRequestHandler):
         return json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        document = self.server.documents.get(self.path.split("?", 1)[0])
+        if document is not None or not PATH.match(self.path):
+            self.server.requests.append(f"GET {self.path}")
+            if document is None:
+                return self._answer(404, {"kind": "Status", "code": 404, "message": "not found"})
+            return self._answer(200, document)
         plural, namespace, name = self._key()
         if not name:
             query = {k: v[0] for k, v in parse_qs(urlsplit(self.path).query).items()}

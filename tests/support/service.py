@@ -15,6 +15,7 @@ tier's conftest uses the same one).
 """
 from __future__ import annotations
 
+import atexit
 import base64
 import contextlib
 import importlib.util
@@ -43,13 +44,16 @@ cluster = _cluster_module()
 
 
 def ensure_cluster() -> None:
-    """The control plane up, for a bench: built and started if it is not (SystemExit if it cannot be)."""
+    """The control plane up, for a bench: built and started if it is not (SystemExit if it cannot be),
+    and then stopped when the bench exits: one left running holds the real node's ports, so the
+    next cluster tier (another checkout's, CI's) could not start its own."""
     if cluster.is_up():
         return
     if cluster.find_go() is None and not cluster.built():
         raise SystemExit("no Go toolchain to build the control plane (set GO= or PATH)")
     if cluster.cmd_build() != 0:
         raise SystemExit("building the control plane failed")
+    atexit.register(cluster.down)
     cluster.up()
 
 

@@ -1,12 +1,14 @@
 """Upstream files read where they are, in the Go module cache, never copied into this repository.
 
 A source names one object: ``{"module": KEY, "path": P}`` (KEY as in hack/cluster/cluster.py
-MODULES, e.g. ``trainer``), with ``document: N`` for the Nth object of a multi-document YAML file
+MODULES, e.g. ``trainer``; ``"stack": "oldest"`` for the oldest stack's version of it, e.g. Trainer
+v2.2.0 or Kueue v0.14.0), with ``document: N`` for the Nth object of a multi-document YAML file
 or ``block: N`` for the Nth fenced yaml block of a Markdown page; or ``{"file": P}``, a file of
 ours (relative to the directory the caller passes), whose ``source:`` comment names what it follows.
 
     objects(source, here)   # the objects the source names (one, or every document of a file)
     version("trainer")      # "github.com/kubeflow/trainer/v2@v2.3.0"
+    version("trainer", "oldest")  # "github.com/kubeflow/trainer/v2@v2.2.0"
 
 The modules come from the Go module cache (``go mod download`` fetches one that is missing);
 without Go and without the module, :class:`UpstreamMissing` says which, so a test can skip.
@@ -28,16 +30,16 @@ class UpstreamMissing(RuntimeError):
     """A pinned module that is neither in the module cache nor downloadable here."""
 
 
-def version(key: str) -> str:
-    return f"{cluster.MODULES[key]}@{cluster.VERSIONS[key]}"
+def version(key: str, stack: str = "newest") -> str:
+    return f"{cluster.MODULES[key]}@{cluster.stack_versions(stack)[key]}"
 
 
 @functools.cache
-def module_dir(key: str) -> Path:
+def module_dir(key: str, stack: str = "newest") -> Path:
     try:
-        return cluster.module_dir(key)
+        return cluster.module_dir(key, stack)
     except (RuntimeError, OSError, ValueError) as exc:
-        raise UpstreamMissing(f"{version(key)}: {exc}") from exc
+        raise UpstreamMissing(f"{version(key, stack)}: {exc}") from exc
 
 
 def _documents(text: str, markdown: bool) -> list[list[dict]]:
@@ -53,7 +55,7 @@ def objects(source: dict, here: Path) -> list[dict]:
         path = here / source["file"]
         markdown = False
     else:
-        path = module_dir(source["module"]) / source["path"]
+        path = module_dir(source["module"], source.get("stack", "newest")) / source["path"]
         markdown = path.suffix == ".md"
     docs = _documents(path.read_text(), markdown)
     for key in ("document", "block"):
@@ -69,7 +71,7 @@ def describe(source: dict) -> str:
     """One line naming the source, e.g. ``github.com/kubeflow/trainer/v2@v2.3.0 examples/yaml/05-multi-step.yaml#1``."""
     if "file" in source:
         return source["file"]
-    where = f"{version(source['module'])} {source['path']}"
+    where = f"{version(source['module'], source.get('stack', 'newest'))} {source['path']}"
     if "document" in source:
         where += f" document {source['document']}"
     if "block" in source:

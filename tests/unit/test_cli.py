@@ -95,7 +95,8 @@ def test_review_allowed_json_has_the_istio_and_queue_patch(cli):
     assert result.returncode == 0, out(result)
     body = json.loads(result.stdout)  # only JSON on stdout
     assert set(body) == {"object", "source", "allowed", "decision", "messages", "warnings", "patch", "injections", "job",
-                         "unchecked"}
+                         "unchecked", "cluster"}
+    assert body["cluster"] == {"kubernetes": "1.36", "trainer": "v2.3", "kueue": "kueue.x-k8s.io/v1beta2"}  # the newest: none given
     assert body["object"] == {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "namespace": "team-a",
                               "name": "resnet-allreduce"} and body["source"] == "examples/jobs/allowed.yaml"
     assert body["unchecked"] == []

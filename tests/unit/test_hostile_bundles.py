@@ -122,7 +122,7 @@ def test_an_unexpected_compiler_failure_is_a_rejection_too(tmp_path, monkeypatch
     registry = BundleRegistry([])
     assert registry.update_documents("cluster:x", [GOOD]).compiled
 
-    def broken(document, source):
+    def broken(document, source, **_):
         raise RuntimeError("compiler bug")
 
     monkeypatch.setattr("trainjob_admission.webhook.loops.bundleset.compile_document", broken)

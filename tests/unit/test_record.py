@@ -12,7 +12,7 @@ from trainjob_admission.webhook.decisionlog import canonical
 
 EVALUATED = {"id", "endpoint", "decision", "allowed", "uid", "operation", "kind", "namespace", "name", "user", "groups"}
 # "facts": the default bundle's Kueue check records the queue it judged (here: LocalQueues unknown)
-DECIDED = EVALUATED | {"dryRun", "bundles", "rules", "messages", "warnings", "patch", "injections", "job", "facts"}
+DECIDED = EVALUATED | {"dryRun", "bundles", "rules", "messages", "warnings", "patch", "injections", "job", "facts", "cluster"}
 
 
 def parsed_review(obj: dict, operation: str = "CREATE", dry_run: bool = False) -> protocol.ParsedReview:

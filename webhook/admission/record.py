@@ -56,6 +56,7 @@ class DecisionRecord:
     injections: list[dict] | Unset = UNSET
     job: dict | None | Unset = UNSET
     facts: dict | Unset = UNSET  # what checks learned beside the verdict (Decision.facts), when any
+    cluster: dict | Unset = UNSET  # the Kubernetes, Trainer and Kueue API versions the decision modelled (Decision.cluster)
     jobStatus: dict | Unset = UNSET  # a deleted job's state then (policies/job/status.py)
     auditAnnotations: dict | Unset = UNSET  # the bundles' auditAnnotations (Decision.audit_annotations), when any
     error: str | Unset = UNSET
@@ -167,7 +168,8 @@ MAX_PATCH_VALUE = 4096
 def _evaluated(parsed: ParsedReview, decision: Decision) -> dict[str, Any]:
     """The fields of every record of an evaluation: who, what, the bundles, the rules and the job."""
     return {**_submission(parsed), "dryRun": parsed.request.dry_run, "bundles": decision.bundles,
-            "rules": _rules(decision), "job": _totals(decision), "facts": decision.facts or UNSET}
+            "rules": _rules(decision), "job": _totals(decision), "facts": decision.facts or UNSET,
+            "cluster": decision.cluster or UNSET}
 
 
 def _patch(parsed: ParsedReview, decision: Decision, patch: list[dict]) -> list[dict]:

@@ -9,8 +9,10 @@ live runtime, as before Trainer v2.3, and says so in the log.
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 from trainjob_admission.policies.decide.engine import AdmissionInput
+from trainjob_admission.policies.k8s.versions import NEWEST, Versions
 from trainjob_admission.policies.job.snapshot import snapshot_name
 
 from ..kube.calls import Calls
@@ -25,11 +27,12 @@ TIMEOUT = 2.0  # seconds: a slow API must leave the evaluation most of the reque
 class SnapshotReader(Calls):
     """``await reader(request)`` -> the job's snapshot ConfigMap, or None (none, or not readable)."""
 
-    def __init__(self, api: KubeApi, timeout: float = TIMEOUT):
+    def __init__(self, api: KubeApi, timeout: float = TIMEOUT, versions: Callable[[], Versions] = lambda: NEWEST):
         super().__init__(api, timeout)
+        self.versions = versions  # the cluster's, as discovered: Trainer v2.2 makes no snapshot to read
 
     async def __call__(self, request: AdmissionInput) -> dict | None:
-        name = snapshot_name(request.operation, request.object)
+        name = snapshot_name(request.operation, request.object, self.versions())
         if name is None:
             return None
         try:

@@ -59,8 +59,8 @@ class WebhookServer:
                  access: SubjectAccessReviews | None = None, ledger: Ledger | None = None):
         self.config = config
         self.metrics = Metrics()
-        self.registry = BundleRegistry(list(config.bundle_specs))
         self.state = state
+        self.registry = BundleRegistry(list(config.bundle_specs), versions=lambda: self.state.versions)
         key = load_private_key(config.checkpoint_key) if config.checkpoint_key else None
         store = checkpoint_store or (FileStore(config.checkpoint_file) if config.checkpoint_file else None)
         self.decision_log = decision_log or DecisionLog(
@@ -126,17 +126,24 @@ class WebhookServer:
     async def healthz(self, _: web.Request) -> web.Response:
         return web.Response(text="ok")
 
-    async def readyz(self, _: web.Request) -> web.Response:
+    async def readyz(self, request: web.Request) -> web.Response:
+        """``ok``, or 503 and why not; ``?verbose`` adds what the service knows the cluster runs
+        (as kube-apiserver's own /readyz?verbose lists its checks)."""
         problems = self.not_ready_reasons()
-        if problems:
-            return web.Response(status=503, text="not ready: " + "; ".join(problems))
-        return web.Response(text="ok")
+        text = "not ready: " + "; ".join(problems) if problems else "ok"
+        if "verbose" in request.query:
+            versions = self.state.versions
+            text += "\n" + "\n".join([f"cluster: {versions.describe()}", *(
+                f"{key} from: {where}" for key, where in versions.source.items()), *(
+                f"warning: {line}" for line in versions.outside_matrix())])
+        return web.Response(status=503 if problems else 200, text=text)
 
     async def metrics_handler(self, _: web.Request) -> web.Response:
         self._count_reloads()
         if (head := self.decision_log.head()) is not None:
             self.metrics.set_head(head.replica, head.seq, head.digest)
         self.metrics.bundles_active.set(len(self.registry.active))
+        self.metrics.set_cluster(self.state.versions)
         if self.state.reservations is not None:
             self.metrics.set_reserved(self.state.reservations, self.state.namespace_quotas)
         if self.certs:
@@ -164,8 +171,11 @@ class WebhookServer:
                             + ": fix or restore the bundle (`trainjob-admission policy lint` names the problem), or "
                               "apply a PolicyBundle (`kubectl get policybundles`)")
         if self.state_ready is not None and not self.state_ready.is_set():
-            problems.append("cluster state (runtimes, namespaces, quotas, PolicyBundles) not synced yet from the API "
-                            "server: wait for the first sync; if it lasts, check the service's log and its RBAC")
+            problems.append("cluster state (versions, runtimes, namespaces, quotas, PolicyBundles) not synced yet from "
+                            "the API server: wait for the first sync; if it lasts, check the service's log and its RBAC")
+        unsupported = self.state.versions.unsupported()
+        if unsupported:
+            problems.append(unsupported)
         return problems
 
     # --- lifecycle ------------------------------------------------------------------------------

@@ -28,13 +28,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from .. import startup
     from ..kube.client import KubeconfigError
+    from ..kube.discovery import UnsupportedCluster
 
     options = settings.from_args(args)
     _check_bundle_files(options.server.bundle_specs)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         asyncio.run(startup.serve(options.server, objects=options.objects, cluster=options.cluster))
-    except KubeconfigError as exc:
+    except (KubeconfigError, UnsupportedCluster) as exc:
         raise CliError(str(exc), EXIT_INVALID) from None
     except RejectedPair as exc:
         raise CliError(f"{exc}: --cert-dir must hold a matching tls.crt and tls.key (PEM) this user can read; "

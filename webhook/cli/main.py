@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
 import yaml
 
+from trainjob_admission.policies.k8s.versions import Versions
 from trainjob_admission.policies.offline.spreadsheet import csv_text
+from . import versionflags
 from .commands import register_server_commands
 from .errors import (
     EXIT_BROKEN_PIPE, EXIT_DENIED, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_OK, EXIT_UNREACHABLE, CliError,
@@ -38,12 +40,12 @@ CEL_COMMANDS = ("review", "policy", "audit")  # they compile bundles: the CEL pa
 T = TypeVar("T")
 
 
-def _bundles(specs: list[str] | None) -> list:
+def _bundles(specs: list[str] | None, versions: Versions | None = None) -> list:
     from trainjob_admission.policies.bundle.compile import BundleError
     from trainjob_admission.policies.bundle.load import load_bundles
 
     try:
-        return load_bundles(specs or [DEFAULT_BUNDLE])
+        return load_bundles(specs or [DEFAULT_BUNDLE], **({"versions": versions} if versions else {}))
     except FileNotFoundError as exc:
         raise CliError(f"bundle not found: {exc}", EXIT_NOT_FOUND) from None
     except BundleError as exc:
@@ -76,7 +78,7 @@ def _review_bundles(args: argparse.Namespace) -> list:
     if args.context and not args.kubeconfig:
         raise CliError(f"--context {args.context} selects a context of a kubeconfig: use it with --kubeconfig")
     if not args.kubeconfig:
-        bundles = _bundles(args.bundle)
+        bundles = _bundles(args.bundle, _versions(args))
         if args.bundle and DEFAULT_BUNDLE not in args.bundle:
             print(f"note: --bundle replaces the default bundle: deciding with {', '.join(args.bundle)} only; add "
                   f"--bundle {DEFAULT_BUNDLE} to keep the default's checks too, as a cluster running both would",
@@ -88,9 +90,10 @@ def _review_bundles(args: argparse.Namespace) -> list:
         read_bundles,
     )
 
+    versions = _versions(args)
     found = _from_cluster(args.kubeconfig, lambda: read_bundles(args.kubeconfig, args.bundle or [],
                                                                 label_selector=args.bundle_selector,
-                                                                context=args.context))
+                                                                context=args.context, versions=versions))
     for problem in found.problems:
         print(f"warning: {problem}", file=sys.stderr)
     if not found.bundles:
@@ -99,6 +102,28 @@ def _review_bundles(args: argparse.Namespace) -> list:
                        "apply one (kubectl apply -f manifests/base/policybundle-default.yaml) or pass "
                        "--bundle builtin:default", EXIT_NOT_FOUND)
     return list(found.bundles)
+
+
+def _versions(args: argparse.Namespace) -> Versions:
+    """What the cluster runs, read once per command: from the cluster with --kubeconfig, else
+    from the --cluster-state files; flags win over both (webhook/cli/versionflags.py)."""
+    if getattr(args, "versions", None) is None:
+        kubeconfig = getattr(args, "kubeconfig", None)
+        if kubeconfig:
+            from ..kube.discovery import discover  # the Kubernetes client: only with --kubeconfig (start-up time)
+
+            args.versions = versionflags.discovered(
+                lambda: _from_cluster(kubeconfig, lambda: discover(kubeconfig, args.context)), args)
+        else:
+            args.versions = versionflags.offline(_state_objects(args), args)
+    return args.versions
+
+
+def _state_objects(args: argparse.Namespace) -> list[dict]:
+    """Every object of the --cluster-state files, read once per command."""
+    if getattr(args, "state_objects", None) is None:
+        args.state_objects = [obj for path in getattr(args, "cluster_state", None) or [] for obj in _objects(path)]
+    return args.state_objects
 
 
 def _objects(path: str) -> list[dict]:
@@ -135,24 +160,20 @@ def _states(args: argparse.Namespace) -> Callable[[str], ClusterState]:
         kubeconfig = getattr(args, "kubeconfig", None)
         key = namespace if kubeconfig else None
         if key not in cache:
+            versions = _versions(args)
             if kubeconfig:
                 from ..kube.statewatch import read_state  # only with --kubeconfig (start-up time)
 
-                cache[key] = _from_cluster(kubeconfig, lambda: read_state(kubeconfig, namespace, args.context))
+                cache[key] = _from_cluster(kubeconfig, lambda: read_state(kubeconfig, namespace, args.context,
+                                                                          versions))
             else:
                 from trainjob_admission.policies.capacity import reservations  # not for --help
 
                 cache[key] = reservations.state_of(_state_objects(args))
+            cache[key].versions = versions
         return cache[key]
 
     return state
-
-
-def _state_objects(args: argparse.Namespace) -> list[dict]:
-    """The objects of the --cluster-state files, read once per command (kept on ``args``)."""
-    if getattr(args, "state_objects", None) is None:
-        args.state_objects = [obj for path in getattr(args, "cluster_state", None) or [] for obj in _objects(path)]
-    return args.state_objects
 
 
 def _schemas(args: argparse.Namespace) -> fieldvalidation.Schemas:
@@ -214,6 +235,11 @@ def _evaluate(obj: dict, args: argparse.Namespace, bundles: list, state: Callabl
     return decision
 
 
+def _note_versions(args: argparse.Namespace) -> None:
+    if not getattr(args, "kubeconfig", None):  # a live cluster says its own
+        versionflags.note_assumed(_versions(args))
+
+
 def _strict(code: int, decisions: list[Decision], args: argparse.Namespace) -> int:
     if args.strict and any(d.unchecked for d in decisions):
         print("--strict: the cluster state lacks what the checks above read", file=sys.stderr)
@@ -237,6 +263,7 @@ def cmd_review(args: argparse.Namespace) -> int:
         print(dump(one_or_list([_about(*job) | decision.as_json() for job, decision in zip(objects, decisions)]),
                    args.output))
     code = EXIT_OK if all(decision.allowed for decision in decisions) else EXIT_DENIED
+    _note_versions(args)
     return _strict(code, decisions, args)
 
 
@@ -260,10 +287,11 @@ def cmd_policy_lint(args: argparse.Namespace) -> int:
     from trainjob_admission.policies.offline.lint import lint, type_errors
 
     tried, state = _lint_samples()
+    versions = versionflags.with_flags(state.versions, args)  # --kubernetes-version: its CEL library level
     found: list = []  # per path in order: its Problems, or (bundle, its lint warnings)
     for path in args.paths:
         try:
-            for bundle in load_bundles([path]):
+            for bundle in load_bundles([path], versions):
                 found += type_errors(bundle.cel, tried, state, accelerators([bundle])) or [(bundle, lint(bundle))]
         except FileNotFoundError:
             raise CliError(f"not found: {path}", EXIT_NOT_FOUND) from None
@@ -333,13 +361,14 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
     else:
         print(dump(one_or_list([_about(*job) | render.explain_json(decision)
                                 for job, decision in zip(objects, decisions)]), args.output))
+    _note_versions(args)
     return _strict(EXIT_OK, decisions, args)
 
 
 def _existing_jobs(args: argparse.Namespace, namespace: str | None) -> list[dict]:
     """The jobs to audit: from the cluster with --kubeconfig, else the TrainJobs and MPIJobs in --cluster-state."""
     if not args.kubeconfig:
-        objects = [obj for path in args.cluster_state or [] for obj in _objects(path)]
+        objects = _state_objects(args)
         return [obj for obj in objects if obj.get("kind") in ("TrainJob", "MPIJob")
                 and (namespace is None or (obj.get("metadata") or {}).get("namespace") == namespace)]
     from ..loops.policyreports import (  # the Kubernetes client: only with --kubeconfig (start-up time)
@@ -369,6 +398,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         print(dump(audit.as_json(found), args.output))
     if args.write_reports:
         _write_reports(args, audit.policy_reports(found), namespace)
+    _note_versions(args)
     return EXIT_DENIED if found.failed else EXIT_OK
 
 
@@ -426,6 +456,7 @@ def _add_review_inputs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strict", action="store_true",
                         help="exit 2 when --cluster-state lacks what a check reads (the Namespace, its "
                              "ResourceQuotas or LimitRanges, the runtime), printed as 'not checked: ...'; for CI")
+    versionflags.add_version_flags(parser)
 
 
 EPILOG = """examples:
@@ -480,6 +511,7 @@ def _add_audit_command(commands: argparse._SubParsersAction) -> None:
     audit.add_argument("--write-reports", action="store_true",
                        help="with --kubeconfig: write one PolicyReport (wgpolicyk8s.io/v1alpha2) named "
                             "trainjob-admission per namespace with jobs, and delete ours where none is left")
+    versionflags.add_version_flags(audit)
     audit.set_defaults(func=cmd_audit)
 
 
@@ -493,14 +525,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     review = commands.add_parser(
         "review", help="decide a job offline, exactly as the webhook would",
-        description="Decide a TrainJob/MPIJob offline with the given bundles and cluster state. Exit 0 allowed, 1 denied.",
+        description="Decide a TrainJob/MPIJob offline with the given bundles and cluster state. Exit 0 allowed, 1 "
+                    "denied.\nThe cluster's versions decide what Kubernetes keeps of the pods and how Trainer builds "
+                    "them:\nwith --kubeconfig they are read from the cluster, offline from --cluster-state (the "
+                    "output of\n`kubectl version -o yaml` and the TrainJob CRD) or the flags below; else the newest "
+                    "tested\n(a note says so).",
         epilog="examples:\n" + help_samples() +
                "  trainjob-admission review -f $S/jobs/over-quota.yaml --cluster-state $S/cluster-state.yaml "
                "--cluster-state $S/runtimes\n"
                "  trainjob-admission review -f $S/jobs --cluster-state $S/cluster-state.yaml --cluster-state $S/runtimes "
                "-o yaml\n"
                "  trainjob-admission review -f job.yaml --kubeconfig ~/.kube/config --bundle builtin:default "
-               "--bundle draft.yaml",
+               "--bundle draft.yaml\n"
+               "an older cluster, offline (OpenShift 4.18 is Kubernetes 1.31; Kueue v0.13, the Red Hat build of Kueue 1.2, "
+               "serves only v1beta1):\n"
+               "  kubectl version -o yaml > version.yaml\n"
+               "  kubectl get crd trainjobs.trainer.kubeflow.org -o yaml > trainjob-crd.yaml\n"
+               "  trainjob-admission review -f job.yaml --cluster-state state.yaml \\\n"
+               "      --cluster-state version.yaml --cluster-state trainjob-crd.yaml\n"
+               "  trainjob-admission review -f job.yaml --cluster-state state.yaml \\\n"
+               "      --kubernetes-version 1.31 --trainer-version v2.2 --kueue-api-version v1beta1\n"
+               "supported versions and what happens outside them: docs/deploy.md",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_review_inputs(review)
     review.set_defaults(func=cmd_review)
@@ -519,6 +564,7 @@ def build_parser() -> argparse.ArgumentParser:
     lint.add_argument("paths", nargs="+", metavar="PATH",
                       help="bundle files, directories (every *.yaml, *.yml and *.json below) or builtin:NAME")
     add_output_flag(lint)
+    versionflags.add_version_flags(lint, kubernetes_only=True)
     lint.set_defaults(func=cmd_policy_lint)
     test = policy_commands.add_parser("test", help="run test cases (a job, who submits it, and what must come back)",
                                       epilog="example: trainjob-admission policy test builtin:default bundles/ --cases cases/ "

@@ -28,19 +28,23 @@ PRIORITY_CLASSES = Resource("PriorityClass", "scheduling.k8s.io/v1", "prioritycl
 STORAGE_CLASSES = Resource("StorageClass", "storage.k8s.io/v1", "storageclasses")  # the default class
 NODES = Resource("Node", "v1", "nodes")  # the schedulability pre-check: what the nodes offer
 PODS = Resource("Pod", "v1", "pods")  # ... and what the pods bound to them hold now
-# Kueue's queues and what they give (the Kueue pre-check, policies/capacity/clusterqueues.py); a cluster without
-# Kueue answers 404, read as "no queues".
-KUEUE = "kueue.x-k8s.io/v1beta2"
-LOCAL_QUEUES = Resource("LocalQueue", KUEUE, "localqueues")
-KUEUE_RESOURCES = (LOCAL_QUEUES, Resource("ClusterQueue", KUEUE, "clusterqueues"), Resource("Cohort", KUEUE, "cohorts"),
-                   Resource("ResourceFlavor", KUEUE, "resourceflavors"),
-                   Resource("WorkloadPriorityClass", KUEUE, "workloadpriorityclasses"))
+# Kueue's queues and what they give (the Kueue pre-check, policies/capacity/clusterqueues.py), at the version the
+# cluster serves (webhook/kube/discovery.py: v1beta2 from Kueue v0.15, v1beta1 before; policies/k8s/kueueapi.py
+# reads both alike); a cluster without Kueue answers 404, read as "no queues".
+KUEUE_PLURALS = {"LocalQueue": "localqueues", "ClusterQueue": "clusterqueues", "Cohort": "cohorts",
+                 "ResourceFlavor": "resourceflavors", "WorkloadPriorityClass": "workloadpriorityclasses"}
+
+
+def kueue_resources(version: str) -> tuple[Resource, ...]:
+    """Kueue's kinds the pre-check reads, at ``version`` ("v1beta2" or "v1beta1"); the LocalQueues first."""
+    return tuple(Resource(kind, f"kueue.x-k8s.io/{version}", plural) for kind, plural in KUEUE_PLURALS.items())
+
+
 # Admins' waivers of named rules for named jobs (policies/decide/exceptions.py); without the CRD, none.
 POLICY_EXCEPTIONS = Resource("PolicyException", "policy.trainjob-admission.io/v1alpha1", "policyexceptions")
-# What evaluate reads.
+# What evaluate reads, besides Kueue's (kueue_resources).
 STATE_RESOURCES = (CLUSTER_TRAINING_RUNTIMES, TRAINING_RUNTIMES, NAMESPACES, RESOURCE_QUOTAS, LIMIT_RANGES,
-                   RUNTIME_CLASSES, PRIORITY_CLASSES, STORAGE_CLASSES, NODES, PODS, *KUEUE_RESOURCES,
-                   POLICY_EXCEPTIONS)
+                   RUNTIME_CLASSES, PRIORITY_CLASSES, STORAGE_CLASSES, NODES, PODS, POLICY_EXCEPTIONS)
 # Of the pods, only those on a node and not finished (a pod that finishes leaves the watch as DELETED).
 FIELD_SELECTORS = {PODS: "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"}
 

@@ -13,12 +13,13 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from trainjob_admission.policies.bundle.compile import Bundle, BundleError, Problem, compile_document
 from trainjob_admission.policies.bundle.load import (
     BUILTIN_PREFIX, bundle_files, order, parse_documents, read_source,
 )
+from trainjob_admission.policies.k8s.versions import NEWEST, Versions
 
 log = logging.getLogger("trainjob_admission.bundles")
 # A file that holds no document is refused, never read as "no policy": an editor or `cp` empties a
@@ -45,6 +46,8 @@ class SourceState:
 @dataclass
 class BundleRegistry:
     specs: list[str]
+    # The cluster's versions when a bundle compiles (its CEL library level); the server's state holds them.
+    versions: Callable[[], Versions] = lambda: NEWEST
     sources: dict[str, SourceState] = field(default_factory=dict)
     active: tuple[Bundle, ...] = ()
     reloads: int = 0
@@ -87,7 +90,7 @@ class BundleRegistry:
         """Compile parsed documents (e.g. a PolicyBundle object from the API) as ``source``;
         returns the source's state as :meth:`update_source` does."""
         try:
-            bundles = tuple(compile_document(doc, source) for doc in documents)
+            bundles = tuple(compile_document(doc, source, versions=self.versions()) for doc in documents)
         except BundleError as exc:
             return self._reject(source, exc, fingerprint)
         except Exception as exc:  # noqa: BLE001 - a compiler bug must not stop the reload loop or the watch

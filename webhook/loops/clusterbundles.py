@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from trainjob_admission.policies.bundle.compile import Bundle, BundleError, compile_document
+from trainjob_admission.policies.k8s.versions import NEWEST, Versions
 
 from ..kube.client import ApiError, ClusterUnreachable, KubeApi, api_client, call_json, list_all
 from ..kube.resources import POLICY_BUNDLES
@@ -69,12 +70,12 @@ class ReadBundles:
 
 
 def read_bundles(kubeconfig: str, specs: list[str], *, label_selector: str | None = None,
-                 context: str | None = None) -> ReadBundles:
+                 context: str | None = None, versions: Versions = NEWEST) -> ReadBundles:
     """Read once what ``serve --kubeconfig`` with the same ``--bundle`` and ``--bundle-selector``
-    would enforce: the bundle files, then every PolicyBundle compiled as the watch compiles it.
-    A PolicyBundle that does not compile is left out and named (a running service keeps its
-    last good generation, which only it knows)."""
-    registry = BundleRegistry(list(specs))
+    would enforce: the bundle files, then every PolicyBundle compiled as the watch compiles it
+    (for the cluster's ``versions``). A PolicyBundle that does not compile is left out and named
+    (a running service keeps its last good generation, which only it knows)."""
+    registry = BundleRegistry(list(specs), versions=lambda: versions)
     registry.poll()
     api = api_client(kubeconfig, context)
     try:
@@ -94,7 +95,7 @@ def read_bundles(kubeconfig: str, specs: list[str], *, label_selector: str | Non
     for obj in objects:
         meta, source = obj["metadata"], source_name(obj["metadata"]["name"])
         try:
-            compile_document(bundle_document(obj), source)  # checked first: the registry would log it as a reload
+            compile_document(bundle_document(obj), source, versions=versions)  # checked first: the registry would log it as a reload
         except BundleError as exc:
             active = (obj.get("status") or {}).get("activeGeneration")
             problems.append(f"PolicyBundle {meta['name']} generation {meta.get('generation')} does not compile "
