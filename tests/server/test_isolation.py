@@ -92,6 +92,26 @@ def test_a_deleted_job_policy_is_made_again_while_its_job_lives(injecting_server
     assert again["metadata"]["ownerReferences"] == first["metadata"]["ownerReferences"]
 
 
+def test_a_look_alike_owner_is_replaced_by_the_jobs(injecting_server, memory_api):
+    """Issue 30's look-alike: the policy's ownerReference rewritten to a TrainJob of the same name in
+    another API group, which the garbage collector cannot resolve (so it would keep the policy after
+    the job). The policy is made again, owned by the job: delete and create, never a patch."""
+    running = injecting_server(reconcile=True)
+    job = submitted()
+    assert running.review(job)["allowed"] is True
+    memory_api.put("trainjobs", copy.deepcopy(job))
+    first = wait_for("job NetworkPolicy", lambda: policy(memory_api))
+    tampered = copy.deepcopy(first)
+    tampered["metadata"]["ownerReferences"] = [{"apiVersion": "example.com/v1", "kind": "TrainJob", "name": JOB,
+                                                "uid": "00000000-0000-0000-0000-000000000001", "controller": True}]
+    memory_api.requests.clear()
+    memory_api.put("networkpolicies", tampered)
+    again = wait_for("the job's policy made again", lambda: (p := policy(memory_api)) and p["metadata"]["uid"] != first[
+        "metadata"]["uid"] and p)
+    assert again["metadata"]["ownerReferences"] == first["metadata"]["ownerReferences"]
+    assert not [r for r in memory_api.requests if r.startswith("PATCH")], memory_api.requests
+
+
 def test_an_earlier_jobs_policy_is_waited_out_and_a_strangers_left_alone(injecting_server, memory_api):
     """A policy of the name owned by an earlier job of that name is the garbage collector's to
     delete: the new job's comes after it. One that is not ours (made after admission looked) is

@@ -197,7 +197,8 @@ class Isolation(Calls):
         return counts
 
     def _start(self, key: JobKey) -> None:
-        if key in self._busy:
+        if key in self._busy:  # looked at again once this look is over: what it saw may have changed since
+            self._schedule(key, 1.0)
             return
         self._busy.add(key)
 
@@ -276,8 +277,8 @@ class Isolation(Calls):
             return
         if event == "LISTED" or obj["metadata"]["name"] in _KIND_OF:
             self._loop.call_soon_threadsafe(self._namespace_policy_changed)
-        elif event == "DELETED" and (owner := _owner_key(obj)) is not None:
-            self._loop.call_soon_threadsafe(self._deleted, owner)
+        elif (owner := _owner_key(obj)) is not None:
+            self._loop.call_soon_threadsafe(self._deleted if event == "DELETED" else self._changed, owner, obj)
 
     def _namespace_policy_changed(self) -> None:
         """A namespace's own policy came, changed or went: its jobs settled as not isolated are
@@ -293,11 +294,19 @@ class Isolation(Calls):
     def _isolated(self, namespace: str, kind: str) -> bool:
         return self.objects.get("NetworkPolicy", namespace, injections.ISOLATION_POLICIES[kind][0]) is not None
 
-    def _deleted(self, key: JobKey) -> None:
+    def _deleted(self, key: JobKey, _obj: dict) -> None:
         """A job's policy went: made again while its job lives (a deleted job's goes with it)."""
         if key in self._jobs:
             self._settled.pop(key, None)
             self._schedule(key, 1.0)
+
+    def _changed(self, key: JobKey, obj: dict) -> None:
+        """A settled job's policy of ours lost its owner (an ownerReference rewritten to a look-alike,
+        which the garbage collector cannot resolve, so the policy would outlive the job): replaced."""
+        uid = self._jobs.get(key)
+        if uid is not None and _owner_uid(obj) != uid and self.provenance.verify("NetworkPolicy", obj):
+            self._settled.pop(key, None)
+            self._schedule(key, 0.0)
 
     def _schedule(self, key: JobKey, delay: float) -> None:
         at = time.monotonic() + delay
@@ -317,8 +326,14 @@ class Isolation(Calls):
 
 
 def _owner_uid(obj: dict) -> str:
-    """The uid of the job that owns ``obj`` ('' when none does)."""
-    return next((r.get("uid", "") for r in obj["metadata"].get("ownerReferences") or [] if r.get("kind") in JOBS), "")
+    """The uid of the job that owns ``obj`` ('' when none does). A reference of a job's kind in
+    another API group names a look-alike, which owns nothing: the garbage collector cannot resolve it."""
+    return next((r.get("uid", "") for r in obj["metadata"].get("ownerReferences") or []
+                 if r.get("kind") in JOBS and _group(r.get("apiVersion", "")) == _group(JOBS[r["kind"]].api_version)), "")
+
+
+def _group(api_version: str) -> str:
+    return api_version.rpartition("/")[0]
 
 
 def _owner_key(obj: dict) -> JobKey | None:
