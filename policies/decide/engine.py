@@ -543,8 +543,6 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
             warnings += [snapshot_warning] if snapshot_warning and active else []
             families = accelerators(active)
             job = effective_job.build(obj, state, families)
-            warnings += [f"the API server drops {field} in this cluster ({state.versions.kubernetes_text}): the pods "
-                         "run without it; set what it sets per container instead" for field in job.dropped] if active else []
             warnings += list(job.warnings) if active else []
             if request.operation == "UPDATE":
                 queueing.check_stays_remote(request.old_object, obj)
