@@ -608,8 +608,6 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
             planned_on = job = effective_job.build(obj if base is None else base, state, families)
             if base is not None:
                 job = mutations.with_own_patch(planned_on, obj) or effective_job.build(obj, state, families)
-            warnings += [f"the API server drops {field} in this cluster ({state.versions.kubernetes_text}): the pods "
-                         "run without it; set what it sets per container instead" for field in job.dropped] if active else []
             warnings += list(job.warnings) if active else []
             if request.operation == "UPDATE":
                 queueing.check_stays_remote(request.old_object, obj)

@@ -136,10 +136,9 @@ class EffectiveJob:
     # Whether Trainer copies the runtime into ConfigMap <job>-runtime-snapshot (v2.3 on,
     # policies/k8s/versions.py TrainerRuntimeSnapshot): one more ConfigMap for object-count quotas.
     runtime_snapshot: bool = False
-    # What this cluster's API server drops from the pods ("launcher pods: spec.resources (...)"),
-    # for a warning to the submitter (policies/k8s/versions.py drop_disabled_fields).
-    dropped: list[str] = field(default_factory=list)
-    warnings: tuple[str, ...] = ()  # what Trainer's webhook warns about the job (a deprecated runtime)
+    # What the submitter is warned of: Trainer's webhook warnings (a deprecated runtime) and the pod
+    # fields this cluster's API server drops (policies/k8s/versions.py drop_disabled_fields).
+    warnings: tuple[str, ...] = ()
 
     def role(self, role: str) -> PodSet | None:
         return next((ps for ps in self.pod_sets if ps.role == role), None)
@@ -356,7 +355,9 @@ def _as_admitted(job: EffectiveJob, state: ClusterState, accelerators: tuple[str
     for pod_set in job.pod_sets:
         pod_spec = pod_set.pod["spec"]
         dropped = versions.drop_disabled_fields(pod_spec, state.versions)
-        job.dropped += [f"{pod_set.name} pods: {field}" for field in dropped]
+        job.warnings += tuple(f"the API server drops {pod_set.name} pods: {field} in this cluster "
+                              f"({state.versions.kubernetes_text}): the pods run without it; set what it sets "
+                              "per container instead" for field in dropped)
         if priority_class and not pod_spec.get("priorityClassName"):
             pod_spec["priorityClassName"] = priority_class  # the Priority admission plugin
         overhead = _runtime_class_overhead(pod_spec, state)

@@ -169,13 +169,14 @@ class Versions:
                        f"{_show(KUBERNETES_TESTED[1])}: judged with the gates of that version, untested")
         if self.trainer is not None and self.trainer > TRAINER_TESTED[1]:
             out.append(f"Trainer {self.trainer_text} is newer than the tested v{TRAINER_TESTED[1][0]}.{TRAINER_TESTED[1][1]}: "
-                       "judged as that version")
+                       f"judged as Trainer v{TRAINER_TESTED[1][0]}.{TRAINER_TESTED[1][1]}")
         return out
 
     def unsupported(self) -> str | None:
         """Why the service cannot judge TrainJobs in this cluster at all, or None."""
         if self.trainer is not None and self.trainer < TRAINER_OLDEST:
-            return (f"the cluster's TrainJob CRD is Kubeflow Trainer {self.trainer_text} "
+            said = _TRAINER_SAID_BY.get(self.source.get("trainer", ""), "the cluster's TrainJob CRD is")
+            return (f"{said} Kubeflow Trainer {self.trainer_text} "
                     f"({_TRAINER_SHAPES[self.trainer]}): supported are Trainer v2.2 and v2.3, whose TrainJob has "
                     "spec.runtimePatches; upgrade Trainer to v2.2 or newer")
         return None
@@ -188,6 +189,10 @@ class Versions:
 
     def describe(self) -> str:
         return f"Kubernetes {self.kubernetes_text}, Trainer {self.trainer_text}, Kueue API {self.kueue_text}"
+
+
+# How an unsupported Trainer's message names where its version came from (Versions.source).
+_TRAINER_SAID_BY = {"flag": "--trainer-version says", "cluster-state": "the --cluster-state TrainJob CRD is"}
 
 
 def _show(version: MinorVersion) -> str:

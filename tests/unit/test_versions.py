@@ -358,6 +358,31 @@ def test_review_decides_for_an_older_cluster_from_its_version_document_or_flags(
         assert "note: judged as Kubernetes" not in older.stderr and "drops" in older.stdout, older.stdout
 
 
+def test_review_warns_outside_the_tested_matrix_and_names_the_flag_it_refuses(tmp_path, build, example_state):
+    """A version the flags give outside the tested range is judged with a warning on stderr (as
+    serve logs it); an unsupported Trainer given by flag is named as the flag's, not the cluster's."""
+    state = tmp_path / "state.yaml"
+    state.write_text(yaml.safe_dump_all([example_state.cluster_runtimes["mpi-openmpi"], build.namespace()]))
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(build.trainjob(runtime="mpi-openmpi", numNodes=2)))
+
+    def review(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(SCRIPT), "review", "-f", str(job), "--cluster-state", str(state), *extra],
+                              capture_output=True, text=True, timeout=60)
+
+    for flags, warning in ((("--kubernetes-version", "1.20"), "warning: Kubernetes 1.20 is outside the tested 1.31-1.36"),
+                           (("--kubernetes-version", "1.99"), "warning: Kubernetes 1.99 is outside the tested 1.31-1.36"),
+                           (("--trainer-version", "v2.9"),
+                            "warning: Trainer v2.9 is newer than the tested v2.3: judged as Trainer v2.3")):
+        judged = review(*flags)
+        assert judged.returncode == 0 and warning in judged.stderr, (flags, judged.stdout + judged.stderr)
+    assert "warning:" not in review().stderr
+    refused = review("--trainer-version", "v2.1")
+    assert refused.returncode == 2 and refused.stderr.startswith(
+        "error: --trainer-version says Kubeflow Trainer v2.1 (spec.podTemplateOverrides): supported are Trainer v2.2 "
+        "and v2.3"), refused.stderr
+
+
 def test_review_help_shows_how_to_decide_for_an_older_cluster():
     shown = subprocess.run([str(SCRIPT), "review", "--help"], capture_output=True, text=True, timeout=60).stdout
     for line in ("--kubernetes-version 1.X", "--trainer-version v2.X", "--kueue-api-version {v1beta2,v1beta1}",

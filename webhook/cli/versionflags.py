@@ -44,6 +44,8 @@ def with_flags(found: Versions, args: argparse.Namespace) -> Versions:
     problem = versions.unsupported()
     if problem:
         raise CliError(f"{problem} (docs/deploy.md \"Supported versions\")")
+    for line in versions.outside_matrix():
+        print(f"warning: {line}", file=sys.stderr)
     return versions
 
 
