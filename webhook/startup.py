@@ -207,7 +207,8 @@ async def _start_with_cluster(config: ServerConfig, options: ClusterOptions,
     # both read the server's bundles when called (the server, made below, is their closure's)
     isolation = Isolation(api, options.provenance, existing,
                           planner=lambda job: injection_plan(job, list(server.registry.active), state),
-                          wanted=lambda: _isolated_namespaces(server.registry, state, existing, ready, own))
+                          wanted=lambda: _isolated_namespaces(server.registry, state, existing, ready, own),
+                          lull=lambda quiet, limit: server.in_flight.lull(quiet, limit))
     injector = Injector(api, options.provenance, namespaces=options.namespaces or None, existing=existing,
                         isolation=isolation)
     checkpoints = (LeaseStore(api, options.checkpoint_namespace or own, config.replica)

@@ -27,7 +27,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from typing import Callable
+from typing import Awaitable, Callable
 
 from trainjob_admission.policies.bundle.schema import Injections, NetworkPolicyInjection
 from trainjob_admission.policies.decide import injections
@@ -48,6 +48,13 @@ JobKey = tuple[str, str, str]  # (kind, namespace, name)
 FALLBACK_DELAY = 5.0
 RETRY_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)  # after a failed creation, by attempt
 EXPECT_SECONDS, EXPECT_LIMIT = 120.0, 10_000  # how long, and how many, admission plans are kept
+# Writes after admission (a job's policy here, an adoption in webhook/inject/reconciler.py) wait for
+# admissions to pause this long (seconds), or at most LULL_MAX_WAIT: none is urgent (a job's pods
+# are isolated until its policy exists), and on a small control plane a write made while the job's
+# own create is answered, or in a burst, slows the creations the admissions wait for.
+LULL_QUIET, LULL_MAX_WAIT = 0.1, 2.0
+# Returns once admissions pause (InFlight.lull), given the quiet time wanted and the longest wait.
+Lull = Callable[[float, float], Awaitable[None]]
 NAMESPACE_INTERVAL = 5.0  # seconds between passes over the namespaces' own policies
 # (plans, settings, effective job) of a stored job's CREATE as the bundles plan it now (engine.injection_plan).
 Planner = Callable[[dict], "tuple[list[dict], Injections | None, EffectiveJob | None]"]
@@ -66,8 +73,10 @@ def job_policy(job: EffectiveJob, settings: NetworkPolicyInjection, admission: s
 
 class Isolation(Calls):
     def __init__(self, api: KubeApi, provenance: Provenance, objects: ExistingObjects, *, planner: Planner,
-                 wanted: Wanted, timeout: float = 5.0, concurrency: int = 16):
+                 wanted: Wanted, timeout: float = 5.0, concurrency: int = 16, lull: Lull | None = None):
+        """``lull``: the server's wait for a pause in admissions, which each job's policy awaits first."""
         super().__init__(api, timeout)
+        self.lull = lull
         self.provenance, self.objects, self.planner, self.wanted = provenance, objects, planner, wanted
         self._expected: OrderedDict[JobKey, tuple[str, dict, float]] = OrderedDict()  # uid, body, when
         self._jobs: dict[JobKey, str] = {}  # every job the reconcilers' watches show, with its uid
@@ -204,6 +213,8 @@ class Isolation(Calls):
 
         async def create() -> None:
             try:
+                if self.lull is not None:
+                    await self.lull(LULL_QUIET, LULL_MAX_WAIT)
                 async with self._calls:
                     await self._make(key)
             except Exception as exc:  # noqa: BLE001 - retried after a while

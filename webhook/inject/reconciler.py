@@ -42,7 +42,7 @@ from ..kube.client import ApiError, KubeApi, summary
 from ..kube.resources import INJECTED, JOBS, SECRETS, Resource
 from ..kube.watch import Watcher
 from .existing import age
-from .isolation import Isolation
+from .isolation import LULL_MAX_WAIT, LULL_QUIET, Isolation, Lull
 from .provenance import Provenance
 
 log = logging.getLogger("trainjob_admission.reconciler")
@@ -50,10 +50,6 @@ log = logging.getLogger("trainjob_admission.reconciler")
 SELECTOR = f"{injections.MANAGED_BY_LABEL}={injections.MANAGED_BY}"
 SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease"})
 JobKey = tuple[str, str, str]  # (kind, namespace, name) of a job
-# An adoption waits for admissions to pause this long (seconds), or at most ADOPTION_MAX_WAIT.
-ADOPTION_LULL, ADOPTION_MAX_WAIT = 0.1, 2.0
-# Returns once admissions pause (InFlight.lull), given the quiet time wanted and the longest wait.
-Lull = Callable[[float, float], Awaitable[None]]
 # What an unowned object is remembered by: the metadata that adoption and deletion need.
 _KEPT = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp", "ownerReferences", "annotations")
 
@@ -217,10 +213,10 @@ class Reconciler(Calls):
             self._adopt_all(key)
 
     def _adopt_all(self, key: JobKey) -> None:
-        """Adopt the job's unowned objects once admissions pause, ADOPTION_MAX_WAIT from now at the
+        """Adopt the job's unowned objects once admissions pause, LULL_MAX_WAIT from now at the
         latest: an adoption that waited that long for its turn among many goes at once, so a long
         burst delays adoptions without slowing them down."""
-        due = time.monotonic() + ADOPTION_MAX_WAIT
+        due = time.monotonic() + LULL_MAX_WAIT
         for kind, obj in self._unowned.get(key, {}).items():
             self._start(key, kind, obj, self._adopt_known(INJECTED[kind], obj, key), lull_until=due)
 
@@ -259,7 +255,7 @@ class Reconciler(Calls):
         async def bounded() -> None:
             try:
                 if lull_until is not None and self.lull is not None:
-                    await self.lull(ADOPTION_LULL, max(0.0, lull_until - time.monotonic()))
+                    await self.lull(LULL_QUIET, max(0.0, lull_until - time.monotonic()))
                 async with self._calls:
                     await work
             finally:
