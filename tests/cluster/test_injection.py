@@ -286,7 +286,8 @@ def test_an_owner_reference_that_only_names_the_job_is_replaced_by_the_jobs(webh
     """Issue 30: the reconciler took any ownerReference of the job's kind and name for the job's.
     One naming a look-alike (another API group: the garbage collector cannot resolve it, so it
     never deletes the object for it) made it skip the object for good, and the object outlived its
-    job. Now owned means by the job's uid: the reconciler puts the job's reference in its place."""
+    job. Now owned means by the job's uid: the policy is made again, owned by the job (deleted and
+    created: the service has no patch on NetworkPolicies)."""
     ns = namespace
     monkeypatch.setattr(kube_watch, "WATCH_SECONDS", 1)
     webhook(Reconciler(api, PROVENANCE, grace_seconds=3600, interval=3600, namespace=ns))
@@ -300,9 +301,11 @@ def test_an_owner_reference_that_only_names_the_job_is_replaced_by_the_jobs(webh
                 "uid": "00000000-0000-0000-0000-000000000001", "controller": True}
     kubectl("patch", "networkpolicy", name, "-n", ns, "--type=json", "-p", json.dumps([
         {"op": "replace", "path": "/metadata/ownerReferences", "value": [impostor]}]))
-    wait_for("the job's ownerReference back in place of the look-alike", lambda: (lambda refs: (
-        [r["uid"] for r in refs] == [uid] and refs[0]["controller"]))(
-        get_json("networkpolicy", name, "-n", ns)["metadata"].get("ownerReferences") or []), 30)
+    def owned_by_the_job() -> bool:
+        found = kubectl("get", "networkpolicy", name, "-n", ns, "-o", "json", check=False)
+        refs = json.loads(found.stdout)["metadata"].get("ownerReferences") or [] if found.returncode == 0 else []
+        return [r["uid"] for r in refs] == [uid] and refs[0]["controller"]
+    wait_for("the job's policy made again in place of the look-alike's", owned_by_the_job, 30)
     kubectl("delete", "trainjob", "lookalike", "-n", ns, "--wait=true", "--timeout=60s", timeout=90)
     wait_for("the NetworkPolicy garbage-collected with its job", lambda: not exists(kubectl, "networkpolicy", name, ns),
              90)

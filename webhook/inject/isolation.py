@@ -9,8 +9,8 @@ Two kinds of NetworkPolicy (policies/decide/injections.py renders both):
   when a job is admitted (a namespace created a moment ago), admission creates it: the only write
   on the admission path, once per namespace (:meth:`Isolation.ensure_isolated`).
 - the job's own (``<job>-mpi-isolation``): what the bundle's template lets in (the job's own
-  pods; with ``restricted``, on the sshd and MPI ports only). Created once the job is stored, with
-  its ownerReference from the start, so the garbage collector deletes it with the job and no
+  pods; with ``restricted``, on the sshd and MPI ports only). Created once the job is stored and
+  admissions pause (LULL_QUIET, at most LULL_MAX_WAIT), with its ownerReference from the start, so the garbage collector deletes it with the job and no
   patch follows. The replica whose /validate admitted the job remembers the policy it planned
   (:meth:`Isolation.expect`) and creates it when its job watch shows the job; another replica,
   or this one after a restart, plans it again from the stored job after FALLBACK_DELAY
