@@ -6,8 +6,10 @@ selected by its namespaceSelector ("without"). Both get the same TrainJob (4 nod
 examples/runtimes/mpi-openmpi.yaml, suspended so no pods start), created alternately in the same
 run, so both see the same API server, etcd, Trainer webhooks and machine load. Latency is the
 client's create call, start to response. The service enforces the built-in default bundle,
-injections included (an ECDSA P-521 key per admitted job); --key-type rsa-4096 shows what an
-RSA key costs (about a second of CPU here, beyond the server's pool of ready keys).
+injections included (Trainer makes the ECDSA P-521 key, the service the job's NetworkPolicy once
+it is stored: no write during admission); --key-type rsa-4096 has the service create the Secret
+at admission and shows what an RSA key costs (about a second of CPU here, beyond the server's
+pool of ready keys).
 
     .venv/bin/python bench/cluster.py [-n 30] [--warmup 3] [--key-type TYPE] [--quota] [--json]
 
@@ -21,20 +23,21 @@ webhook without injections (a second service: the webhook calls and checks alone
 (bench/peers.py: the default bundle's checks each peer can express), sequentially and in bursts
 of 20, and shows each one's verdict on the same good and bad TrainJobs:
 
-    flock /tmp/cluster.lock .venv/bin/python bench/cluster.py --peers [-n 30] [--bursts 3] [--pause S] [--build-kyverno]
+    flock /work/cluster.lock .venv/bin/python bench/cluster.py --peers [-n 30] [--bursts 3] [--pause S] [--build-kyverno]
 
 Our webhook is registered under a name that sorts where the installed configuration's does
 (`trainjob-admission...`, after Kueue's and Trainer's): the API server calls mutating webhooks in
 the order of their configurations' names, so the work between our /mutate and /validate is what an
-install sees. Each admitted job sets off work in the controllers (Trainer builds a JobSet, JobSet
-its Jobs, we adopt the injected objects), which on 2 cores overlaps the next create: --pause S
-waits S seconds after each sequential create, so each meets a settled cluster, as one user's
-submission does; without it the creates queue behind the previous jobs' work.
+install sees. Each admitted job sets off work in the controllers (Trainer builds a JobSet and the
+SSH key Secret, JobSet its Jobs, the service the job's NetworkPolicy), which on 2 cores overlaps
+the next create: --pause S waits S seconds after each sequential create, so each meets a settled
+cluster, as one user's submission does; without it the creates queue behind the previous jobs' work.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -229,8 +232,6 @@ def _wait_enforcing(api, ns: str, timeout: float = 90) -> None:
 
 
 def peers(args) -> int:
-    import os
-
     from kubernetes import client, config
 
     ensure_cluster()
@@ -273,18 +274,26 @@ def peers(args) -> int:
         verdicts = {case: {c: _verdict(api, ns[c], obj) for c in configs}
                     for case, (obj, _) in peers_mod.CASES.items()}
         seq: dict[str, list[float]] = {c: [] for c in configs}
+        ours = {"webhook": svc, "checks": checks}
+        cpu = {c: _cpu_seconds(service.process.pid) for c, service in ours.items()}
         for i in range(args.warmup + args.n):
             for c in configs[i % len(configs):] + configs[:i % len(configs)]:
                 dt = _create(api, ns[c], trainjob(f"s{i}", image=None, command=None, suspend=True))
                 if i >= args.warmup:
                     seq[c].append(dt)
                 time.sleep(args.pause)
+        # our processes' CPU per created job, all it did meanwhile included (watch events, the job's NetworkPolicy)
+        cpu_per_job = {"sequential": {c: (_cpu_seconds(service.process.pid) - cpu[c]) * 1000 / (args.warmup + args.n)
+                                      for c, service in ours.items()}}
         served = _served(svc, ns["webhook"])
         burst: dict[str, list[float]] = {c: [] for c in configs}
+        cpu = {c: _cpu_seconds(service.process.pid) for c, service in ours.items()}
         for r in range(args.bursts):
             for c in configs[r % len(configs):] + configs[:r % len(configs)]:
                 burst[c] += _burst(api, ns[c], f"b{r}")
                 time.sleep(args.pause * BURST)
+        cpu_per_job[f"concurrent{BURST}"] = {c: (_cpu_seconds(service.process.pid) - cpu[c]) * 1000
+                                             / (args.bursts * BURST) for c, service in ours.items()}
         served_burst = {e: ms[len(served[e]):] for e, ms in _served(svc, ns["webhook"]).items()}
         load = os.getloadavg()
     finally:
@@ -311,9 +320,15 @@ def peers(args) -> int:
               f"concurrent{BURST}": {c: figures(burst[c], burst["none"]) for c in configs},
               "webhook_server_ms": {"sequential": {e: summary(ms) for e, ms in served.items() if ms},
                                     f"concurrent{BURST}": {e: summary(ms) for e, ms in served_burst.items() if ms}},
-              "verdicts": verdicts}
+              "cpu_ms_per_job": cpu_per_job, "verdicts": verdicts}
     print(json.dumps(result, indent=1) if args.json else "\n".join(peers_table(result, configs, args)))
     return 0
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (fields 14 and 15 of /proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _served(svc, namespace: str) -> dict[str, list[float]]:
@@ -337,6 +352,9 @@ def peers_table(result: dict, configs: list[str], args) -> list[str]:
     for mode, endpoints in result["webhook_server_ms"].items():
         out.append(f"  inside our webhook, {mode}: " + ", ".join(
             f"/{e} p50 {f['p50']:.1f} p95 {f['p95']:.1f}" for e, f in endpoints.items()))
+    for mode, by_config in result["cpu_ms_per_job"].items():
+        out.append(f"  our process's CPU per created job, {mode}: " + ", ".join(
+            f"{PEER_LABELS[c]} {ms:.1f} ms" for c, ms in by_config.items()))
     out += ["Same inputs, dry-run: admitted (A) or denied (D); the default bundle's verdict first",
             f"  {'':24s} {'bundle':>7s}" + "".join(f" {c:>8s}" for c in configs)]
     differ = []

@@ -6,7 +6,9 @@ injector creates Secrets and NetworkPolicies, and reconcilers adopt or remove th
 running TrainJob gets a Warning Event at 80% of its deadline (webhook/loops/deadlinewarnings.py); the same
 TrainJob watch and a watch of JobSet pods feed the quota reservations (webhook/loops/reservationfeed.py),
 which the replicas share through a ledger Lease per reconciled namespace (webhook/admission/ledger.py);
-/readyz waits for the first complete list of everything watched. What the cluster runs is
+/readyz waits for the first complete list of everything watched (the Secrets and NetworkPolicies under
+our names included: admission refuses planted ones from them); the namespaces' isolating
+NetworkPolicies and each job's own are made by webhook/inject/isolation.py. What the cluster runs is
 discovered first and again every minute (webhook/kube/discovery.py): Kueue is watched at the API
 version it serves, a Trainer older than v2.2 stops the start. This is the only composition
 root: the one place that builds the server, the watches, the injector and the loops together.
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Awaitable, Callable
 
 from trainjob_admission.policies.capacity.reservations import Reservations, state_of
+from trainjob_admission.policies.decide.engine import injection_plan, isolated_kinds
 from trainjob_admission.policies.k8s.clusterstate import ClusterState
 from trainjob_admission.policies.k8s.versions import Versions
 
@@ -34,9 +37,11 @@ from .admission.config import ServerConfig
 from .admission.ledger import CALL_TIMEOUT as LEDGER_TIMEOUT, Ledger
 from .admission.runtimesnapshots import SnapshotReader
 from .admission.server import WebhookServer
+from .inject.existing import ExistingObjects
 from .inject.injector import Injector
+from .inject.isolation import Isolation
 from .inject.provenance import Provenance
-from .inject.reconciler import Reconciler
+from .inject.reconciler import SYSTEM_NAMESPACES, Reconciler
 from .kube.aio import AsyncApi
 from .kube.calls import Calls
 from .kube.client import ApiError, ClusterUnreachable, KubeApi, api_client
@@ -197,8 +202,16 @@ async def _start_with_cluster(config: ServerConfig, options: ClusterOptions,
     state, ready = ClusterState(), asyncio.Event()
     state.reservations = Reservations(state)
     jobs = JobSink(state.reservations)
-    injector = Injector(api, options.provenance, namespaces=options.namespaces or None)
-    checkpoints = (LeaseStore(api, options.checkpoint_namespace or own_namespace(), config.replica)
+    own = own_namespace()
+    existing = ExistingObjects(api, options.namespaces or None)
+    # both read the server's bundles when called (the server, made below, is their closure's)
+    isolation = Isolation(api, options.provenance, existing,
+                          planner=lambda job: injection_plan(job, list(server.registry.active), state),
+                          wanted=lambda: _isolated_namespaces(server.registry, state, existing, ready, own),
+                          lull=lambda quiet, limit: server.in_flight.lull(quiet, limit))
+    injector = Injector(api, options.provenance, namespaces=options.namespaces or None, existing=existing,
+                        isolation=isolation)
+    checkpoints = (LeaseStore(api, options.checkpoint_namespace or own, config.replica)
                    if config.checkpoint_key else None)
     # Quota reservations in each reconciled namespace's ledger Lease (webhook/admission/ledger.py).
     ledger = Ledger(Calls(api, LEDGER_TIMEOUT), config.replica, options.namespaces or None)
@@ -206,7 +219,8 @@ async def _start_with_cluster(config: ServerConfig, options: ClusterOptions,
                            snapshots=SnapshotReader(api, versions=lambda: state.versions),
                            access=SubjectAccessReviews(api), ledger=ledger)
     sync = ClusterSync(api, state, server.registry, bundle_selector=options.bundle_selector)
-    sync.watchers.append(pod_watcher(api, state.reservations))
+    # admission reads what exists under our names from these: ready only once they have listed
+    sync.watchers += [pod_watcher(api, state.reservations), *existing.watchers]
     versions = ClusterVersions(Discovery(api), state, sync)
     await versions.first()  # before the bundles compile: their CEL is checked at the cluster's level
     log.info("reading state and PolicyBundles%s from %s",
@@ -215,12 +229,13 @@ async def _start_with_cluster(config: ServerConfig, options: ClusterOptions,
     cleanup.push_async_callback(asyncio.to_thread, sync.stop)
     cleanup.push_async_callback(server.stop)
     await server.start()
-    own = own_namespace()
-    reconcilers = [Reconciler(api, options.provenance, namespace=ns, own_namespace=own, lull=server.in_flight.lull)
+    reconcilers = [Reconciler(api, options.provenance, namespace=ns, own_namespace=own, lull=server.in_flight.lull,
+                              isolation=isolation)
                    for ns in sorted(set(options.namespaces)) or [None]]
     tasks = [asyncio.create_task(_synced(sync, jobs, ready), name="state sync"),
              asyncio.create_task(versions.run(), name="cluster versions"),
-             asyncio.create_task(DeadlineWarnings(api, also=(jobs,)).run(), name="deadline warnings")] + [
+             asyncio.create_task(DeadlineWarnings(api, also=(jobs,)).run(), name="deadline warnings"),
+             asyncio.create_task(_when_ready(ready, isolation.run), name="network isolation")] + [
         asyncio.create_task(_when_ready(ready, r.run), name=f"reconciler ({r.namespace or 'all namespaces'})")
         for r in reconcilers]
     if options.audit_interval:
@@ -245,6 +260,19 @@ async def _when_ready(ready: asyncio.Event, run: Callable[[], Awaitable[None]]) 
     object) would otherwise hold up /readyz after a restart, and nothing it does is urgent."""
     await ready.wait()
     await run()
+
+
+def _isolated_namespaces(registry: BundleRegistry, state: ClusterState, existing: ExistingObjects,
+                         ready: asyncio.Event, own: str) -> dict[str, list[str]] | None:
+    """Namespace -> the kinds of job the active bundles isolate there (policies/decide/engine.py,
+    isolated_kinds), among those the service injects into; None until the state is synced and a
+    bundle is active (nothing is created or deleted on a partial view)."""
+    active = list(registry.active)
+    if not ready.is_set() or not active:
+        return None
+    protected = SYSTEM_NAMESPACES | {own}
+    return {name: kinds for name, namespace in list(state.namespaces.items())
+            if name not in protected and existing.covers(name) and (kinds := isolated_kinds(active, name, namespace))}
 
 
 def own_namespace(path: Path = SERVICE_ACCOUNT_NAMESPACE) -> str:

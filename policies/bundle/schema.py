@@ -216,6 +216,9 @@ class SshKeyInjection(Strict):
     fips: bool = False
     # Use a `<job>-mpi-ssh-auth` Secret this service did not create for the job (default: deny the job).
     adoptExisting: bool = False
+    # Create the Secret even when Trainer would make the same kind of key (type ecdsa-p521): every
+    # key generated, and logged, in one place (default: Trainer creates those; planted ones are refused).
+    createAlways: bool = False
 
     @model_validator(mode="after")
     def _fips(self) -> "SshKeyInjection":

@@ -100,15 +100,32 @@ class AdmissionInput:
 
 
 def matches(bundle: Bundle, request: AdmissionInput, namespace: dict, runtime_name: str) -> bool:
+    if request.operation not in bundle.spec.match.operations:
+        return False
+    if not matches_namespace(bundle, request.kind, request.namespace, namespace):
+        return False
+    return not bundle.spec.match.runtimes or runtime_name in bundle.spec.match.runtimes
+
+
+def matches_namespace(bundle: Bundle, kind: str, name: str, namespace: dict) -> bool:
+    """Whether ``bundle`` applies to ``kind`` jobs in namespace ``name`` (its object ``namespace``),
+    before anything about the job itself (runtime, matchConditions) is known."""
     match = bundle.spec.match
-    ns = request.namespace
-    if request.kind not in match.kinds or request.operation not in match.operations:
+    if kind not in match.kinds or (match.namespaces and name not in match.namespaces) or name in match.excludeNamespaces:
         return False
-    if (match.namespaces and ns not in match.namespaces) or ns in match.excludeNamespaces:
-        return False
-    if match.namespaceSelector and not match.namespaceSelector.matches((namespace.get("metadata") or {}).get("labels") or {}):
-        return False
-    return not match.runtimes or runtime_name in match.runtimes
+    return not match.namespaceSelector or match.namespaceSelector.matches(
+        (namespace.get("metadata") or {}).get("labels") or {})
+
+
+def isolated_kinds(bundles: list[Bundle], name: str, namespace: dict) -> list[str]:
+    """The kinds of job whose pods the namespace's own NetworkPolicy isolates
+    (policies/decide/injections.py, isolation_policy): those for which an enforcing bundle that may
+    apply there asks for a NetworkPolicy per job. A bundle whose runtimes or matchConditions leave
+    some jobs out still counts: isolating a pod too many fails closed, one too few would not."""
+    return [kind for kind in injections.ISOLATION_POLICIES if any(
+        b.spec.mode == "enforce" and "CREATE" in b.spec.match.operations and b.spec.injections.networkPolicy
+        and b.spec.injections.networkPolicy.template != "none" and matches_namespace(b, kind, name, namespace)
+        for b in bundles)]
 
 
 class _Activation:
@@ -503,19 +520,22 @@ def _field_validation(request: AdmissionInput, schemas: fieldvalidation.Schemas 
                        [fix.replace("<kind>", kind) for _, fix in found])]
 
 
-def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState,
-             budget: Budget | None = None, *, mutate: bool = True, report_unchecked: bool = False,
-             schemas: fieldvalidation.Schemas | None = None) -> Decision:
-    """``budget`` bounds the CEL work (a fresh :class:`~policies.cel.environment.Budget` if None); the server
-    gives it a deadline and a cancel flag, so an evaluation nobody waits for stops. ``mutate=False``
-    judges the object as it is, without the bundles' mutations (policies/decide/stored.py).
-    ``report_unchecked`` fills Decision.unchecked (offline review; the webhook does not pay for it).
-    ``schemas``: validate the object's fields as the API server does first (offline: the server's
-    objects have passed the API server already); a refused object is judged no further."""
-    budget = budget or Budget()
-    obj = request.object
+@dataclass
+class _Applying:
+    """The bundles that apply to a request, and what deciding which took."""
+
+    namespace: dict
+    shared: _Activation  # the request's CEL variables, converted once for every bundle
+    resolved: paramref.Resolved
+    active: list[Bundle]
+    stopped: list[RuleResult]  # denials of a request over the input limits or refused by field validation
+    unmet: list[RuleResult]  # a denial per bundle whose matchConditions could not be evaluated
+
+
+def _applying(request: AdmissionInput, bundles: list[Bundle], state: ClusterState, budget: Budget,
+              schemas: fieldvalidation.Schemas | None = None) -> _Applying:
     namespace = state.namespace(request.namespace)
-    spec = obj.get("spec")
+    spec = request.object.get("spec")
     ref = spec.get("runtimeRef") if isinstance(spec, dict) else None  # ill-typed: the job model refuses it below
     runtime_name = str(ref.get("name", "")) if isinstance(ref, dict) else ""
     active = [b for b in bundles if matches(b, request, namespace, runtime_name)]
@@ -527,7 +547,45 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
     stopped = (_oversized(request, active) if active else []) or _field_validation(request, schemas)
     unmet: list[RuleResult] = []
     if not stopped and any(b.conditions for b in active):
-        active, unmet = _matching(active, shared, obj, budget)
+        active, unmet = _matching(active, shared, request.object, budget)
+    return _Applying(namespace, shared, resolved, active, stopped, unmet)
+
+
+def injection_plan(obj: dict, bundles: list[Bundle], state: ClusterState,
+                   budget: Budget | None = None) -> tuple[list[dict], Injections | None, EffectiveJob | None]:
+    """The injections of ``obj``, a stored job, as the bundles plan them now for its CREATE, with
+    the settings and effective job they are rendered from; nothing for a job that cannot be
+    modelled. For the reconciler when the admission's own plan is not at hand (another replica
+    admitted the job, or this one restarted since): the submitter is not known, so matchConditions
+    see an empty ``request.userInfo``."""
+    budget = budget or Budget()
+    request = AdmissionInput(object=obj)
+    applying = _applying(request, bundles, state, budget)
+    enforcing = [b for b in applying.active if b.spec.mode == "enforce"]
+    if not enforcing or applying.stopped:
+        return [], None, None
+    try:
+        job = effective_job.build(obj, state, accelerators(applying.active))
+    except JobModelError:
+        return [], None, None
+    settings = merged(Injections, [b.spec.injections for b in enforcing])
+    return injections.plan(job, settings, obj), settings, job
+
+
+def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState,
+             budget: Budget | None = None, *, mutate: bool = True, report_unchecked: bool = False,
+             schemas: fieldvalidation.Schemas | None = None) -> Decision:
+    """``budget`` bounds the CEL work (a fresh :class:`~policies.cel.environment.Budget` if None); the server
+    gives it a deadline and a cancel flag, so an evaluation nobody waits for stops. ``mutate=False``
+    judges the object as it is, without the bundles' mutations (policies/decide/stored.py).
+    ``report_unchecked`` fills Decision.unchecked (offline review; the webhook does not pay for it).
+    ``schemas``: validate the object's fields as the API server does first (offline: the server's
+    objects have passed the API server already); a refused object is judged no further."""
+    budget = budget or Budget()
+    obj = request.object
+    applying = _applying(request, bundles, state, budget, schemas)
+    namespace, shared, resolved, active = applying.namespace, applying.shared, applying.resolved, applying.active
+    stopped, unmet = applying.stopped, applying.unmet
     enforcing = [b for b in active if b.spec.mode == "enforce"]
     warnings = [DEPRECATION_WARNING] if request.kind == "MPIJob" else []
 
@@ -542,17 +600,22 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
             state, snapshot_warning = running_state(request.operation, obj, state)  # the runtime Trainer runs it with
             warnings += [snapshot_warning] if snapshot_warning and active else []
             families = accelerators(active)
-            job = effective_job.build(obj, state, families)
+            planning = mutate and request.operation == "CREATE" and enforcing
+            # Mutations are planned on the pods as the runtime and user made them: on /validate of a
+            # job /mutate patched, the job without our runtimePatch, from which the job with it
+            # follows without a second build.
+            base = mutations.without_own_patch(obj) if planning else None
+            planned_on = job = effective_job.build(obj if base is None else base, state, families)
+            if base is not None:
+                job = mutations.with_own_patch(planned_on, obj) or effective_job.build(obj, state, families)
             warnings += list(job.warnings) if active else []
             if request.operation == "UPDATE":
                 queueing.check_stays_remote(request.old_object, obj)
                 refused = trainerwebhook.update_refusals(request.old_object or {}, obj) if job.kind == "TrainJob" else []
                 if refused:
                     raise JobModelError(trainerwebhook.message(refused, "the update"))
-            if mutate and request.operation == "CREATE" and enforcing:
+            if planning:
                 settings, deadline = _mutation_settings(enforcing, request)
-                base = mutations.without_own_patch(obj)  # planned on the pods as the runtime and user made them
-                planned_on = job if base is None else effective_job.build(base, state, families)
                 patch, patched = mutations.plan(obj, planned_on, settings, namespace, deadline, state.local_queues)
                 if patch:
                     mutated = patched

@@ -183,11 +183,24 @@ def mutated_job(planned_on: EffectiveJob, mutated: dict) -> EffectiveJob | None:
     return effective_job.with_patch(planned_on, mutated, own)
 
 
+def with_own_patch(planned_on: EffectiveJob, obj: dict) -> EffectiveJob | None:
+    """The effective job of ``obj`` from ``planned_on``, the job built from ``obj`` without our
+    runtimePatch (:func:`without_own_patch`), when that patch is one and the last, as /mutate adds
+    it; None otherwise (Trainer merges patches in order, so one after ours may change what ours
+    set: build it)."""
+    patches = (obj.get("spec") or {}).get("runtimePatches") or []
+    own = [i for i, p in enumerate(patches) if isinstance(p, dict) and p.get("manager") == MANAGER]
+    if own != [len(patches) - 1]:
+        return None
+    return mutated_job(planned_on, obj)
+
+
 def without_own_patch(obj: dict) -> dict | None:
     """``obj`` without the runtimePatch we added earlier (None when it has none): the security
     defaults are planned on the pods without it, so planning again on a mutated object (as
     /validate does) keeps that patch instead of finding nothing missing and removing it."""
-    patches = (obj.get("spec") or {}).get("runtimePatches")
+    spec = obj.get("spec")
+    patches = spec.get("runtimePatches") if isinstance(spec, dict) else None  # ill-typed: the job model refuses it
     if not isinstance(patches, list) or not any(isinstance(p, dict) and p.get("manager") == MANAGER for p in patches):
         return None
     base = smp.clone(obj)

@@ -36,10 +36,16 @@ def decision_text(obj: dict, decision: Decision) -> str:
     for op in decision.patch:
         lines.append(f"  patch: {op['op']} {op['path']}")
     for injection in decision.injections:
-        detail = ", ".join(f"{k}={v}" for k, v in injection.items() if k not in ("kind", "name"))
-        lines.append(f"  inject: {injection['kind']} {injection['name']}" + (f" ({detail})" if detail else ""))
+        detail = [f"{k}={v}" for k, v in injection.items() if k not in ("kind", "name", "by")]
+        detail += [MADE_BY[injection["by"]]] if injection.get("by") in MADE_BY else []
+        lines.append(f"  inject: {injection['kind']} {injection['name']}" + (f" ({', '.join(detail)})" if detail else ""))
     lines += [f"  audit annotation: {key}={value}" for key, value in decision.audit_annotations.items()]
     return "\n".join(lines)
+
+
+# Who makes a planned object (policies/decide/injections.py), as `review` says it.
+MADE_BY = {"admission": "created at admission", "trainer": "made by Trainer; an existing one is refused",
+           "reconciler": "created when the job is stored"}
 
 
 def explain_text(decision: Decision) -> str:

@@ -30,6 +30,7 @@ from tests.support.objects import GPU, edit_binding, example_job, trainjob
 from tests.support.serve import CLI, Serve
 from tests.support.service import (REPO, cluster, delete_bindings, register, service_kubeconfig, start_service,
                                    unregister)
+from trainjob_admission.policies.decide import injections
 from trainjob_admission.webhook.inject import keys
 
 pytestmark = [pytest.mark.cluster,  # the Kubeflow SDK 0.4.0 still uses pydantic's class-based config
@@ -529,10 +530,21 @@ def test_fifty_concurrent_submissions_all_decided_and_logged(e2e):
     for name, rec in validate.items():
         assert rec["allowed"] == (results[name][0] == "allowed"), rec
         assert rec["namespace"] == ns and rec["user"] == "kubernetes-admin"
-        if rec["allowed"]:
+        if rec["allowed"]:  # no writes at admission: the key type is Trainer's own, the policy follows the job
             assert {(i["kind"], i["status"]) for i in rec["injections"]} == {
-                ("Secret", "created"), ("NetworkPolicy", "created")}, rec["injections"]
-            assert {i.get("keyType") for i in rec["injections"] if i["kind"] == "Secret"} == {BULK_KEY_TYPE}
+                ("Secret", "left-to-trainer" if BULK_KEY_TYPE == injections.TRAINER_KEY_TYPE else "created"),
+                ("NetworkPolicy", "deferred")}, rec["injections"]
+    # every admitted job gets its NetworkPolicy once stored, owned by it from its creation
+    admitted = {name: get("trainjob", name, ns)["metadata"]["uid"] for name, (outcome, _) in results.items()
+                if outcome == "allowed"}
+
+    def unowned() -> list[str]:
+        policies = {p["metadata"]["name"]: p for p in json.loads(kc(
+            "get", "networkpolicy", "-n", ns, "-o", "json").stdout)["items"]}
+        return [name for name, uid in admitted.items()
+                if [r["uid"] for r in (policies.get(f"{name}-mpi-isolation") or {"metadata": {}})["metadata"].get(
+                    "ownerReferences") or []] != [uid]]
+    wait("every admitted job's NetworkPolicy, owned by its job", lambda: not unowned(), timeout=60)
     p = subprocess.run([str(CLI), "decisions", "verify", "--log", str(e2e.svc.decision_log)],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr

@@ -8,6 +8,7 @@ selects on it, so parallel runs never see each other's bundles.
 """
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import socket
@@ -504,7 +505,9 @@ def test_serve_kubeconfig_ready_only_after_sync_and_bundle(kubectl, namespace, r
 def test_serve_reconcile_namespace_leaves_other_namespaces_alone(kubectl, namespace, crd, tmp_path, admin_kubeconfig,
                                                                   serving_cert):
     """`serve --reconcile-namespace A`: the reconciler adopts an orphan injected object in A and
-    never touches the same kind of object in B (another test's namespace on a shared cluster)."""
+    never touches the same kind of object in B (another test's namespace on a shared cluster). The
+    object is an SSH key Secret, the one kind adopted by a patch (a job's NetworkPolicy is created
+    owned, webhook/inject/isolation.py)."""
 
     other = f"{namespace}-b"
     kubectl("create", "namespace", other)
@@ -515,17 +518,17 @@ def test_serve_reconcile_namespace_leaves_other_namespaces_alone(kubectl, namesp
             apply(kubectl, {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
                             "metadata": {"name": "held", "namespace": ns},
                             "spec": {"suspend": True, "runtimeRef": {"name": "deepspeed-distributed"}}},
-                  provenance.stamp("NetworkPolicy", {
-                      "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-                      "metadata": {"name": "held-mpi-isolation", "namespace": ns,
+                  provenance.stamp("Secret", {
+                      "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/ssh-auth",
+                      "metadata": {"name": "held-mpi-ssh-auth", "namespace": ns,
                                    "labels": {"app.kubernetes.io/managed-by": "trainjob-admission"},
                                    "annotations": {"trainjob-admission.io/job": "TrainJob/held"}},
-                      "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}}))
+                      "data": {"ssh-privatekey": base64.b64encode(b"not a key: only its owner is looked at").decode()}}))
         svc = start_service(tmp_path, admin_kubeconfig, cert, namespaces=[namespace],
                             args=("--bundle", "builtin:default"))
         try:
             def owners(ns: str) -> list:
-                obj = json.loads(kubectl("get", "networkpolicy", "held-mpi-isolation", "-n", ns, "-o", "json").stdout)
+                obj = json.loads(kubectl("get", "secret", "held-mpi-ssh-auth", "-n", ns, "-o", "json").stdout)
                 return [ref["name"] for ref in obj["metadata"].get("ownerReferences", [])]
 
             wait_until("the object in the service's namespace adopted", lambda: owners(namespace) == ["held"], timeout=30)

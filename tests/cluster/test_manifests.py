@@ -245,7 +245,8 @@ def test_base_rbac_is_least_privilege(base):
     assert {(r["apiGroups"][0], r["resources"][0], tuple(r.get("resourceNames", ()))): set(r["verbs"])
             for r in injector} == {
         ("", "secrets", ()): {"get", "list", "watch", "create", "patch", "delete"},
-        ("networking.k8s.io", "networkpolicies", ()): {"get", "list", "watch", "create", "patch", "delete"},
+        # made owned by their job from the start (webhook/inject/isolation.py): never patched
+        ("networking.k8s.io", "networkpolicies", ()): {"get", "list", "watch", "create", "delete"},
         # the quota reservation ledger: get and update by name only; create cannot be limited to one
         ("coordination.k8s.io", "leases", (LEDGER,)): {"get", "update"},
         ("coordination.k8s.io", "leases", ()): {"create"}}
@@ -281,10 +282,11 @@ def test_service_rbac_covers_every_call_the_code_makes(tmp_path):
     assert namespaces and sorted(namespaces) == bound, "a RoleBinding per --reconcile-namespace, and no other"
     from trainjob_admission.webhook.admission.ledger import LEDGER_VERBS
 
+    verbs = {resources.SECRETS: ("get", "list", "watch", "create", "patch", "delete"),
+             resources.NETWORK_POLICIES: ("get", "list", "watch", "create", "delete")}
     for ns in namespaces:
         here = service_rules(docs, ns)
-        missing += [(ns, res.plural, v) for res in resources.INJECTED.values()
-                    for v in ("get", "list", "watch", "create", "patch", "delete")
+        missing += [(ns, res.plural, v) for res in resources.INJECTED.values() for v in verbs[res]
                     if not granted(here, group(res.api_version), res.plural, v)]
         missing += [(ns, LEDGER, v) for v in LEDGER_VERBS
                     if not granted(here, "coordination.k8s.io", resources.LEASES.plural, v, LEDGER)]
@@ -508,13 +510,13 @@ def test_service_account_has_least_privilege(installed, kubectl):
                ("patch", "policybundles.policy.trainjob-admission.io", "--subresource=status"),
                ("create", "secrets", "-n", "team-a"), ("delete", "secrets", "-n", "team-a"),
                ("create", "networkpolicies.networking.k8s.io", "-n", "team-a"),
-               ("patch", "networkpolicies.networking.k8s.io", "-n", "team-a"),
                ("create", "leases.coordination.k8s.io", "-n", NS), ("patch", "leases.coordination.k8s.io", "-n", NS),
                # the reservation ledger where it injects: create, and get and update of its name
                ("create", "leases.coordination.k8s.io", "-n", "team-a"),
                ("update", f"leases.coordination.k8s.io/{LEDGER}", "-n", "team-a"),
                ("get", f"leases.coordination.k8s.io/{LEDGER}", "-n", "team-a")]
-    denied = [("update", "leases.coordination.k8s.io/other", "-n", "team-a"),
+    denied = [("patch", "networkpolicies.networking.k8s.io", "-n", "team-a"),  # created owned, never patched
+              ("update", "leases.coordination.k8s.io/other", "-n", "team-a"),
               ("delete", f"leases.coordination.k8s.io/{LEDGER}", "-n", "team-a"),
               ("create", "leases.coordination.k8s.io", "-n", "team-b"), ("delete", "leases.coordination.k8s.io", "-n", NS),
               ("get", "nodes"), ("get", "nodes", "--subresource=proxy"), ("create", "pods", "-n", "team-a"),
@@ -619,23 +621,36 @@ def test_guard_lets_the_service_account_write_only_managed_objects(installed, ku
         ("Secret", "foreign-mpi-ssh-auth", False), ("Secret", "ours-mpi-ssh-auth", True),
         ("NetworkPolicy", "foreign-mpi-isolation", False), ("Secret", "db-credentials", True))))
 
+    # each refusal with the verb and resource it needs: where RBAC grants that verb, the guard must
+    # be what refuses; where RBAC does not (networkpolicies: no patch, they are created owned),
+    # RBAC's own Forbidden is the stronger refusal and is what must answer
+    secrets, netpols = "secrets", "networkpolicies.networking.k8s.io"
     denied = {
-        "create an unlabelled Secret": as_sa("create", "-f", "-", body=obj("Secret", "new-mpi-ssh-auth", False)),
-        "create a labelled Secret of another name": as_sa("create", "-f", "-", body=obj("Secret", "db-password", True)),
-        "create a labelled Secret of another type": as_sa("create", "-f", "-", body=obj(
-            "Secret", "opaque-mpi-ssh-auth", True, "Opaque")),
-        "create a labelled NetworkPolicy of another name": as_sa("create", "-f", "-", body=obj(
-            "NetworkPolicy", "allow-all", True)),
-        "delete a labelled Secret of another name": as_sa("delete", "secret", "db-credentials"),
-        "patch a foreign Secret": as_sa("label", "secret", "foreign-mpi-ssh-auth", "x=y"),
-        "adopt a foreign Secret by labelling it": as_sa("label", "secret", "foreign-mpi-ssh-auth", "=".join(MANAGED_BY)),
-        "delete a foreign Secret": as_sa("delete", "secret", "foreign-mpi-ssh-auth"),
-        "patch a foreign NetworkPolicy": as_sa("label", "networkpolicy", "foreign-mpi-isolation", "x=y"),
-        "drop the label from its own Secret": as_sa("label", "secret", "ours-mpi-ssh-auth", f"{MANAGED_BY[0]}-"),
+        "create an unlabelled Secret": ("create", secrets, as_sa(
+            "create", "-f", "-", body=obj("Secret", "new-mpi-ssh-auth", False))),
+        "create a labelled Secret of another name": ("create", secrets, as_sa(
+            "create", "-f", "-", body=obj("Secret", "db-password", True))),
+        "create a labelled Secret of another type": ("create", secrets, as_sa("create", "-f", "-", body=obj(
+            "Secret", "opaque-mpi-ssh-auth", True, "Opaque"))),
+        "create a labelled NetworkPolicy of another name": ("create", netpols, as_sa("create", "-f", "-", body=obj(
+            "NetworkPolicy", "allow-all", True))),
+        "delete a labelled Secret of another name": ("delete", secrets, as_sa("delete", "secret", "db-credentials")),
+        "patch a foreign Secret": ("patch", secrets, as_sa("label", "secret", "foreign-mpi-ssh-auth", "x=y")),
+        "adopt a foreign Secret by labelling it": ("patch", secrets, as_sa(
+            "label", "secret", "foreign-mpi-ssh-auth", "=".join(MANAGED_BY))),
+        "delete a foreign Secret": ("delete", secrets, as_sa("delete", "secret", "foreign-mpi-ssh-auth")),
+        "patch a foreign NetworkPolicy": ("patch", netpols, as_sa(
+            "label", "networkpolicy", "foreign-mpi-isolation", "x=y")),
+        "drop the label from its own Secret": ("patch", secrets, as_sa(
+            "label", "secret", "ours-mpi-ssh-auth", f"{MANAGED_BY[0]}-")),
     }
-    for what, p in denied.items():
+    for what, (verb, resource, p) in denied.items():
         assert p.returncode != 0, f"the service account could {what}"
-        assert "trainjob-admission may only" in p.stderr and "ValidatingAdmissionPolicy" in p.stderr, (what, p.stderr)
+        if can_i(kubectl, verb, resource, "-n", namespace, f"--as={SA}"):
+            assert "trainjob-admission may only" in p.stderr and "ValidatingAdmissionPolicy" in p.stderr, (what, p.stderr)
+        else:
+            assert "forbidden" in p.stderr.lower() and f"cannot {verb} resource" in p.stderr, (what, p.stderr)
+    assert not can_i(kubectl, "patch", netpols, "-n", namespace, f"--as={SA}")  # the RBAC case above is exercised
     allowed = {
         "create a labelled Secret": as_sa("create", "-f", "-", body=obj("Secret", "new-mpi-ssh-auth", True)),
         "create a labelled NetworkPolicy": as_sa("create", "-f", "-", body=obj(
@@ -710,7 +725,8 @@ def test_guard_lets_the_service_account_write_only_the_templates_network_policy(
         assert "trainjob-admission may only" in p.stderr and "ValidatingAdmissionPolicy" in p.stderr, (what, p.stderr)
     rewrite = as_sa("patch", "networkpolicy", "job-a-mpi-isolation", "--type=merge", "-p",
                     json.dumps({"spec": {"ingress": [{}]}}))
-    assert rewrite.returncode != 0 and "trainjob-admission may only" in rewrite.stderr, rewrite.stderr
+    # a job's policy is created owned and never patched: RBAC grants no patch, and its Forbidden answers
+    assert rewrite.returncode != 0 and "Forbidden" in rewrite.stderr and "cannot patch" in rewrite.stderr, rewrite.stderr
     allowed = {
         "create the default template's": as_sa("create", "-f", "-", body=policy("y-mpi-isolation", template_spec("y"))),
         "create the restricted template's": as_sa("create", "-f", "-", body=policy(
@@ -718,8 +734,6 @@ def test_guard_lets_the_service_account_write_only_the_templates_network_policy(
         "create one for a v2beta1 MPIJob": as_sa("create", "-f", "-", body=policy("m-mpi-isolation", {
             **template_spec("m"), "podSelector": {"matchLabels": {"training.kubeflow.org/job-name": "m"}},
             "ingress": [{"from": [{"podSelector": {"matchLabels": {"training.kubeflow.org/job-name": "m"}}}]}]})),
-        "adopt its own (an ownerReference)": as_sa("patch", "networkpolicy", "job-a-mpi-isolation", "--type=merge",
-                                                   "-p", json.dumps({"metadata": {"annotations": {"a": "b"}}})),
         "delete its own": as_sa("delete", "networkpolicy", "job-a-mpi-isolation"),
     }
     for what, p in allowed.items():

@@ -2,13 +2,17 @@
 run, in containerd with runc, on the CNI bridge, with cluster DNS and kube-router enforcing
 NetworkPolicies.
 
-alice submits the job with kubectl; the service (as installed, on the host) admits it and injects
-the SSH key Secret and the NetworkPolicy; Trainer mounts the key; `mpirun` on the launcher reaches
-both workers over SSH with it and the ring program's output shows every rank; the TrainJob ends
-Complete. Then the proofs that the injected parts are the ones at work:
+alice submits the job with kubectl; the service (as installed, on the host) admits it without a
+write; Trainer makes the SSH key Secret (the default bundle's key type is Trainer's own) and the
+service the job's NetworkPolicy once the job is stored; `mpirun` on the launcher reaches both
+workers over SSH and the ring program's output shows every rank; the TrainJob ends Complete. On a
+runtime whose bundle asks for ed25519 keys the service creates the Secret at admission and mpirun
+uses that key. Then the proofs that the parts are the ones at work:
 - the same job with the Secret's private key replaced by another fails to connect;
-- a pod outside the job cannot reach a worker's sshd while the NetworkPolicy is in place, and can
-  once it is deleted (so the enforcement, not the network, refused it).
+- fail-closed: while the service cannot create NetworkPolicies, a job's workers run without their
+  own policy and a pod outside the job cannot reach them (the namespace's isolating policy); with
+  no NetworkPolicy at all the same probe connects (so the enforcement, not the network, refused
+  it); once the service can again, the job's policy comes and still keeps the outsider out.
 
 Skipped, with the reason `up` printed, on a machine that cannot run the real node.
 """
@@ -29,13 +33,15 @@ import pytest
 from tests.support.install import NS as SERVICE_NS
 from tests.support.install import TEST_LABEL, install
 from tests.support.objects import edit_binding, runtime, trainjob
-from tests.support.service import cluster, default_bundle_for, scratch_namespace, service_as_installed
+from tests.support.service import INJECTOR, cluster, default_bundle_for, scratch_namespace, service_as_installed
 
 pytestmark = pytest.mark.cluster
 
 LABEL = "trainjob-admission.io/real-node-test"
 RUNTIME = "openmpi-real-node"
+INJECTED_KEY_RUNTIME = "openmpi-real-node-ed25519"  # a second bundle asks for keys the service creates
 SSH_PORT = 2222
+ISOLATION = "trainjob-admission-trainjob-isolation"  # the namespace's own NetworkPolicy
 PROBE_PORT = 8444  # the service's /healthz, /readyz and /metrics
 
 
@@ -58,13 +64,13 @@ def node(control_plane) -> dict:
     return state["real_node"]
 
 
-def real_runtime(node: dict) -> dict:
+def real_runtime(node: dict, name: str = RUNTIME) -> dict:
     """Trainer's own OpenMPI runtime (deepspeed-distributed, from the module cache) with the OpenMPI
     image built here, placed on the real node: launcher + 2 workers, one rank per worker."""
     stock = next(r for r in cluster._mpi_runtimes(cluster.module_dir("trainer"))
                  if r["metadata"]["name"] == "deepspeed-distributed")
     rt = copy.deepcopy(stock)
-    rt["metadata"] = {"name": RUNTIME, "labels": {"trainer.kubeflow.org/framework": "openmpi"}}
+    rt["metadata"] = {"name": name, "labels": {"trainer.kubeflow.org/framework": "openmpi"}}
     mpi = rt["spec"]["mlPolicy"]["mpi"]
     rt["spec"]["mlPolicy"]["numNodes"] = 2
     mpi["runLauncherAsNode"] = False
@@ -84,16 +90,24 @@ def team(node, policybundle_crd, tmp_path_factory):
     with scratch_namespace("real", LABEL) as (ns, run):
         bundle = default_bundle_for(ns, LABEL, run)
         bundle["spec"]["injections"]["sshKey"]["adoptExisting"] = True  # test_another_key_fails_to_connect
-        cluster.apply_objects([real_runtime(node), edit_binding(ns, "alice"), bundle], server_side=True)
+        # Before the default one (priority 100) for jobs on INJECTED_KEY_RUNTIME: its sshKey setting wins.
+        injected = {"apiVersion": bundle["apiVersion"], "kind": bundle["kind"],
+                    "metadata": {"name": f"{ns}-ed25519", "labels": {LABEL: run}},
+                    "spec": {"priority": 50, "match": {"namespaces": [ns], "runtimes": [INJECTED_KEY_RUNTIME]},
+                             "injections": {"sshKey": {"type": "ed25519"}}}}
+        cluster.apply_objects([real_runtime(node), real_runtime(node, INJECTED_KEY_RUNTIME), edit_binding(ns, "alice"),
+                               bundle, injected], server_side=True)
         try:
             with service_as_installed(tmp_path_factory.mktemp("real"), ns, [ns], f"{LABEL}={run}"):
                 yield ns
         finally:
-            kc("delete", "clustertrainingruntime", RUNTIME, "--ignore-not-found")
+            kc("delete", "clustertrainingruntime", RUNTIME, INJECTED_KEY_RUNTIME, "--ignore-not-found")
+            kc("delete", "policybundle", f"{ns}-ed25519", "--ignore-not-found")
 
 
-def ring_job(name: str, ns: str, *, suspend: bool = False, command: list[str] | None = None) -> dict:
-    spec = {"runtimeRef": {"name": RUNTIME, "kind": "ClusterTrainingRuntime",
+def ring_job(name: str, ns: str, *, suspend: bool = False, command: list[str] | None = None,
+             runtime: str = RUNTIME) -> dict:
+    spec = {"runtimeRef": {"name": runtime, "kind": "ClusterTrainingRuntime",
                            "apiGroup": "trainer.kubeflow.org"},
             "trainer": {"numNodes": 2,
                         "command": command or ["mpirun", "--np", "2", "--bind-to", "none",
@@ -145,29 +159,61 @@ SHOW_KEY_THEN_RING = ["bash", "-c", "ssh-keygen -y -f ~/.ssh/id_rsa && exec mpir
                                     "python3 /opt/mpi/ring.py"]
 
 
-def test_mpi_job_runs_with_the_injected_key(team, node, wait_for):
-    submit(ring_job("ring", team, command=SHOW_KEY_THEN_RING))
-    secret = get("secret", "ring-mpi-ssh-auth", "-n", team)  # there before the job was admitted
-    assert secret["type"] == "kubernetes.io/ssh-auth"
-
-    def owned() -> dict | None:  # the reconciler adopts it once the job is stored and admissions pause
-        latest = get("secret", "ring-mpi-ssh-auth", "-n", team)
-        return latest if [o["kind"] for o in latest["metadata"].get("ownerReferences", [])] == ["TrainJob"] else None
-    secret = wait_for("the injected Secret owned by its TrainJob", owned, 15, interval=0.2)
-    outcome, log = finished("ring", team, wait_for)
+def ring_runs(name: str, team: str, node: dict, wait_for) -> tuple[str, dict]:
+    """The launcher's log of a ring job that ran to Complete with a rank in each worker, and the
+    Secret its key came from, as it is once the job has run."""
+    outcome, log = finished(name, team, wait_for)
     assert outcome == "Complete", log
     ring = re.search(r"ring ok size=2 hosts=(\S+)", log)
     assert ring, log
-    # the key mpirun's ssh held is the injected one: Trainer creates the Secret only when it is
-    # missing, and an immutable Secret cannot have changed since the service created it
-    again = get("secret", "ring-mpi-ssh-auth", "-n", team, "--show-managed-fields")
+    assert sorted(ring[1].split(",")) == [f"{name}-node-0-0", f"{name}-node-0-1"], log  # a rank in each worker
+    pods = get("pods", "-n", team, "-l", f"jobset.sigs.k8s.io/jobset-name={name}")["items"]
+    assert {p["spec"]["nodeName"] for p in pods} == {node["name"]}
+    secret = get("secret", f"{name}-mpi-ssh-auth", "-n", team, "--show-managed-fields")
+    public = base64.b64decode(secret["data"]["ssh-publickey"]).decode().split()[:2]
+    assert " ".join(public) in log, (public, log)  # the key mpirun's ssh held is this Secret's
+    return log, secret
+
+
+def owned_network_policy(name: str, team: str, wait_for, timeout: float = 30) -> dict:
+    """The job's NetworkPolicy, which the service creates owned by the job once it is stored."""
+    def made() -> dict | None:
+        found = kc("get", "networkpolicy", f"{name}-mpi-isolation", "-n", team, "-o", "json")
+        if found.returncode != 0:
+            return None
+        policy = json.loads(found.stdout)
+        return policy if [o["kind"] for o in policy["metadata"].get("ownerReferences", [])] == ["TrainJob"] else None
+    return wait_for(f"{name}'s own NetworkPolicy", made, timeout, interval=0.2)
+
+
+def test_mpi_job_runs_with_trainers_key_and_its_network_policy(team, node, wait_for):
+    """The default bundle: admission writes nothing; Trainer makes the Secret and the service the
+    job's NetworkPolicy once the job is stored, before the launcher (which starts once the workers
+    are ready) tries to reach them."""
+    submit(ring_job("ring", team, command=SHOW_KEY_THEN_RING))
+    owned_network_policy("ring", team, wait_for)
+    _, secret = ring_runs("ring", team, node, wait_for)
+    assert [o["kind"] for o in secret["metadata"]["ownerReferences"]] == ["TrainJob"]
+    assert "trainer" in {f["manager"] for f in secret["metadata"].get("managedFields", [])}, secret["metadata"]
+    assert base64.b64decode(secret["data"]["ssh-privatekey"]).startswith(b"-----BEGIN EC PRIVATE KEY-----")
+
+
+def test_mpi_job_runs_with_the_injected_key(team, node, wait_for):
+    """A bundle asking for ed25519 keys: the service creates the Secret at admission, Trainer mounts
+    it (it makes one only when it finds none) and mpirun's ssh uses it."""
+    submit(ring_job("ring-ed", team, command=SHOW_KEY_THEN_RING, runtime=INJECTED_KEY_RUNTIME))
+    secret = get("secret", "ring-ed-mpi-ssh-auth", "-n", team)  # there before the job was admitted
+    assert secret["type"] == "kubernetes.io/ssh-auth"
+    assert secret["metadata"]["annotations"]["trainjob-admission.io/ssh-key-type"] == "ed25519"
+
+    def owned() -> dict | None:  # the reconciler adopts it once the job is stored and admissions pause
+        latest = get("secret", "ring-ed-mpi-ssh-auth", "-n", team)
+        return latest if [o["kind"] for o in latest["metadata"].get("ownerReferences", [])] == ["TrainJob"] else None
+    secret = wait_for("the injected Secret owned by its TrainJob", owned, 15, interval=0.2)
+    _, again = ring_runs("ring-ed", team, node, wait_for)
+    # an immutable Secret the service created, never replaced by Trainer's own
     assert again["metadata"]["uid"] == secret["metadata"]["uid"] and secret.get("immutable") is True
     assert "trainer" not in {f["manager"] for f in again["metadata"].get("managedFields", [])}, again["metadata"]
-    injected = base64.b64decode(secret["data"]["ssh-publickey"]).decode().split()[:2]
-    assert " ".join(injected) in log, (injected, log)
-    assert sorted(ring[1].split(",")) == ["ring-node-0-0", "ring-node-0-1"], log  # a rank in each worker
-    pods = get("pods", "-n", team, "-l", "jobset.sigs.k8s.io/jobset-name=ring")["items"]
-    assert {p["spec"]["nodeName"] for p in pods} == {node["name"]}
 
 
 def test_another_key_fails_to_connect(team, wait_for):
@@ -208,25 +254,43 @@ def probe(ns: str, node: dict, name: str, target: str, port: int = SSH_PORT, lab
     raise AssertionError(f"probe pod {name} did not finish: {get('pod', name, '-n', ns)['status']}")
 
 
-def test_network_policy_keeps_others_from_the_workers(team, node, wait_for):
-    submit(ring_job("ring-idle", team, command=["sleep", "600"]))  # workers run sshd until deleted
+def test_a_jobs_workers_are_unreachable_before_and_after_its_network_policy(team, node, wait_for):
+    """Fail-closed: the namespace's isolating NetworkPolicy keeps a job's pods unreachable until its
+    own policy exists. To hold the job in that window, the service's NetworkPolicy writes are taken
+    away (its injector RoleBinding here deleted) before it is submitted; admission needs no write,
+    so it is admitted, its workers start and stay out of reach. With no NetworkPolicy at all the
+    same probe connects; with the permission back the service makes the job's policy (and the
+    namespace's again) and the outsider is still kept out."""
+    wait_for("the namespace's isolating NetworkPolicy", lambda: kc("get", "networkpolicy", ISOLATION, "-n", team)
+             .returncode == 0, 30, interval=0.5)
+    binding = next(b for b in get("rolebindings", "-n", team)["items"] if b["roleRef"]["name"] == INJECTOR)
+    kept = {k: binding[k] for k in ("apiVersion", "kind", "roleRef", "subjects")}
+    kept["metadata"] = {k: binding["metadata"][k] for k in ("name", "namespace", "labels") if k in binding["metadata"]}
+    assert kc("delete", "rolebinding", binding["metadata"]["name"], "-n", team).returncode == 0
+    try:
+        submit(ring_job("ring-idle", team, command=["sleep", "600"]))  # workers run sshd until deleted
 
-    def worker_ip() -> str | None:
-        pods = get("pods", "-n", team, "-l", "jobset.sigs.k8s.io/jobset-name=ring-idle")["items"]
-        ready = [p for p in pods if "-node-" in p["metadata"]["name"] and any(
-            c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))]
-        return ready[0]["status"]["podIP"] if ready else None
-    wait_for("a ring-idle worker Ready", lambda: worker_ip() is not None, 180, interval=1)
-    ip = worker_ip()
-    policies = get("networkpolicy", "-n", team)["items"]
-    ours = [p["metadata"]["name"] for p in policies
-            if any(o["kind"] == "TrainJob" and o["name"] == "ring-idle"
-                   for o in p["metadata"].get("ownerReferences", []))]
-    assert ours, [p["metadata"]["name"] for p in policies]
+        def worker_ip() -> str | None:
+            pods = get("pods", "-n", team, "-l", "jobset.sigs.k8s.io/jobset-name=ring-idle")["items"]
+            ready = [p for p in pods if "-node-" in p["metadata"]["name"] and any(
+                c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))]
+            return ready[0]["status"]["podIP"] if ready else None
+        wait_for("a ring-idle worker Ready", lambda: worker_ip() is not None, 180, interval=1)
+        ip = worker_ip()
+        assert kc("get", "networkpolicy", "ring-idle-mpi-isolation", "-n", team).returncode != 0, \
+            "the job's own NetworkPolicy exists: the window this test holds is closed"
+        assert not probe(team, node, "probe-window", ip), "a job without its NetworkPolicy was reachable"
+        assert kc("delete", "networkpolicy", ISOLATION, "-n", team).returncode == 0
+        time.sleep(2)  # kube-router syncs on the watch event
+        assert probe(team, node, "probe-open", ip), "without any NetworkPolicy the probe should connect"
+    finally:
+        cluster.apply_objects([kept])
+    # the service retries with a growing pause (up to a minute) and its watches come back
+    owned_network_policy("ring-idle", team, wait_for, timeout=150)
+    wait_for("the namespace's isolating NetworkPolicy made again", lambda: kc(
+        "get", "networkpolicy", ISOLATION, "-n", team).returncode == 0, 120, interval=1)
+    time.sleep(2)
     assert not probe(team, node, "probe-denied", ip), "a pod outside the job reached the worker's sshd"
-    assert kc("delete", "networkpolicy", *ours, "-n", team).returncode == 0
-    time.sleep(2)  # kube-router syncs on the watch event
-    assert probe(team, node, "probe-allowed", ip), "without the NetworkPolicy the probe should connect"
     kc("delete", "trainjob", "ring-idle", "-n", team, "--wait=false")
 
 
@@ -279,7 +343,9 @@ def test_service_deployed_with_the_manifests_decides_on_the_real_node(node, poli
             p = kc("create", "-f", "-", input=json.dumps(too_many), kubeconfig=cluster.USER_A_KUBECONFIG)
             assert p.returncode != 0 and "trainjob-admission" in p.stderr and "gpu" in p.stderr.lower(), p.stderr
             submit(trainjob("fits", ns, nodes=2, gpus=0))
-            assert get("secret", "fits-mpi-ssh-auth", "-n", ns)["type"] == "kubernetes.io/ssh-auth"
+            # made once the job is stored: the NetworkPolicy by the service, the Secret by Trainer
+            wait_for("the job's NetworkPolicy and Secret", lambda: kc("get", "networkpolicy", "fits-mpi-isolation", "-n", ns)
+                     .returncode == 0 and kc("get", "secret", "fits-mpi-ssh-auth", "-n", ns).returncode == 0, 60)
             logs = "".join(kc("exec", "-n", SERVICE_NS, pod["metadata"]["name"], "--", "cat",
                               "/var/log/trainjob-admission/decisions.jsonl").stdout for pod in pods)
             for job in ("fits", "too-many-gpus"):  # each decision is in one replica's log

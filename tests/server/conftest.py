@@ -19,16 +19,20 @@ import pytest
 import trustme
 import yaml
 
-from tests.support.memoryapi import MemoryApi
+from tests.support.memoryapi import MemoryApi, wait_synced
 from trainjob_admission.policies.capacity.reservations import Reservations
+from trainjob_admission.policies.decide.engine import injection_plan
 from trainjob_admission.webhook.admission.access import SubjectAccessReviews
 from trainjob_admission.webhook.admission.config import ServerConfig
 from trainjob_admission.webhook.admission.ledger import CALL_TIMEOUT, Ledger
 from trainjob_admission.webhook.admission.server import WebhookServer
 from trainjob_admission.webhook.cli.demo import admission_review, sample_state
 from trainjob_admission.webhook.decisionlog import DecisionLog
+from trainjob_admission.webhook.inject.existing import ExistingObjects
 from trainjob_admission.webhook.inject.injector import Injector
+from trainjob_admission.webhook.inject.isolation import Isolation
 from trainjob_admission.webhook.inject.provenance import Provenance
+from trainjob_admission.webhook.inject.reconciler import Reconciler
 from trainjob_admission.webhook.kube.calls import Calls
 from trainjob_admission.webhook.kube.client import KubeApi
 
@@ -177,20 +181,29 @@ def memory_api():
 
 @pytest.fixture
 def injecting_server(tmp_path: Path, memory_api: MemoryApi):
-    """injecting_server(adopt=False, failure_mode="deny", creation_burst=50, ledger=None) -> Running:
-    the default bundle (``adoptExisting`` as given), injecting through ``memory_api``; each call
-    another replica (its own log and certificate, the same provenance key). ``ledger``: the URL of
-    the API holding the namespaces' reservation ledgers (webhook/admission/ledger.py; "memory" for
-    ``memory_api``'s), which the replica then keeps reservations with; None: it keeps none."""
+    """injecting_server(adopt=False, failure_mode="deny", creation_burst=50, key_type=None, ledger=None)
+    -> Running: the default bundle (``adoptExisting`` as given; ``key_type`` its SSH key type, e.g.
+    ed25519, which the service creates at admission, where the default's is Trainer's own),
+    injecting through ``memory_api`` and reading what exists there from watches of team-a, as serve
+    does; with ``reconcile`` the reconciler and the NetworkPolicies' maker run too (jobs appear when a
+    test puts them in ``memory_api``), the namespaces isolated being ``isolated`` (namespace ->
+    kinds, read on each pass: a test may change it; None: not known, nothing made or deleted).
+    ``ledger``: the URL of the API holding the namespaces' reservation ledgers
+    (webhook/admission/ledger.py; "memory" for ``memory_api``'s), which the replica then keeps
+    reservations with; None: it keeps none. Each call another replica (its own log and certificate,
+    the same provenance key)."""
     stops = []
 
     def _start(adopt: bool = False, failure_mode: str = "deny", creation_burst: int = 50,
-               ledger: str | None = None) -> Running:
+               key_type: str | None = None, reconcile: bool = False,
+               isolated: dict[str, list[str]] | None = None, ledger: str | None = None) -> Running:
         work = tmp_path / f"server-{len(stops)}"
         work.mkdir()
         bundle = yaml.safe_load(DEFAULT_BUNDLE.read_text())
         bundle["spec"]["injections"]["sshKey"]["adoptExisting"] = adopt
         bundle["spec"]["injections"]["networkPolicy"]["adoptExisting"] = adopt
+        if key_type:
+            bundle["spec"]["injections"]["sshKey"]["type"] = key_type
         (work / "bundle.yaml").write_text(yaml.safe_dump(bundle))
         ca = serving_cert(work / "tls")
         configuration = kubernetes.client.Configuration()
@@ -200,26 +213,39 @@ def injecting_server(tmp_path: Path, memory_api: MemoryApi):
                               bundle_specs=[str(work / "bundle.yaml")])
         config.reviewer.failure_mode = failure_mode
         config.reviewer.creation_burst, config.reviewer.creation_rate = creation_burst, 1e-6  # no refill in a test
-        state, ledgers = sample_state(), None
+        api, state, ledgers = KubeApi(configuration), sample_state(), None
         if ledger is not None:
             state.reservations = Reservations(state)
             ledger_api = kubernetes.client.Configuration()
             ledger_api.host, ledger_api.retries = configuration.host if ledger == "memory" else ledger, 0
             ledgers = Ledger(Calls(KubeApi(ledger_api), CALL_TIMEOUT), f"replica-{len(stops)}")
-        server = WebhookServer(config, state, injector=Injector(KubeApi(configuration), PROVENANCE, timeout=5),
-                               decision_log=DecisionLog(work / "decisions.jsonl", stdout=None), ledger=ledgers)
+        existing = ExistingObjects(api, ["team-a"])
+        wait_synced(existing.watchers)
+        isolation = Isolation(api, PROVENANCE, existing, wanted=lambda: isolated,
+                              planner=lambda job: injection_plan(job, list(server.registry.active), state))
+        server = WebhookServer(config, state, decision_log=DecisionLog(work / "decisions.jsonl", stdout=None),
+                               injector=Injector(api, PROVENANCE, timeout=5, existing=existing, isolation=isolation),
+                               ledger=ledgers)
         loop = asyncio.new_event_loop()
         port = loop.run_until_complete(server.start())
+        loops = []
+        if reconcile:
+            reconciler = Reconciler(api, PROVENANCE, namespace="team-a", interval=3600, isolation=isolation)
+            loops = [loop.create_task(work) for work in (reconciler.run(), isolation.run())]
         thread = threading.Thread(target=loop.run_forever, daemon=True)
         thread.start()
-        stops.append((server, loop, thread))
+        stops.append((server, loop, thread, existing, loops))
         return Running(server, port, ca, work / "decisions.jsonl", loop, work / "tls")
 
     yield _start
-    for server, loop, thread in stops:
+    for server, loop, thread, existing, loops in stops:
+        for task in loops:
+            loop.call_soon_threadsafe(task.cancel)
         asyncio.run_coroutine_threadsafe(server.stop(), loop).result(15)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(15)
+        for watcher in existing.watchers:
+            watcher.close()
 
 
 def new_uid() -> str:

@@ -616,7 +616,8 @@ def test_same_name_submissions_in_flight_at_once(injecting_server, memory_api):
     every third round. 0 crashes: every review answered; 0 wrong allows: never a deny-worthy one,
     never both, and an admitted job finds both objects carrying its own admission id once the
     refused one's withdrawal has run; a round with none admitted leaves nothing behind."""
-    replicas = [injecting_server(), injecting_server()]
+    # a key type Trainer does not make: the Secret is the one object admission still writes (issue 33)
+    replicas = [injecting_server(key_type="ed25519"), injecting_server(key_type="ed25519")]
     rng = random.Random(SEED)
     outcomes: Counter = Counter()
     with ThreadPoolExecutor(2) as pool:
@@ -636,7 +637,7 @@ def test_same_name_submissions_in_flight_at_once(injecting_server, memory_api):
             outcomes[len(allowed)] += 1
             assert len(allowed) <= 1, f"round {round_}: both submissions of one name admitted"
             assert not (deny_worthy and 1 in allowed), f"round {round_}: the deny-worthy job admitted"
-            names = {(f"same-{round_}-mpi-ssh-auth", "secrets"), (f"same-{round_}-mpi-isolation", "networkpolicies")}
+            names = {(f"same-{round_}-mpi-ssh-auth", "secrets")}  # the NetworkPolicy: the reconciler's, once stored
             deadline = time.monotonic() + 10
             while True:  # the refused one's withdrawal runs in the background
                 held = {(name, plural): memory_api.objects.get((plural, "team-a", name)) for name, plural in names}

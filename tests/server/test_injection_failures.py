@@ -16,6 +16,7 @@ from pathlib import Path
 
 import kubernetes.client
 import pytest
+import yaml
 
 from trainjob_admission.webhook.admission.config import ServerConfig
 from trainjob_admission.webhook.admission.server import WebhookServer
@@ -30,7 +31,7 @@ from trainjob_admission.webhook.kube.client import KubeApi
 from tests.support.net import free_port
 from tests.support.objects import example_job
 
-from .conftest import Running, serving_cert
+from .conftest import DEFAULT_BUNDLE, Running, serving_cert
 
 pytestmark = pytest.mark.server
 SECRET = "team-a/resnet-allreduce-mpi-ssh-auth"
@@ -73,16 +74,23 @@ def silent_api():
 
 @pytest.fixture
 def start(tmp_path: Path):
-    """start(api_port, failure_mode="deny", timeout=1.0, creation_burst=50) -> Running, a server whose injector
-    talks to api_port."""
+    """start(api_port, failure_mode="deny", timeout=1.0, creation_burst=50, key_type="ed25519") -> Running,
+    a server whose injector talks to api_port, with the default bundle asking for ``key_type`` keys
+    (by default one the service creates at admission; "ecdsa-p521" is Trainer's own, which admission
+    only looks up)."""
     stops = []
 
-    def _start(api_port: int, failure_mode: str = "deny", timeout: float = 1.0, creation_burst: int = 50) -> Running:
+    def _start(api_port: int, failure_mode: str = "deny", timeout: float = 1.0, creation_burst: int = 50,
+               key_type: str = "ed25519") -> Running:
         cert_dir = tmp_path / f"tls-{len(stops)}"
         ca = serving_cert(cert_dir)
         log_path = tmp_path / f"decisions-{len(stops)}.jsonl"
+        bundle = yaml.safe_load(DEFAULT_BUNDLE.read_text())
+        bundle["spec"]["injections"]["sshKey"]["type"] = key_type
+        (tmp_path / f"bundle-{len(stops)}.yaml").write_text(yaml.safe_dump(bundle))
         config = ServerConfig(host="127.0.0.1", port=0, cert_file=cert_dir / "tls.crt",
-                              key_file=cert_dir / "tls.key", decision_log=log_path)
+                              key_file=cert_dir / "tls.key", decision_log=log_path,
+                              bundle_specs=[str(tmp_path / f"bundle-{len(stops)}.yaml")])
         config.reviewer.failure_mode = failure_mode
         config.reviewer.creation_burst, config.reviewer.creation_rate = creation_burst, 1e-6  # no refill in a test
         server = WebhookServer(config, sample_state(), injector=Injector(api_client(api_port), Provenance.ephemeral(), timeout=timeout),
@@ -105,12 +113,14 @@ def record_of(running: Running, response: dict) -> dict:
     return next(r for r in running.records() if r["id"] == response["auditAnnotations"]["decision-id"])
 
 
-def test_unreachable_api_denies_with_what_failed_and_the_fix(start):
-    running = start(free_port())
+@pytest.mark.parametrize("key_type", ["ed25519", "ecdsa-p521"])  # created at admission; Trainer's, looked up
+def test_unreachable_api_denies_with_what_failed_and_the_fix(start, key_type):
+    running = start(free_port(), key_type=key_type)
     response = running.review(example_job("allowed.yaml"))
     assert response["allowed"] is False and response["status"]["code"] == 403
     message = response["status"]["message"]
-    assert (f"could not create Secret {SECRET} and NetworkPolicy team-a/resnet-allreduce-mpi-isolation "
+    # no watch of what exists here (serve has one): the NetworkPolicy's name is looked up too
+    assert (f"could not prepare Secret {SECRET} and NetworkPolicy team-a/resnet-allreduce-mpi-isolation "
             "(cannot connect to the Kubernetes API: [Errno 111] Connection refused)") in message
     assert "the job was not admitted (failure mode deny)" in message and "Retry" in message
     assert response["auditAnnotations"]["decision-id"] in message
@@ -262,11 +272,13 @@ def test_the_deadline_answers_first_and_no_call_is_sent_after_it(start, slow_api
     assert "ran out of the request's 1 s (the webhook's timeoutSeconds 3 minus 2 s" in message
     assert "the job was not admitted (failure mode deny)" in message
     record = record_of(running, response)
-    assert record["decision"] == "error" and {i["status"] for i in record["injections"]} == {"failed"}
-    assert sorted(seen) == ["POST /api/v1/namespaces/team-a/secrets",
-                            "POST /apis/networking.k8s.io/v1/namespaces/team-a/networkpolicies"]
+    assert record["decision"] == "error" and {i["kind"]: i["status"] for i in record["injections"]} == {
+        "Secret": "failed", "NetworkPolicy": "failed"}
+    calls = ["GET /apis/networking.k8s.io/v1/namespaces/team-a/networkpolicies/resnet-allreduce-mpi-isolation",
+             "POST /api/v1/namespaces/team-a/secrets"]
+    assert sorted(seen) == calls
     # Both 409s arrive after the answer; had the injector gone on, it would GET (then DELETE, POST) now.
     for _ in range(2):
         assert answered.acquire(timeout=10)
     time.sleep(0.5)
-    assert [line.split()[0] for line in seen] == ["POST", "POST"], seen
+    assert sorted(seen) == calls, seen

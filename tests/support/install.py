@@ -17,6 +17,8 @@ from typing import Iterator
 import pytest
 import yaml
 
+from trainjob_admission.policies.decide.injections import ISOLATION_POLICIES
+
 from .service import cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -141,5 +143,10 @@ def install(work: Path, run: str, *, bundle_namespaces: list[str], extra: dict |
         body = "\n".join(json.dumps(d) for d in ours)  # JSON: labels read as the strings they are
         cluster.kubectl("delete", "-f", "-", "--ignore-not-found", "--wait=true", "--timeout=120s",
                         input=body, timeout=180, check=False)
+        # the namespaces' isolating NetworkPolicies the service made (an uninstall's step, docs/deploy.md)
+        for namespace in {b["metadata"]["namespace"] for b in docs if b["kind"] == "RoleBinding"
+                          and b["roleRef"]["name"] == "trainjob-admission-injector"}:
+            cluster.kubectl("delete", "networkpolicy", *(name for name, _ in ISOLATION_POLICIES.values()), "-n", namespace,
+                            "--ignore-not-found", check=False)
 
 

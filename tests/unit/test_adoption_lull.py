@@ -1,5 +1,6 @@
-"""Adoptions wait for a pause in admissions (webhook/admission/inflight.py InFlight.lull): in a burst their
-ownerReference patches would compete with the creations the burst's /validate calls wait for."""
+"""Writes after admission wait for a pause in admissions (webhook/admission/inflight.py InFlight.lull):
+adoptions' ownerReference patches and jobs' NetworkPolicies would otherwise compete with the creations
+the admissions wait for (a job's own create, a burst's)."""
 from __future__ import annotations
 
 import asyncio
@@ -7,7 +8,9 @@ import time
 
 from trainjob_admission.webhook.admission.inflight import InFlight
 from trainjob_admission.webhook.inject.provenance import Provenance
-from trainjob_admission.webhook.inject.reconciler import ADOPTION_LULL, ADOPTION_MAX_WAIT, Reconciler
+from trainjob_admission.webhook.inject.existing import ExistingObjects
+from trainjob_admission.webhook.inject.isolation import LULL_MAX_WAIT, LULL_QUIET, Isolation
+from trainjob_admission.webhook.inject.reconciler import Reconciler
 from trainjob_admission.webhook.kube.resources import SECRETS
 
 JOB = ("TrainJob", "team-a", "resnet")
@@ -80,8 +83,37 @@ def test_the_reconciler_adopts_only_after_the_lull():
 
     asyncio.run(scenario())
     [(quiet, limit)] = lull_wanted
-    assert quiet == ADOPTION_LULL and ADOPTION_MAX_WAIT - 0.5 < limit <= ADOPTION_MAX_WAIT
+    assert quiet == LULL_QUIET and LULL_MAX_WAIT - 0.5 < limit <= LULL_MAX_WAIT
     assert patched == [("Secret", "resnet", "uid-1")]
+
+
+def test_a_jobs_network_policy_is_created_only_after_the_lull():
+    """The job's pods are isolated until its policy exists: the policy's creation waits for the
+    admissions to pause, never longer than LULL_MAX_WAIT."""
+    lull_wanted: list[tuple[float, float]] = []
+    made: list[tuple[str, str, str]] = []
+
+    async def scenario() -> None:
+        pause = asyncio.Event()
+
+        async def lull(quiet: float, limit: float) -> None:
+            lull_wanted.append((quiet, limit))
+            await pause.wait()
+
+        isolation = Isolation(None, Provenance([b"k" * 32]), ExistingObjects(None), planner=lambda job: ([], None, None),
+                              wanted=lambda: None, lull=lull)
+
+        async def make(key) -> None:  # the creation, without an API server
+            made.append(key)
+        isolation._make = make
+        isolation._start(JOB)
+        await asyncio.sleep(0.1)
+        assert made == [], "no creation while admissions are under way"
+        pause.set()
+        await asyncio.gather(*isolation._running)
+
+    asyncio.run(scenario())
+    assert lull_wanted == [(LULL_QUIET, LULL_MAX_WAIT)] and made == [JOB]
 
 
 def test_an_adoption_that_waited_its_turn_past_the_limit_waits_no_more():

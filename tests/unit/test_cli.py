@@ -87,7 +87,7 @@ def test_review_allowed(cli):
     assert result.returncode == 0, out(result)
     assert result.stdout.startswith("ALLOWED  TrainJob team-a/resnet-allreduce")
     assert "4 pods (4 nodes, the launcher among them), 4 nvidia.com/gpu" in result.stdout
-    assert "inject: Secret resnet-allreduce-mpi-ssh-auth (keyType=ecdsa-p521)" in result.stdout
+    assert "inject: Secret resnet-allreduce-mpi-ssh-auth (keyType=ecdsa-p521, made by Trainer" in result.stdout
 
 
 def test_review_allowed_json_has_the_istio_and_queue_patch(cli):

@@ -369,6 +369,65 @@ def test_unchecked_names_missing_state_only_when_asked(build, default):
     assert evaluate(AdmissionInput(job), default, full, report_unchecked=True).unchecked == []
 
 
+# --- /validate of a job /mutate patched, and what the reconciler plans ------------------------
+
+@pytest.mark.parametrize("name", ["allowed", "over-quota", "privileged", "legacy-mpijob"])
+def test_validate_builds_the_effective_job_once_and_decides_as_with_two(name, example_job, example_state, production,
+                                                                       default, review, monkeypatch):
+    """/validate gets the object /mutate patched: the job is built once, without our runtimePatch
+    (what the mutations are planned on), and the job with it follows from it; the decision is the
+    one two builds gave."""
+    import jsonpatch
+
+    from trainjob_admission.policies.decide import mutations
+    from trainjob_admission.policies.decide.engine import AdmissionInput, evaluate
+    from trainjob_admission.policies.job import effective_job
+
+    bundles = production + default  # security defaults and labels: a runtimePatch of ours
+    submitted = example_job(name)
+    patched = jsonpatch.apply_patch(submitted, review(submitted, bundles, example_state).patch)
+    builds = []
+    real_build = effective_job.build
+    monkeypatch.setattr(effective_job, "build", lambda *a, **k: builds.append(a[0]) or real_build(*a, **k))
+    once = evaluate(AdmissionInput(object=patched, username="alice", groups=["team-a"]), bundles, example_state)
+    assert len(builds) <= 1 and once.patch == []
+    monkeypatch.setattr(mutations, "with_own_patch", lambda planned_on, obj: None)  # as before: build it again
+    twice = evaluate(AdmissionInput(object=patched, username="alice", groups=["team-a"]), bundles, example_state)
+    assert once.job == twice.job and once.as_json() == twice.as_json()
+    assert [r.as_dict() for r in once.results] == [r.as_dict() for r in twice.results]
+
+
+def test_namespaces_isolated_are_those_an_enforcing_bundle_injects_network_policies_into(make_bundle):
+    from trainjob_admission.policies.decide.engine import isolated_kinds
+
+    team = {"metadata": {"name": "team-a", "labels": {"tier": "gpu"}}}
+    injecting = make_bundle({"match": {"namespaceSelector": {"matchLabels": {"tier": "gpu"}}, "kinds": ["TrainJob"]},
+                             "injections": {"networkPolicy": {"template": "restricted"}}})
+    assert isolated_kinds([injecting], "team-a", team) == ["TrainJob"]
+    assert isolated_kinds([injecting], "team-b", {"metadata": {"name": "team-b"}}) == []
+    for spec in ({"mode": "audit", "injections": {"networkPolicy": {}}},  # audit bundles never inject
+                 {"injections": {"networkPolicy": {"template": "none"}}},
+                 {"injections": {"sshKey": {}}},
+                 {"match": {"excludeNamespaces": ["team-a"]}, "injections": {"networkPolicy": {}}}):
+        assert isolated_kinds([make_bundle(spec)], "team-a", team) == [], spec
+    # a bundle for some runtimes only isolates every job's pods there: one too many fails closed
+    some = make_bundle({"match": {"runtimes": ["mpi-openmpi"]}, "injections": {"networkPolicy": {}}})
+    assert isolated_kinds([some], "team-a", team) == ["TrainJob", "MPIJob"]
+
+
+def test_injection_plan_of_a_stored_job_is_its_creates(example_job, example_state, default, review):
+    """What the reconciler plans for a job it did not admit: the plan its CREATE got."""
+    from trainjob_admission.policies.decide.engine import injection_plan
+
+    job = example_job("allowed")
+    plans, settings, effective = injection_plan(job, default, example_state)
+    assert plans == review(job, default, example_state).injections
+    assert settings.networkPolicy.template == "default" and effective.pod_selector == {
+        "jobset.sigs.k8s.io/jobset-name": "resnet-allreduce"}
+    broken = dict(job, spec={**job["spec"], "runtimeRef": {"name": "no-such-runtime"}})
+    assert injection_plan(broken, default, example_state) == ([], None, None)
+
+
 @pytest.mark.parametrize("message, shown", [
     ("'  4 nodes  '", "4 nodes"),  # trimmed
     ("'4\\nnodes'", "static text"),  # a line break: the message instead

@@ -12,15 +12,15 @@ from trainjob_admission.webhook.inject.injector import Injector
 from trainjob_admission.webhook.inject.provenance import Provenance
 from trainjob_admission.webhook.kube.client import KubeApi
 
-PLANS = [{"kind": "Secret", "name": "job-mpi-ssh-auth", "keyType": "ecdsa-p521"},
-         {"kind": "NetworkPolicy", "name": "job-mpi-isolation", "template": "default"}]
+PLANS = [{"kind": "Secret", "name": "job-mpi-ssh-auth", "keyType": "ed25519", "by": "admission"},
+         {"kind": "NetworkPolicy", "name": "job-mpi-isolation", "template": "default", "by": "reconciler"}]
 
 
 def call(injector: Injector, namespace: str) -> list[dict]:
     job = EffectiveJob(kind="TrainJob", name="job", namespace=namespace, labels={}, runtime={}, mpi={}, pod_sets=[],
                        pod_selector={"jobset.sigs.k8s.io/jobset-name": "job"})
     decision = SimpleNamespace(job=job, injections=PLANS, injection_settings=Injections(
-        sshKey=SshKeyInjection(), networkPolicy=NetworkPolicyInjection()))
+        sshKey=SshKeyInjection(type="ed25519"), networkPolicy=NetworkPolicyInjection()))
     return asyncio.run(injector(decision, "5b0c1c0e-3b1a-4c55-9a66-0d3f0e6f2a11"))
 
 

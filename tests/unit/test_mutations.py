@@ -8,6 +8,8 @@ import jsonpatch
 import pytest
 
 from trainjob_admission.policies.bundle.schema import NetworkPolicyInjection
+from tests.support import upstream
+from trainjob_admission.policies.decide import injections
 from trainjob_admission.policies.decide.injections import network_policy
 from trainjob_admission.policies.decide.mutations import ISTIO_INJECT, MANAGER
 from trainjob_admission.policies.job.effective_job import build as effective
@@ -164,8 +166,9 @@ def test_production_bundle_enables_security_defaults_and_cost_labels(build, prod
     assert templates["node"]["spec"]["securityContext"]["runAsNonRoot"] is True
     assert decision.mutated["metadata"]["labels"][QUEUE] == "production"
     assert decision.mutated["metadata"]["labels"][PRIORITY] == "high"
-    assert {"kind": "Secret", "name": "job-mpi-ssh-auth", "keyType": "rsa-4096"} in decision.injections
-    assert {"kind": "NetworkPolicy", "name": "job-mpi-isolation", "template": "restricted"} in decision.injections
+    assert {"kind": "Secret", "name": "job-mpi-ssh-auth", "keyType": "rsa-4096", "by": "admission"} in decision.injections
+    assert {"kind": "NetworkPolicy", "name": "job-mpi-isolation", "template": "restricted",
+            "by": "reconciler"} in decision.injections
 
 
 def test_cost_labels_from_namespace_labels(build, make_bundle, review):
@@ -211,7 +214,8 @@ def test_first_bundle_by_priority_wins_each_setting(build, make_bundle, review):
                             "injections": {"sshKey": {"type": "rsa-4096"}}}, "fallback")
     decision = review(build.trainjob(numNodes=2), [admin, fallback], build.state(build.runtime()))
     assert decision.mutated["metadata"]["labels"][QUEUE] == "admin-q"
-    assert {"kind": "Secret", "name": "job-mpi-ssh-auth", "keyType": "ecdsa-p384"} in decision.injections
+    assert {"kind": "Secret", "name": "job-mpi-ssh-auth", "keyType": "ecdsa-p384", "by": "admission"} \
+        in decision.injections
     assert ISTIO_INJECT in json.dumps(ours(decision.mutated))  # the admin bundle did not set istio
 
 
@@ -219,9 +223,9 @@ def test_first_bundle_by_priority_wins_each_setting(build, make_bundle, review):
 
 def test_injection_plan_for_allowed_trainjob(example_job, example_state, default, review):
     decision = review(example_job("allowed"), default, example_state)
-    assert decision.injections == [
-        {"kind": "Secret", "name": "resnet-allreduce-mpi-ssh-auth", "keyType": "ecdsa-p521"},
-        {"kind": "NetworkPolicy", "name": "resnet-allreduce-mpi-isolation", "template": "default"},
+    assert decision.injections == [  # Trainer makes its own kind of key; the job's NetworkPolicy once it is stored
+        {"kind": "Secret", "name": "resnet-allreduce-mpi-ssh-auth", "keyType": "ecdsa-p521", "by": "trainer"},
+        {"kind": "NetworkPolicy", "name": "resnet-allreduce-mpi-isolation", "template": "default", "by": "reconciler"},
     ]
 
 
@@ -250,8 +254,27 @@ def test_network_policy_default_and_restricted(example_job, example_state):
     assert rule["from"] == [{"podSelector": {"matchLabels": selector}}]
 
 
-@pytest.mark.parametrize("key_type", ["rsa-4096", "ecdsa-p384", "ecdsa-p521", "ed25519"])
-def test_ssh_key_type_is_carried_in_the_plan(build, make_bundle, review, key_type):
+@pytest.mark.parametrize("key_type,by", [("rsa-4096", "admission"), ("ecdsa-p384", "admission"),
+                                         ("ecdsa-p521", "trainer"), ("ed25519", "admission")])
+def test_ssh_key_type_is_carried_in_the_plan(build, make_bundle, review, key_type, by):
+    """The service makes the key where Trainer would make another kind (v2.3.0 mpi.go: P-521)."""
     bundle = make_bundle({"injections": {"sshKey": {"type": key_type}}})
     decision = review(build.trainjob(name="bert", numNodes=2), [bundle], build.state(build.runtime()))
-    assert decision.injections == [{"kind": "Secret", "name": "bert-mpi-ssh-auth", "keyType": key_type}]
+    assert decision.injections == [{"kind": "Secret", "name": "bert-mpi-ssh-auth", "keyType": key_type, "by": by}]
+
+
+def test_create_always_makes_the_service_create_trainers_kind_of_key_too(build, make_bundle, review):
+    bundle = make_bundle({"injections": {"sshKey": {"type": "ecdsa-p521", "createAlways": True}}})
+    decision = review(build.trainjob(name="bert", numNodes=2), [bundle], build.state(build.runtime()))
+    assert decision.injections == [{"kind": "Secret", "name": "bert-mpi-ssh-auth", "keyType": "ecdsa-p521",
+                                    "by": "admission"}]
+
+
+def test_trainers_key_type_is_the_one_its_mpi_plugin_generates():
+    """policies/decide/injections.py TRAINER_KEY_TYPE against Trainer's source in the module cache."""
+    try:
+        source = (upstream.module_dir("trainer") / "pkg/runtime/framework/plugins/mpi/mpi.go").read_text()
+    except upstream.UpstreamMissing as exc:
+        pytest.skip(str(exc))
+    assert "ecdsa.GenerateKey(elliptic.P521(), rand.Reader)" in source
+    assert injections.TRAINER_KEY_TYPE == "ecdsa-p521"

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Awaitable, Callable
 
 from trainjob_admission.policies.cel.environment import Abandoned, Budget
+from trainjob_admission.policies.decide import injections
 from trainjob_admission.policies.decide.decision import Decision, Result
 from trainjob_admission.policies.decide.engine import AdmissionInput, evaluate
 from trainjob_admission.policies.decide.stored import evaluate_stored
@@ -168,7 +169,8 @@ class Reviewer:
             return await self._mutated(parsed, decision_id, started, decision, caller)
         injected: list[dict] = []
         if decision.allowed and decision.injections and not parsed.request.dry_run and self.injections is not None:
-            if not self.injections.started(submission.admission_id, submission.owner) and not caller.authenticated \
+            if injections.made_at_admission(decision.injections) and not caller.authenticated \
+                    and not self.injections.started(submission.admission_id, submission.owner) \
                     and not self.creations.take(caller.address):
                 return await self._rate_limited(parsed, decision_id, endpoint, started, decision, caller)
             injected = submission.injected = await self._inject(parsed, decision, submission)
@@ -185,6 +187,8 @@ class Reviewer:
                           [i["fix"] for i in refused])
         self._count_rules(decision)
         await self._record(DecisionRecord.decided(decision_id, parsed, decision, injected), started)
+        if decision.allowed and decision.injections and not parsed.request.dry_run and self.injections is not None:
+            self.injections.admitted(decision, parsed.request.object)  # before the job can be stored
         return 200, protocol.from_decision(parsed.uid, decision, decision_id)
 
     async def _evaluate(self, parsed: protocol.ParsedReview, state: ClusterState, mutate: bool) -> Decision:
@@ -204,7 +208,8 @@ class Reviewer:
         allowed CREATE's injections start here, once its record is written, tagged with this
         decision's id (webhook/inject/early.py); whatever it answers, an id the submitter wrote goes."""
         request = parsed.request
-        starting = bool(decision.allowed and decision.injections and request.operation == "CREATE"
+        made = injections.made_at_admission(decision.injections)
+        starting = bool(decision.allowed and made and request.operation == "CREATE"
                         and not request.dry_run and self.injections is not None and self.injections.room()
                         # a generated name is given after the mutating webhooks: /validate injects then
                         and (request.object.get("metadata") or {}).get("name")
@@ -213,7 +218,7 @@ class Reviewer:
                         decision_id if starting else None) if request.operation == "CREATE" else []
         patch = decision.patch + tag if decision.allowed else tag
         begun = [{"kind": p["kind"], "name": p["name"], "namespace": decision.job.namespace, "status": "started"}
-                 for p in decision.injections] if starting else []
+                 for p in made] if starting else []
         await self._record(DecisionRecord.mutated(decision_id, parsed, decision, patch, begun), started)
         if starting:
             self.injections.start(replace(decision, patch=patch), decision_id, early.owner(request))
@@ -316,7 +321,7 @@ class Reviewer:
         if allow:  # a warning: short, the API server cuts warnings at 256 characters
             message = f"trainjob-admission failure mode allow: admitted without {what}"
         else:
-            message = (f"trainjob-admission could not create {what}; the job was not admitted (failure mode deny). "
+            message = (f"trainjob-admission could not prepare {what}; the job was not admitted (failure mode deny). "
                        f"Retry in a minute; if it keeps failing, tell your admin (decision id {decision_id}): the "
                        f"webhook needs create, get and delete on secrets and networkpolicies in this namespace and "
                        f"a reachable API server")

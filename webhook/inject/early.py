@@ -1,7 +1,8 @@
-"""Injections started on /mutate and finished on /validate, so that creating the job's Secret and
-NetworkPolicy overlaps the API server's own work between the two calls (the other mutating
-webhooks, the schema and CEL validation of the TrainJob, the other validating webhooks) instead of
-following all of it.
+"""Injections started on /mutate and finished on /validate, so that creating the job's Secret
+(when the service makes it: policies/decide/injections.py, ``by: admission``) overlaps the API
+server's own work between the two calls (the other mutating webhooks, the schema and CEL
+validation of the TrainJob, the other validating webhooks) instead of following all of it. The
+other plans need no write at admission: /validate looks them over (webhook/inject/injector.py).
 
 /mutate of an allowed CREATE (not a dry run) tags the job with an admission id, its own decision
 id, in the annotation ``trainjob-admission.io/admission-id``, starts the injector for that id and
@@ -48,6 +49,8 @@ class Injector(Protocol):
 
     async def gone(self, namespace: str, records: list[dict], admission_id: str) -> list[dict]: ...
 
+    def admitted(self, decision: Decision, uid: str, admission_id: str) -> None: ...
+
 
 # Whose submission a started entry is: (namespace, kind, name, username, user uid). Only a /validate
 # of the same job by the same user finishes or withdraws it; anyone else's id is not theirs to claim.
@@ -91,11 +94,12 @@ class EarlyInjections:
         return len(self._started) < self.limit
 
     def start(self, decision: Decision, admission_id: str, by: Owner) -> None:
-        """Start creating ``decision``'s objects for ``admission_id`` (the caller asked :meth:`room`
-        first; the requests that asked before this one started may pass the limit by a few)."""
-        task = asyncio.ensure_future(self.injector(decision, admission_id))
-        self._started[admission_id] = Started(task, list(decision.injections), decision.injection_settings, by,
-                                              time.monotonic())
+        """Start creating the objects ``decision`` makes at admission for ``admission_id`` (the
+        caller asked :meth:`room` first; the requests that asked before this one started may pass
+        the limit by a few)."""
+        made = injections.made_at_admission(decision.injections)
+        task = asyncio.ensure_future(self.injector(replace(decision, injections=made), admission_id))
+        self._started[admission_id] = Started(task, made, decision.injection_settings, by, time.monotonic())
 
     def started(self, admission_id: str, by: Owner) -> bool:
         """Whether this replica's /mutate started the injections of ``admission_id`` for ``by``."""
@@ -137,6 +141,11 @@ class EarlyInjections:
         task = asyncio.ensure_future(withdraw())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    def admitted(self, decision: Decision, obj: dict) -> None:
+        """``decision`` admits ``obj`` (its /validate's object): what is made once it is stored."""
+        meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+        self.injector.admitted(decision, str(meta.get("uid") or ""), admission_id(obj))
 
     def _claim(self, admission_id: str, by: Owner) -> Started | None:
         """The entry of ``admission_id``, taken out, when ``by`` is the one it was started for."""

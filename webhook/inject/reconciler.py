@@ -1,16 +1,20 @@
-"""Ties injected objects to their job once it exists, and removes those whose job never came.
+"""Ties injected Secrets to their job once it exists, removes those whose job never came, and
+tells the NetworkPolicies' maker (webhook/inject/isolation.py) of every job its watches see.
 
-The injector creates the Secret and NetworkPolicy during admission, before the job is stored,
-so they carry no ownerReference yet (see webhook/inject/injector.py). This loop adds one as soon as the
-job appears, so the garbage collector deletes them with the job. An object whose job is absent
-(a later webhook or the API server refused it) is deleted after a grace period. Only objects
+The injector creates an SSH key Secret during admission when the bundle's key type is not
+Trainer's own, before the job is stored, so it carries no ownerReference yet (see
+webhook/inject/injector.py). This loop adds one as soon as the job appears, so the garbage
+collector deletes it with the job. One whose job is absent (a later webhook or the API server
+refused it) is deleted after a grace period. The job's NetworkPolicy needs none of this: it is
+created once the job is stored, owned from the start; an unowned one of an earlier version is
+deleted after its grace period, or replaced once its job is seen. Only objects
 this service made are touched: our managed-by label (to list them), a name of our own patterns
 for the job they name, and a provenance HMAC that verifies (webhook/inject/provenance.py), never in
 kube-system, kube-public, kube-node-lease or the service's own namespace. Each patch and delete
 is conditional on the resourceVersion we looked at.
 
 Work follows events, so an idle cluster costs nothing however many jobs it holds: watches of the
-jobs (kind, namespace, name and uid kept) and of our own objects (label-selected; only those not
+jobs (kind, namespace, name and uid kept) and of our own Secrets (label-selected; only those not
 owned by their job yet are kept, as metadata: never a key; owned means by the job's uid, not a
 reference that merely names it) meet in memory, and the object or the job that
 arrives second triggers the adoption, once admissions pause (``lull``). A watch that lost events
@@ -35,9 +39,10 @@ from trainjob_admission.policies.decide import injections
 
 from ..kube.calls import Calls
 from ..kube.client import ApiError, KubeApi, summary
-from ..kube.resources import INJECTED, JOBS, Resource
+from ..kube.resources import INJECTED, JOBS, SECRETS, Resource
 from ..kube.watch import Watcher
-from .injector import age
+from .existing import age
+from .isolation import LULL_MAX_WAIT, LULL_QUIET, Isolation, Lull
 from .provenance import Provenance
 
 log = logging.getLogger("trainjob_admission.reconciler")
@@ -45,10 +50,6 @@ log = logging.getLogger("trainjob_admission.reconciler")
 SELECTOR = f"{injections.MANAGED_BY_LABEL}={injections.MANAGED_BY}"
 SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease"})
 JobKey = tuple[str, str, str]  # (kind, namespace, name) of a job
-# An adoption waits for admissions to pause this long (seconds), or at most ADOPTION_MAX_WAIT.
-ADOPTION_LULL, ADOPTION_MAX_WAIT = 0.1, 2.0
-# Returns once admissions pause (InFlight.lull), given the quiet time wanted and the longest wait.
-Lull = Callable[[float, float], Awaitable[None]]
 # What an unowned object is remembered by: the metadata that adoption and deletion need.
 _KEPT = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp", "ownerReferences", "annotations")
 
@@ -56,15 +57,16 @@ _KEPT = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp", "ow
 class Reconciler(Calls):
     def __init__(self, api: KubeApi, provenance: Provenance, *, grace_seconds: float = 300, interval: float = 900,
                  timeout: float = 5.0, namespace: str | None = None, own_namespace: str = "trainjob-admission",
-                 concurrency: int = 16, lull: Lull | None = None):
+                 concurrency: int = 16, lull: Lull | None = None, isolation: Isolation | None = None):
         """``namespace`` limits the loop to one namespace (default: all but the system namespaces
         and ``own_namespace``, the service's, which are never touched). ``interval``: seconds
         between safety sweeps; ``concurrency``: API calls at once (adoptions after a burst).
         ``lull``: the server's wait for a pause in admissions, which each adoption awaits first
         (an adoption is never urgent; in a burst its patch would slow the creations that the
-        burst's admissions wait for)."""
+        burst's admissions wait for). ``isolation``: told of every job this loop's watches see,
+        to give it its NetworkPolicy (webhook/inject/isolation.py)."""
         super().__init__(api, timeout)
-        self.lull = lull
+        self.lull, self.isolation = lull, isolation
         self.provenance = provenance
         self.grace_seconds, self.interval = grace_seconds, interval
         self.namespace = namespace
@@ -100,6 +102,10 @@ class Reconciler(Calls):
         try:
             job = await self.get_job(kind, meta["namespace"], job_name)
             if job is not None:
+                if resource.kind == "NetworkPolicy":
+                    # one of an earlier version, made before its job: webhook/inject/isolation.py
+                    # replaces it with one owned from its creation (no patch on NetworkPolicies)
+                    return "waiting"
                 # Even a job other than the one it was made for (uid annotation) mounts it by name:
                 # it lives and dies with the job that uses it.
                 await self._adopt(resource, obj, kind, job_name, job["metadata"]["uid"])
@@ -149,8 +155,10 @@ class Reconciler(Calls):
             loop.call_soon_threadsafe(events.put_nowait, change)
         watchers = [Watcher(self.api, JOBS[kind], _JobSink(self, kind, post), namespace=self.namespace)
                     for kind in JOBS]
-        watchers += [Watcher(self.api, resource, _ObjectSink(self, resource, post), namespace=self.namespace,
-                             label_selector=SELECTOR) for resource in INJECTED.values()]
+        # Our NetworkPolicies are made owned (webhook/inject/isolation.py): only Secrets wait for an
+        # owner. Unowned NetworkPolicies of an earlier version are settled by the sweep.
+        watchers.append(Watcher(self.api, SECRETS, _ObjectSink(self, SECRETS, post), namespace=self.namespace,
+                                label_selector=SELECTOR))
         for watcher in watchers:
             watcher.start()
         timers = [asyncio.create_task(self._every(self.interval, self._sweep, "reconcile sweep")),
@@ -169,10 +177,14 @@ class Reconciler(Calls):
 
     def jobs_listed(self, kind: str, jobs: dict[JobKey, str]) -> None:
         self._jobs = {key: uid for key, uid in self._jobs.items() if key[0] != kind} | jobs
+        if self.isolation is not None:
+            self.isolation.jobs_listed(kind, self.namespace, jobs)
         for key in [key for key in self._unowned if key in jobs]:
             self._adopt_all(key)
 
     def job_seen(self, key: JobKey, uid: str | None) -> None:
+        if self.isolation is not None:
+            self.isolation.job_seen(key, uid)
         if uid is None:
             self._jobs.pop(key, None)
             return
@@ -201,10 +213,10 @@ class Reconciler(Calls):
             self._adopt_all(key)
 
     def _adopt_all(self, key: JobKey) -> None:
-        """Adopt the job's unowned objects once admissions pause, ADOPTION_MAX_WAIT from now at the
+        """Adopt the job's unowned objects once admissions pause, LULL_MAX_WAIT from now at the
         latest: an adoption that waited that long for its turn among many goes at once, so a long
         burst delays adoptions without slowing them down."""
-        due = time.monotonic() + ADOPTION_MAX_WAIT
+        due = time.monotonic() + LULL_MAX_WAIT
         for kind, obj in self._unowned.get(key, {}).items():
             self._start(key, kind, obj, self._adopt_known(INJECTED[kind], obj, key), lull_until=due)
 
@@ -243,7 +255,7 @@ class Reconciler(Calls):
         async def bounded() -> None:
             try:
                 if lull_until is not None and self.lull is not None:
-                    await self.lull(ADOPTION_LULL, max(0.0, lull_until - time.monotonic()))
+                    await self.lull(LULL_QUIET, max(0.0, lull_until - time.monotonic()))
                 async with self._calls:
                     await work
             finally:

@@ -102,11 +102,18 @@ def _check_context(kubeconfig: str, context: str) -> None:
                               f"{', '.join(names) or 'none'} (kubectl config get-contexts)")
 
 
+# Accept headers that ask for metadata only (PartialObjectMetadata): a list or watch of Secrets
+# that never carries their data to us.
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io"
+METADATA_WATCH = "application/json;as=PartialObjectMetadata;v=v1;g=meta.k8s.io"
+
+
 def request(api: KubeApi, method: str, path: str, *, query: dict[str, str] | None = None,
-            body: Any = None, content_type: str | None = None, timeout: tuple[float, float] = REQUEST_TIMEOUT):
+            body: Any = None, content_type: str | None = None, timeout: tuple[float, float] = REQUEST_TIMEOUT,
+            accept: str = "application/json"):
     """One HTTP call through the client (auth, TLS, token refresh); the body is left unread.
     Connection failures and timeouts become :class:`ClusterUnreachable`."""
-    headers = {"Accept": "application/json"}
+    headers = {"Accept": accept}
     if body is not None:
         headers["Content-Type"] = content_type or "application/json"
     params = api.param_serialize(method, path, query_params=list((query or {}).items()), header_params=headers,
@@ -158,13 +165,15 @@ def api_failure(status: int, payload: dict, what: str, reason: str = "") -> Exce
 
 
 def list_all(api: KubeApi, resource: Resource, *, namespace: str | None = None, label_selector: str | None = None,
-             field_selector: str | None = None,
-             timeout: tuple[float, float] = REQUEST_TIMEOUT) -> tuple[list[dict], str]:
-    """Every object (paged), each with kind/apiVersion set, and the list's resourceVersion."""
+             field_selector: str | None = None, timeout: tuple[float, float] = REQUEST_TIMEOUT,
+             metadata_only: bool = False) -> tuple[list[dict], str]:
+    """Every object (paged), each with kind/apiVersion set, and the list's resourceVersion;
+    ``metadata_only``: each object's metadata alone (its kind set to ``resource``'s)."""
     items: list[dict] = []
     query: dict[str, str] = {"limit": str(LIST_PAGE), **selectors(label_selector, field_selector)}
+    accept = METADATA_LIST if metadata_only else "application/json"
     while True:
-        page = call_json(api, "GET", resource.path(namespace), query=query, timeout=timeout)
+        page = call_json(api, "GET", resource.path(namespace), query=query, timeout=timeout, accept=accept)
         items += [clean(resource, item) for item in page.get("items") or []]
         meta = page.get("metadata") or {}
         if not meta.get("continue"):
@@ -179,8 +188,10 @@ def selectors(label_selector: str | None, field_selector: str | None) -> dict[st
 
 
 def clean(resource: Resource, obj: dict) -> dict:
-    """List items carry no kind; managedFields are large and never read."""
-    obj.setdefault("kind", resource.kind)
+    """List items carry no kind (metadata-only ones say PartialObjectMetadata); managedFields are
+    large and never read."""
+    if obj.get("kind") in (None, "PartialObjectMetadata"):
+        obj["kind"], obj["apiVersion"] = resource.kind, resource.api_version
     obj.setdefault("apiVersion", resource.api_version)
     (obj.get("metadata") or {}).pop("managedFields", None)
     return obj

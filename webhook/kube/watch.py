@@ -19,7 +19,7 @@ from typing import Iterator, Protocol
 import urllib3
 
 from .client import (
-    CONNECT_TIMEOUT, ApiError, Expired, KubeApi, api_failure, clean, list_all, request, selectors,
+    CONNECT_TIMEOUT, METADATA_WATCH, ApiError, Expired, KubeApi, api_failure, clean, list_all, request, selectors,
 )
 from .resources import Resource
 
@@ -57,10 +57,11 @@ class Watcher:
     after 410 Gone."""
 
     def __init__(self, api: KubeApi, resource: Resource, sink: Sink, *, label_selector: str | None = None,
-                 field_selector: str | None = None, namespace: str | None = None):
+                 field_selector: str | None = None, namespace: str | None = None, metadata_only: bool = False):
         self.api, self.resource, self.sink, self.label_selector = api, resource, sink, label_selector
         self.field_selector = field_selector  # objects that stop matching arrive as DELETED
         self.namespace = namespace
+        self.metadata_only = metadata_only  # objects arrive as their metadata alone (no Secret data)
         self.resource_version: str | None = None
         self.synced = threading.Event()  # set after the first complete list
         self.relists = self.errors = 0
@@ -133,7 +134,7 @@ class Watcher:
 
     def _relist(self) -> None:
         items, version = list_all(self.api, self.resource, namespace=self.namespace, label_selector=self.label_selector,
-                                  field_selector=self.field_selector)
+                                  field_selector=self.field_selector, metadata_only=self.metadata_only)
         self.sink.replace(items)
         self.resource_version = version
         self.relists += 1
@@ -145,7 +146,8 @@ class Watcher:
         query = {"watch": "true", "resourceVersion": self.resource_version or "", "allowWatchBookmarks": "true",
                  "timeoutSeconds": str(seconds), **selectors(self.label_selector, self.field_selector)}
         response = request(self.api, "GET", self.resource.path(self.namespace), query=query,
-                           timeout=(CONNECT_TIMEOUT, seconds + 15))
+                           timeout=(CONNECT_TIMEOUT, seconds + 15),
+                           accept=METADATA_WATCH if self.metadata_only else "application/json")
         raw = response.response
         if response.status != 200:
             raise api_failure(response.status, json.loads(response.read() or b"{}"), f"watch {self.resource.plural}",
