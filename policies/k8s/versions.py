@@ -168,8 +168,8 @@ class Versions:
             out.append(f"Kubernetes {self.kubernetes_text} is outside the tested {_show(KUBERNETES_TESTED[0])}-"
                        f"{_show(KUBERNETES_TESTED[1])}: judged with the gates of that version, untested")
         if self.trainer is not None and self.trainer > TRAINER_TESTED[1]:
-            out.append(f"Trainer {self.trainer_text} is newer than the tested v{TRAINER_TESTED[1][0]}.{TRAINER_TESTED[1][1]}: "
-                       f"judged as Trainer v{TRAINER_TESTED[1][0]}.{TRAINER_TESTED[1][1]}")
+            newest = f"v{TRAINER_TESTED[1][0]}.{TRAINER_TESTED[1][1]}"
+            out.append(f"Trainer {self.trainer_text} is newer than the tested {newest}: judged as Trainer {newest}")
         return out
 
     def unsupported(self) -> str | None:

@@ -539,11 +539,9 @@ def test_fifty_concurrent_submissions_all_decided_and_logged(e2e):
                 if outcome == "allowed"}
 
     def unowned() -> list[str]:
-        policies = {p["metadata"]["name"]: p for p in json.loads(kc(
-            "get", "networkpolicy", "-n", ns, "-o", "json").stdout)["items"]}
-        return [name for name, uid in admitted.items()
-                if [r["uid"] for r in (policies.get(f"{name}-mpi-isolation") or {"metadata": {}})["metadata"].get(
-                    "ownerReferences") or []] != [uid]]
+        owners = {p["metadata"]["name"]: [r["uid"] for r in p["metadata"].get("ownerReferences") or []]
+                  for p in json.loads(kc("get", "networkpolicy", "-n", ns, "-o", "json").stdout)["items"]}
+        return [name for name, uid in admitted.items() if owners.get(f"{name}-mpi-isolation") != [uid]]
     wait("every admitted job's NetworkPolicy, owned by its job", lambda: not unowned(), timeout=60)
     p = subprocess.run([str(CLI), "decisions", "verify", "--log", str(e2e.svc.decision_log)],
                        capture_output=True, text=True, timeout=60)

@@ -303,7 +303,9 @@ def test_an_owner_reference_that_only_names_the_job_is_replaced_by_the_jobs(webh
         {"op": "replace", "path": "/metadata/ownerReferences", "value": [impostor]}]))
     def owned_by_the_job() -> bool:
         found = kubectl("get", "networkpolicy", name, "-n", ns, "-o", "json", check=False)
-        refs = json.loads(found.stdout)["metadata"].get("ownerReferences") or [] if found.returncode == 0 else []
+        if found.returncode != 0:  # deleted, not made again yet
+            return False
+        refs = json.loads(found.stdout)["metadata"].get("ownerReferences") or []
         return [r["uid"] for r in refs] == [uid] and refs[0]["controller"]
     wait_for("the job's policy made again in place of the look-alike's", owned_by_the_job, 30)
     kubectl("delete", "trainjob", "lookalike", "-n", ns, "--wait=true", "--timeout=60s", timeout=90)

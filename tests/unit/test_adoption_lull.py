@@ -25,6 +25,19 @@ def elapsed(coroutine) -> float:
     return asyncio.run(timed())
 
 
+class Gate:
+    """A stand-in for InFlight.lull that records what it was asked for and returns once opened
+    (admissions pausing)."""
+
+    def __init__(self):
+        self.wanted: list[tuple[float, float]] = []
+        self.opened = asyncio.Event()
+
+    async def lull(self, quiet: float, limit: float) -> None:
+        self.wanted.append((quiet, limit))
+        await self.opened.wait()
+
+
 def test_an_idle_server_has_its_lull_at_once():
     in_flight = InFlight()
     in_flight.active_at -= 1.0  # the last request went a second ago
@@ -56,17 +69,11 @@ def test_a_steady_stream_of_requests_delays_the_work_at_most_the_limit():
 
 
 def test_the_reconciler_adopts_only_after_the_lull():
-    lull_wanted: list[tuple[float, float]] = []
+    gate = Gate()
     patched: list[tuple[str, str, str]] = []
 
     async def scenario() -> None:
-        pause = asyncio.Event()
-
-        async def lull(quiet: float, limit: float) -> None:
-            lull_wanted.append((quiet, limit))
-            await pause.wait()
-
-        reconciler = Reconciler(None, Provenance([b"k" * 32]), lull=lull)
+        reconciler = Reconciler(None, Provenance([b"k" * 32]), lull=gate.lull)
 
         async def adopt(resource, obj, kind, name, uid) -> None:  # the patch, without an API server
             patched.append((resource.kind, name, uid))
@@ -75,14 +82,14 @@ def test_the_reconciler_adopts_only_after_the_lull():
         reconciler.object_seen(SECRETS.kind, JOB, UNOWNED)
         await asyncio.sleep(0.1)
         assert patched == [], "no patch while admissions are under way"
-        pause.set()
+        gate.opened.set()
         for _ in range(100):
             if patched:
                 break
             await asyncio.sleep(0.01)
 
     asyncio.run(scenario())
-    [(quiet, limit)] = lull_wanted
+    [(quiet, limit)] = gate.wanted
     assert quiet == LULL_QUIET and LULL_MAX_WAIT - 0.5 < limit <= LULL_MAX_WAIT
     assert patched == [("Secret", "resnet", "uid-1")]
 
@@ -90,18 +97,12 @@ def test_the_reconciler_adopts_only_after_the_lull():
 def test_a_jobs_network_policy_is_created_only_after_the_lull():
     """The job's pods are isolated until its policy exists: the policy's creation waits for the
     admissions to pause, never longer than LULL_MAX_WAIT."""
-    lull_wanted: list[tuple[float, float]] = []
+    gate = Gate()
     made: list[tuple[str, str, str]] = []
 
     async def scenario() -> None:
-        pause = asyncio.Event()
-
-        async def lull(quiet: float, limit: float) -> None:
-            lull_wanted.append((quiet, limit))
-            await pause.wait()
-
         isolation = Isolation(None, Provenance([b"k" * 32]), ExistingObjects(None), planner=lambda job: ([], None, None),
-                              wanted=lambda: None, lull=lull)
+                              wanted=lambda: None, lull=gate.lull)
 
         async def make(key) -> None:  # the creation, without an API server
             made.append(key)
@@ -109,11 +110,11 @@ def test_a_jobs_network_policy_is_created_only_after_the_lull():
         isolation._start(JOB)
         await asyncio.sleep(0.1)
         assert made == [], "no creation while admissions are under way"
-        pause.set()
+        gate.opened.set()
         await asyncio.gather(*isolation._running)
 
     asyncio.run(scenario())
-    assert lull_wanted == [(LULL_QUIET, LULL_MAX_WAIT)] and made == [JOB]
+    assert gate.wanted == [(LULL_QUIET, LULL_MAX_WAIT)] and made == [JOB]
 
 
 def test_an_adoption_that_waited_its_turn_past_the_limit_waits_no_more():
@@ -140,12 +141,8 @@ def test_an_object_owned_or_replaced_while_waiting_is_not_patched():
     patched: list[str] = []
 
     async def scenario() -> None:
-        pause = asyncio.Event()
-
-        async def lull(quiet: float, limit: float) -> None:
-            await pause.wait()
-
-        reconciler = Reconciler(None, Provenance([b"k" * 32]), lull=lull)
+        gate = Gate()
+        reconciler = Reconciler(None, Provenance([b"k" * 32]), lull=gate.lull)
 
         async def adopt(resource, obj, kind, name, uid) -> None:
             patched.append(obj["metadata"]["resourceVersion"])
@@ -154,7 +151,7 @@ def test_an_object_owned_or_replaced_while_waiting_is_not_patched():
         reconciler.object_seen(SECRETS.kind, JOB, UNOWNED)
         await asyncio.sleep(0.05)
         reconciler.object_seen(SECRETS.kind, JOB, None)  # owned now: the watch shows the other replica's patch
-        pause.set()
+        gate.opened.set()
         await asyncio.gather(*reconciler._running)
     asyncio.run(scenario())
     assert patched == []

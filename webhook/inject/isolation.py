@@ -10,8 +10,8 @@ Two kinds of NetworkPolicy (policies/decide/injections.py renders both):
   on the admission path, once per namespace (:meth:`Isolation.ensure_isolated`).
 - the job's own (``<job>-mpi-isolation``): what the bundle's template lets in (the job's own
   pods; with ``restricted``, on the sshd and MPI ports only). Created once the job is stored and
-  admissions pause (LULL_QUIET, at most LULL_MAX_WAIT), with its ownerReference from the start, so the garbage collector deletes it with the job and no
-  patch follows. The replica whose /validate admitted the job remembers the policy it planned
+  admissions pause (LULL_QUIET, at most LULL_MAX_WAIT), with its ownerReference from the start, so
+  the garbage collector deletes it with the job and no patch follows. The replica whose /validate admitted the job remembers the policy it planned
   (:meth:`Isolation.expect`) and creates it when its job watch shows the job; another replica,
   or this one after a restart, plans it again from the stored job after FALLBACK_DELAY
   (``planner``), which also recreates one deleted while its job lives.
@@ -35,7 +35,7 @@ from trainjob_admission.policies.job.effective_job import EffectiveJob
 
 from ..kube.calls import Calls
 from ..kube.client import KubeApi, summary
-from ..kube.resources import JOBS, NETWORK_POLICIES
+from ..kube.resources import JOBS, NETWORK_POLICIES, names_a_job
 from .early import admission_id
 from .existing import ExistingObjects
 from .provenance import Provenance
@@ -288,8 +288,10 @@ class Isolation(Calls):
             return
         if event == "LISTED" or obj["metadata"]["name"] in _KIND_OF:
             self._loop.call_soon_threadsafe(self._namespace_policy_changed)
-        elif (owner := _owner_key(obj)) is not None:
-            self._loop.call_soon_threadsafe(self._deleted if event == "DELETED" else self._changed, owner, obj)
+        elif (owner := _owner_key(obj)) is not None and event == "DELETED":
+            self._loop.call_soon_threadsafe(self._deleted, owner)
+        elif owner is not None:
+            self._loop.call_soon_threadsafe(self._changed, owner, obj)
 
     def _namespace_policy_changed(self) -> None:
         """A namespace's own policy came, changed or went: its jobs settled as not isolated are
@@ -305,7 +307,7 @@ class Isolation(Calls):
     def _isolated(self, namespace: str, kind: str) -> bool:
         return self.objects.get("NetworkPolicy", namespace, injections.ISOLATION_POLICIES[kind][0]) is not None
 
-    def _deleted(self, key: JobKey, _obj: dict) -> None:
+    def _deleted(self, key: JobKey) -> None:
         """A job's policy went: made again while its job lives (a deleted job's goes with it)."""
         if key in self._jobs:
             self._settled.pop(key, None)
@@ -337,14 +339,8 @@ class Isolation(Calls):
 
 
 def _owner_uid(obj: dict) -> str:
-    """The uid of the job that owns ``obj`` ('' when none does). A reference of a job's kind in
-    another API group names a look-alike, which owns nothing: the garbage collector cannot resolve it."""
-    return next((r.get("uid", "") for r in obj["metadata"].get("ownerReferences") or []
-                 if r.get("kind") in JOBS and _group(r.get("apiVersion", "")) == _group(JOBS[r["kind"]].api_version)), "")
-
-
-def _group(api_version: str) -> str:
-    return api_version.rpartition("/")[0]
+    """The uid of the job that owns ``obj`` ('' when none does: a look-alike's reference owns nothing)."""
+    return next((r.get("uid", "") for r in obj["metadata"].get("ownerReferences") or [] if names_a_job(r)), "")
 
 
 def _owner_key(obj: dict) -> JobKey | None:

@@ -39,7 +39,7 @@ from trainjob_admission.policies.decide import injections
 
 from ..kube.calls import Calls
 from ..kube.client import ApiError, KubeApi, summary
-from ..kube.resources import INJECTED, JOBS, SECRETS, Resource
+from ..kube.resources import INJECTED, JOBS, SECRETS, Resource, names_a_job
 from ..kube.watch import Watcher
 from .existing import age
 from .isolation import LULL_MAX_WAIT, LULL_QUIET, Isolation, Lull
@@ -338,9 +338,8 @@ def _job_of(obj: dict) -> tuple[str, str]:
 def _owned(obj: dict, kind: str, job_name: str, uid: str | None) -> bool:
     """Whether ``obj`` is owned by its job: by ``uid`` when the job is known (a reference that only
     names it is not it); else, by the job's API group, kind and name."""
-    group = JOBS[kind].api_version.partition("/")[0] if kind in JOBS else ""
     return any(r.get("uid") == uid if uid is not None else
-               (r.get("kind") == kind and r.get("name") == job_name and str(r.get("apiVersion")).startswith(group + "/"))
+               (r.get("kind") == kind and r.get("name") == job_name and names_a_job(r))
                for r in obj["metadata"].get("ownerReferences") or [])
 
 

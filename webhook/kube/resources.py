@@ -77,3 +77,11 @@ POLICY_REPORTS = Resource("PolicyReport", "wgpolicyk8s.io/v1alpha2", "policyrepo
 JOB_RESOURCES = {"TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),
                  "MPIJob": ("kubeflow.org", "v2beta1", "mpijobs")}
 JOBS = {kind: Resource(kind, f"{group}/{version}", plural) for kind, (group, version, plural) in JOB_RESOURCES.items()}
+
+
+def names_a_job(ref: dict) -> bool:
+    """Whether an ownerReference names one of our jobs: a job's kind in that kind's API group (any
+    version). One of a job's kind in another group names a look-alike, which the garbage collector
+    cannot resolve, so it owns nothing."""
+    kind = ref.get("kind")
+    return kind in JOB_RESOURCES and str(ref.get("apiVersion", "")).rpartition("/")[0] == JOB_RESOURCES[kind][0]
