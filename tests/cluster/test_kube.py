@@ -515,15 +515,16 @@ def test_serve_reconcile_namespace_leaves_other_namespaces_alone(kubectl, namesp
     provenance = Provenance.from_serving_key(cert[1])  # the service's key: both objects are genuinely its own
     try:
         for ns in (namespace, other):
-            apply(kubectl, {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
-                            "metadata": {"name": "held", "namespace": ns},
-                            "spec": {"suspend": True, "runtimeRef": {"name": "deepspeed-distributed"}}},
-                  provenance.stamp("Secret", {
-                      "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/ssh-auth",
-                      "metadata": {"name": "held-mpi-ssh-auth", "namespace": ns,
-                                   "labels": {"app.kubernetes.io/managed-by": "trainjob-admission"},
-                                   "annotations": {"trainjob-admission.io/job": "TrainJob/held"}},
-                      "data": {"ssh-privatekey": base64.b64encode(b"not a key: only its owner is looked at").decode()}}))
+            # the Secret before its job: Trainer's MPI plugin makes its own only where none exists yet
+            apply(kubectl, provenance.stamp("Secret", {
+                "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/ssh-auth",
+                "metadata": {"name": "held-mpi-ssh-auth", "namespace": ns,
+                             "labels": {"app.kubernetes.io/managed-by": "trainjob-admission"},
+                             "annotations": {"trainjob-admission.io/job": "TrainJob/held"}},
+                "data": {"ssh-privatekey": base64.b64encode(b"not a key: only its owner is looked at").decode()}}),
+                  {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                   "metadata": {"name": "held", "namespace": ns},
+                   "spec": {"suspend": True, "runtimeRef": {"name": "deepspeed-distributed"}}})
         svc = start_service(tmp_path, admin_kubeconfig, cert, namespaces=[namespace],
                             args=("--bundle", "builtin:default"))
         try:
@@ -531,6 +532,7 @@ def test_serve_reconcile_namespace_leaves_other_namespaces_alone(kubectl, namesp
                 obj = json.loads(kubectl("get", "secret", "held-mpi-ssh-auth", "-n", ns, "-o", "json").stdout)
                 return [ref["name"] for ref in obj["metadata"].get("ownerReferences", [])]
 
+            assert owners(other) == [], "owned before the service started: not the orphan this test is about"
             wait_until("the object in the service's namespace adopted", lambda: owners(namespace) == ["held"], timeout=30)
             time.sleep(1.0)  # the first sweep covers every namespace it may touch at once
             assert owners(other) == [], "adopted outside --reconcile-namespace"
