@@ -138,11 +138,20 @@ class Isolation(Calls):
         """A job stored, changed (``uid``) or deleted (None). Called for every event of every job,
         so a job whose policy is settled costs a dict lookup."""
         if uid is None:
-            for table in (self._jobs, self._settled, self._due, self._attempts, self._expected):
+            gone = self._jobs.pop(key, None)
+            for table in (self._settled, self._due, self._attempts):
                 table.pop(key, None)
+            # A plan for the job that went goes with it; one for a job of that name admitted since
+            # (its deletion's event can come after the new job's admission) stays.
+            if gone is not None and (self._expected.get(key) or ("",))[0] == gone:
+                del self._expected[key]
             return
-        self._jobs[key] = uid
-        if self._settled.get(key) == uid or key in self._due or key in self._busy:
+        previous, self._jobs[key] = self._jobs.get(key), uid
+        if self._settled.get(key) == uid or key in self._due:
+            return
+        if key in self._busy:  # the look under way may be for the job this one replaced: another follows
+            if previous != uid:
+                self._schedule(key, 1.0)
             return
         existing = self.objects.get("NetworkPolicy", key[1], key[2] + injections.NETWORK_POLICY_SUFFIX)
         if existing is not None and _owner_uid(existing) == uid:
@@ -258,7 +267,8 @@ class Isolation(Calls):
             return
         self._settled[key] = uid
         self._attempts.pop(key, None)
-        self._expected.pop(key, None)
+        if (self._expected.get(key) or ("",))[0] == uid:  # not the plan of a job of this name admitted since
+            del self._expected[key]
         log.info("created NetworkPolicy %s/%s for %s %s (uid %s)", namespace, policy_name, kind, name, uid)
 
     def _planned(self, key: JobKey, uid: str) -> dict | None:
@@ -297,11 +307,12 @@ class Isolation(Calls):
         """A namespace's own policy came, changed or went: its jobs settled as not isolated are
         looked at again (a job admitted while it was missing may need a policy of its own)."""
         self._namespaces_changed = True
-        for key, uid in list(self._settled.items()):
+        for key in list(self._settled):
             if self._isolated(key[1], key[0]) and self.objects.get(
                     "NetworkPolicy", key[1], key[2] + injections.NETWORK_POLICY_SUFFIX) is None:
                 del self._settled[key]
-                self.job_seen(key, uid)
+                if (uid := self._jobs.get(key)) is not None:  # the job as the watch shows it now
+                    self.job_seen(key, uid)
         self._poke()
 
     def _isolated(self, namespace: str, kind: str) -> bool:
