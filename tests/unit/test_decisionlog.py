@@ -103,6 +103,29 @@ def test_append_chains_digests_and_mirrors_stdout(path: Path) -> None:
     assert os.stat(path).st_mode & 0o777 == 0o600
 
 
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8) | st.just("digest"), inner,
+                                                                  max_size=4),
+    max_leaves=20)
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(st.text(max_size=10) | st.sampled_from(["digest", "bundles", "zz", ""]), JSON_VALUES,
+                       max_size=8))
+def test_each_line_is_the_canonical_record_and_its_digest_the_hash_without_it(fields: dict) -> None:
+    """The line is made in one serialisation (a stand-in digest replaced): whatever the record
+    holds (nested `digest` keys, any text), it must be byte for byte the canonical JSON of what
+    append returns, and the digest the sha256 of that JSON without the record's own `digest`."""
+    out = io.StringIO()
+    written = DecisionLog(None, stdout=out).append(fields)
+    body = {k: v for k, v in written.items() if k != "digest"}
+    canonical = json.dumps(written, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    assert out.getvalue() == canonical + "\n"
+    assert written["digest"] == "sha256:" + hashlib.sha256(
+        json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
 def test_append_adds_time_and_ignores_a_supplied_chain(path: Path) -> None:
     with DecisionLog(path, stdout=None) as log:
         record = log.append({"decision": "allow", "seq": 99, "prev": "x", "digest": "y"})

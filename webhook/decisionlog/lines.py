@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import re
+import secrets
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -61,6 +62,21 @@ def digest_of(record: dict) -> str:
     return "sha256:" + hashlib.sha256(canonical(body).encode("utf-8")).hexdigest()
 
 
+# Stands in for a record's digest while its line is serialised (:func:`signed_line`); random per
+# process, so no value in a record can be mistaken for it.
+_UNSIGNED = "sha256:" + secrets.token_hex(32)
+
+
+def signed_line(entry: dict) -> tuple[str, str]:
+    """``entry``'s digest (:func:`digest_of`) and its canonical line carrying it, from one
+    serialisation: the line is made with a stand-in digest, whose member taken out leaves the bytes
+    :func:`digest_of` hashes (:func:`line_digest`), and the stand-in is then replaced."""
+    text = canonical({**entry, "digest": _UNSIGNED})
+    digest = line_digest(text.encode("utf-8"), _UNSIGNED)
+    assert digest is not None  # the member is there: it was just put in
+    return digest, text.replace(f'"digest":"{_UNSIGNED}"', f'"digest":"{digest}"', 1)
+
+
 def line_digest(raw: bytes, digest: str) -> str | None:
     """sha256 of ``raw`` without its ``"digest":"<digest>"`` member, None when the line has no such
     member. For a line exactly as the writer wrote it (canonical, keys sorted) these are the bytes
@@ -95,7 +111,7 @@ def redact(value: Any) -> Any:
     hostile name is still recorded rather than failing the append.
     """
     if isinstance(value, dict):
-        return {_text(k) if isinstance(k, str) else k: REDACTED if _is_secret_key(str(k)) else redact(v)
+        return {_text(k) if isinstance(k, str) else json.dumps(k): REDACTED if _is_secret_key(str(k)) else redact(v)
                 for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [redact(v) for v in value]

@@ -8,7 +8,6 @@ not a signature, so ship the log off the node (stdout -> cluster logging) for a 
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import TextIO
 
 from .. import ServiceError
-from .lines import GENESIS, MAX_LINE_BYTES, Line, Overlong, canonical, digest_of, format_time, parse_record, redact, split_lines
+from .lines import GENESIS, MAX_LINE_BYTES, Line, Overlong, format_time, parse_record, redact, signed_line, split_lines
 
 _ROTATED_SUFFIX = re.compile(r"[0-9]+")
 
@@ -156,6 +155,12 @@ class DecisionLog:
         self._resumed = {"fileSeq": last["seq"] if last else None, "checkpointSeq": checkpoint.seq}
         self._seq, self._prev = checkpoint.seq + 1, checkpoint.digest
 
+    @property
+    def syncs_each_record(self) -> bool:
+        """Whether :meth:`append` waits for its record's fsync (the strict mode), which a caller on
+        an event loop must not wait for there."""
+        return self._fd is not None and not self._fsync_interval
+
     def head(self) -> Head | None:
         """The newest record (or the checkpoint resumed from), None before the first."""
         with self._lock:
@@ -169,7 +174,7 @@ class DecisionLog:
 
         Raises :class:`DecisionLogError` when the file cannot take it (nothing is written, no seq
         used); with ``required=False`` the record goes to stdout anyway and the file misses it."""
-        entry = json.loads(canonical(redact(record)))  # outside the lock: it does not touch the chain
+        entry = redact(record)  # outside the lock: it does not touch the chain
         with self._lock:
             entry.setdefault("time", format_time(datetime.now(timezone.utc)))
             entry["seq"], entry["prev"] = self._seq, self._prev
@@ -211,8 +216,8 @@ class DecisionLog:
         entry.pop("recovered", None)
         if gap is not None:
             entry["recovered"] = dict(gap)
-        entry["digest"] = digest_of(entry)
-        return canonical(entry) + "\n"
+        entry["digest"], line = signed_line(entry)
+        return line + "\n"
 
     def _failed(self, exc: OSError) -> None:
         """A write failed: remember why (readiness), count it, and log the first of a run."""
