@@ -122,10 +122,30 @@ def isolated_kinds(bundles: list[Bundle], name: str, namespace: dict) -> list[st
     (policies/decide/injections.py, isolation_policy): those for which an enforcing bundle that may
     apply there asks for a NetworkPolicy per job. A bundle whose runtimes or matchConditions leave
     some jobs out still counts: isolating a pod too many fails closed, one too few would not."""
-    return [kind for kind in injections.ISOLATION_POLICIES if any(
-        b.spec.mode == "enforce" and "CREATE" in b.spec.match.operations and b.spec.injections.networkPolicy
-        and b.spec.injections.networkPolicy.template != "none" and matches_namespace(b, kind, name, namespace)
-        for b in bundles)]
+    return [kind for kind in injections.ISOLATION_POLICIES if any(_isolating(b, kind, name, namespace) for b in bundles)]
+
+
+def _isolating(bundle: Bundle, kind: str, name: str, namespace: dict) -> bool:
+    """Whether ``bundle`` makes the namespace's own NetworkPolicy isolate its ``kind`` pods (isolated_kinds)."""
+    return (bundle.spec.mode == "enforce" and "CREATE" in bundle.spec.match.operations
+            and bundle.spec.injections.networkPolicy is not None
+            and bundle.spec.injections.networkPolicy.template != "none" and matches_namespace(bundle, kind, name, namespace))
+
+
+def unreachable_pods(job: EffectiveJob, planned: list[dict], bundles: list[Bundle], namespace: dict) -> list[str]:
+    """The warning for a job of several pods that no bundle gives a NetworkPolicy of its own where
+    one isolates every pod of its kind (a bundle limited to some runtimes or matchConditions that
+    leave this job out): the namespace's policy keeps its pods from reaching each other."""
+    pods = sum(ps.count for ps in job.with_pods)
+    if pods < 2 or any(p["kind"] == "NetworkPolicy" for p in planned):
+        return []
+    isolating = [b.name for b in bundles if _isolating(b, job.kind, job.namespace, namespace)]
+    if not isolating:
+        return []
+    return [f"the {pods} pods of this {job.kind} will not reach each other: in namespace {job.namespace} "
+            f"NetworkPolicy {injections.ISOLATION_POLICIES[job.kind][0]} isolates every {job.kind} pod (bundle "
+            f"{', '.join(isolating)}) and no bundle gives this job a NetworkPolicy of its own (it matches none that "
+            f"isolates); ask your admin to make {isolating[0]} match this job too, or to isolate whole namespaces only"]
 
 
 class _Activation:
@@ -648,6 +668,8 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
     if job is not None and request.operation == "CREATE" and enforcing:
         injection_settings = merged(Injections, [b.spec.injections for b in enforcing])
         planned = injections.plan(job, injection_settings, mutated)
+    if job is not None and request.operation == "CREATE":
+        warnings += unreachable_pods(job, planned, bundles, namespace)
 
     facts: dict = {}
     audit_annotations: dict[str, str] = {}

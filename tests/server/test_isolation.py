@@ -112,7 +112,7 @@ def test_a_look_alike_owner_is_replaced_by_the_jobs(injecting_server, memory_api
     assert not [r for r in memory_api.requests if r.startswith("PATCH")], memory_api.requests
 
 
-def test_an_earlier_jobs_policy_is_waited_out_and_a_strangers_left_alone(injecting_server, memory_api):
+def test_an_earlier_jobs_policy_is_waited_out_and_a_strangers_left_alone(injecting_server, memory_api, caplog):
     """A policy of the name owned by an earlier job of that name is the garbage collector's to
     delete: the new job's comes after it. One that is not ours (made after admission looked) is
     left as it is."""
@@ -138,9 +138,13 @@ def test_an_earlier_jobs_policy_is_waited_out_and_a_strangers_left_alone(injecti
                "spec": {"podSelector": {}, "ingress": [{}], "policyTypes": ["Ingress"]}}
     memory_api.put("networkpolicies", copy.deepcopy(planted))
     time.sleep(0.3)
-    memory_api.put("trainjobs", copy.deepcopy(stranger))
-    time.sleep(1.0)
+    with caplog.at_level("WARNING", logger="trainjob_admission.isolation"):
+        memory_api.put("trainjobs", copy.deepcopy(stranger))
+        time.sleep(1.0)
     assert policy(memory_api, "stranger-mpi-isolation")["spec"] == planted["spec"]
+    assert [r.getMessage() for r in caplog.records if "stranger-mpi-isolation" in r.getMessage()] == [
+        f"NetworkPolicy {NS}/stranger-mpi-isolation was not made by the service for TrainJob stranger (uid "
+        f"{stranger['metadata']['uid']}): left as it is, so the job's pods are reachable as it allows"]
 
 
 def test_the_namespaces_own_policy_is_kept_where_bundles_want_it(injecting_server, memory_api):

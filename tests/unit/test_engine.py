@@ -1,6 +1,7 @@
 """policies.decide.engine.evaluate end to end: the example jobs, CEL rules, audit mode, matching, cases."""
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -413,6 +414,31 @@ def test_namespaces_isolated_are_those_an_enforcing_bundle_injects_network_polic
     # a bundle for some runtimes only isolates every job's pods there: one too many fails closed
     some = make_bundle({"match": {"runtimes": ["mpi-openmpi"]}, "injections": {"networkPolicy": {}}})
     assert isolated_kinds([some], "team-a", team) == ["TrainJob", "MPIJob"]
+
+
+def test_a_job_no_isolating_bundle_matches_is_warned_that_its_pods_will_not_reach_each_other(
+        make_bundle, example_job, example_state, review):
+    """A bundle for one runtime isolates every TrainJob pod of the namespace (isolated_kinds), so a
+    job on another runtime, which no bundle gives a NetworkPolicy of its own, would start with pods
+    that cannot reach each other: its submitter is told, with the bundle and the fix."""
+    job = example_job("allowed")  # 4 pods on mpi-openmpi
+    other = make_bundle({"match": {"runtimes": ["torch-distributed"]}, "injections": {"networkPolicy": {}}},
+                        name="torch-isolation")
+    decision = review(job, [other], example_state)
+    assert decision.allowed
+    [warning] = [w for w in decision.warnings if "reach each other" in w]
+    assert warning.startswith("the 4 pods of this TrainJob will not reach each other: in namespace team-a "
+                              "NetworkPolicy trainjob-admission-trainjob-isolation isolates every TrainJob pod "
+                              "(bundle torch-isolation)")
+    assert warning.endswith("ask your admin to make torch-isolation match this job too, or to isolate whole "
+                            "namespaces only")
+    same = make_bundle({"match": {"runtimes": ["mpi-openmpi"]}, "injections": {"networkPolicy": {}}})
+    template_none = make_bundle({"injections": {"networkPolicy": {"template": "none"}}})
+    for bundles in ([same], [other, same], [template_none], []):
+        assert not [w for w in review(job, bundles, example_state).warnings if "reach each other" in w], bundles
+    one_worker = copy.deepcopy(job)  # its launcher still reaches the worker over SSH
+    one_worker["spec"]["trainer"]["numNodes"] = 1
+    assert [w for w in review(one_worker, [other], example_state).warnings if w.startswith("the 2 pods ")]
 
 
 def test_injection_plan_of_a_stored_job_is_its_creates(example_job, example_state, default, review):

@@ -203,6 +203,9 @@ class Isolation(Calls):
                 if (namespace, injections.ISOLATION_POLICIES[kind][0]) not in present and self.objects.known(namespace):
                     record = await self.ensure_isolated(namespace, kind)
                     counts["created" if record and record["status"] == "created" else "errors"] += bool(record)
+                    if record and record["status"] == "failed":
+                        log.warning("could not create NetworkPolicy %s/%s (the next pass retries, and so does the "
+                                    "admission of each job there): %s", namespace, record["name"], record["reason"])
         for (namespace, name), obj in present.items():
             if _KIND_OF[name] not in wanted.get(namespace, ()) and self.provenance.verify("NetworkPolicy", obj):
                 try:
@@ -249,8 +252,13 @@ class Isolation(Calls):
         policy_name = name + injections.NETWORK_POLICY_SUFFIX
         existing = self.objects.get("NetworkPolicy", namespace, policy_name)
         if existing is not None:
-            if _owner_uid(existing) == uid or not self.provenance.verify("NetworkPolicy", existing):
-                self._settled[key] = uid  # ours already, or somebody else's that admission refused or kept
+            if _owner_uid(existing) == uid:
+                self._settled[key] = uid  # ours already
+                return
+            if not self.provenance.verify("NetworkPolicy", existing):  # admission refused or kept it; else planted since
+                log.warning("NetworkPolicy %s/%s was not made by the service for %s %s (uid %s): left as it is, so "
+                            "the job's pods are reachable as it allows", namespace, policy_name, kind, name, uid)
+                self._settled[key] = uid
                 return
             if _owner_uid(existing):  # an earlier job's of this name: the garbage collector is deleting it
                 self._schedule(key, 1.0)
