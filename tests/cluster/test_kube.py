@@ -249,7 +249,9 @@ def test_state_follows_creates_changes_and_deletes(start_sync, kubectl, namespac
     kubectl("delete", "namespace", namespace, "--wait=false")
     took.append(wait_until("namespace deletion applied", lambda: namespace not in state.namespaces, timeout=60))
     print(f"\nextra wait after kubectl returned: max {max(took[:-1]) * 1000:.0f} ms; namespace finalized in {took[-1]:.1f} s")
-    assert all(w.relists == 1 for w in synced.sync.watchers), "no relist expected without a disconnect"
+    # One list each, none again without a disconnect (none at all of a resource whose CRD is not
+    # installed, as the PolicyException CRD is not until a test installs it).
+    assert all(w.relists <= 1 for w in synced.sync.watchers), "no relist expected without a disconnect"
 
 
 def test_outage_keeps_state_and_resume_delivers_missed_deletes(start_sync, kubectl, namespace, relay, tmp_path, admin_kubeconfig):
