@@ -21,7 +21,8 @@ beside the same run's figures, and the ledger writes per admitted job (from the 
 --peers compares, in the same way and run, no policy, a ValidatingAdmissionPolicy, our webhook, our
 webhook without injections (a second service: the webhook calls and checks alone) and Kyverno
 (bench/peers.py: the default bundle's checks each peer can express), sequentially and in bursts
-of 20, and shows each one's verdict on the same good and bad TrainJobs:
+of 20, counts each one's webhook calls per create (the API server's metrics), and shows each one's
+verdict on the same good and bad TrainJobs:
 
     flock /work/cluster.lock .venv/bin/python bench/cluster.py --peers [-n 30] [--bursts 3] [--pause S] [--build-kyverno]
 
@@ -275,6 +276,7 @@ def peers(args) -> int:
                     for case, (obj, _) in peers_mod.CASES.items()}
         seq: dict[str, list[float]] = {c: [] for c in configs}
         ours = {"webhook": svc, "checks": checks}
+        calls_before = _webhook_calls()
         cpu = {c: _cpu_seconds(service.process.pid) for c, service in ours.items()}
         for i in range(args.warmup + args.n):
             for c in configs[i % len(configs):] + configs[:i % len(configs)]:
@@ -295,6 +297,11 @@ def peers(args) -> int:
         cpu_per_job[f"concurrent{BURST}"] = {c: (_cpu_seconds(service.process.pid) - cpu[c]) * 1000
                                              / (args.bursts * BURST) for c, service in ours.items()}
         served_burst = {e: ms[len(served[e]):] for e, ms in _served(svc, ns["webhook"]).items()}
+        calls = _webhook_calls()
+        creates = args.warmup + args.n + args.bursts * BURST  # per configuration
+        calls_per_create = {f"{name} ({kind})": round((count - calls_before.get((name, kind), 0)) / creates, 2)
+                            for (name, kind), count in sorted(calls.items())
+                            if count > calls_before.get((name, kind), 0) and not name.endswith(".kb.io")}
         load = os.getloadavg()
     finally:
         try:
@@ -320,9 +327,24 @@ def peers(args) -> int:
               f"concurrent{BURST}": {c: figures(burst[c], burst["none"]) for c in configs},
               "webhook_server_ms": {"sequential": {e: summary(ms) for e, ms in served.items() if ms},
                                     f"concurrent{BURST}": {e: summary(ms) for e, ms in served_burst.items() if ms}},
-              "cpu_ms_per_job": cpu_per_job, "verdicts": verdicts}
+              "cpu_ms_per_job": cpu_per_job, "webhook_calls_per_create": calls_per_create, "verdicts": verdicts}
     print(json.dumps(result, indent=1) if args.json else "\n".join(peers_table(result, configs, args)))
     return 0
+
+
+def _webhook_calls() -> dict[tuple[str, str], float]:
+    """The API server's admission webhook calls so far on CREATE, by webhook name and type (admit:
+    mutating, validating), from its apiserver_admission_webhook_admission_duration_seconds_count."""
+    counts: dict[tuple[str, str], float] = {}
+    metric = "apiserver_admission_webhook_admission_duration_seconds_count{"
+    for line in cluster.kubectl("get", "--raw", "/metrics").stdout.splitlines():
+        if line.startswith(metric):
+            labels = dict(item.split("=", 1) for item in line[len(metric):line.index("}")].split(","))
+            labels = {k: v.strip('"') for k, v in labels.items()}
+            if labels.get("operation") == "CREATE":
+                key = (labels.get("name", ""), labels.get("type", ""))
+                counts[key] = counts.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -355,6 +377,8 @@ def peers_table(result: dict, configs: list[str], args) -> list[str]:
     for mode, by_config in result["cpu_ms_per_job"].items():
         out.append(f"  our process's CPU per created job, {mode}: " + ", ".join(
             f"{PEER_LABELS[c]} {ms:.1f} ms" for c, ms in by_config.items()))
+    out.append("  webhook calls per create, Trainer's and JobSet's (*.kb.io) apart, from the API server's metrics: " + ", ".join(
+        f"{name} {n:.2f}" for name, n in result["webhook_calls_per_create"].items()))
     out += ["Same inputs, dry-run: admitted (A) or denied (D); the default bundle's verdict first",
             f"  {'':24s} {'bundle':>7s}" + "".join(f" {c:>8s}" for c in configs)]
     differ = []
