@@ -132,13 +132,14 @@ def _isolating(bundle: Bundle, kind: str, name: str, namespace: dict) -> bool:
             and bundle.spec.injections.networkPolicy.template != "none" and matches_namespace(bundle, kind, name, namespace))
 
 
-def unreachable_pods(job: EffectiveJob, planned: list[dict], bundles: list[Bundle], namespace: dict) -> list[str]:
+def unreachable_pods(job: EffectiveJob, obj: dict, planned: list[dict], bundles: list[Bundle], namespace: dict
+                     ) -> list[str]:
     """The warning for a job of several pods that no bundle gives a NetworkPolicy of its own where
     one isolates every pod of its kind (a bundle limited to some runtimes or matchConditions that
     leave this job out): the namespace's policy keeps its pods from reaching each other."""
     pods = sum(ps.count for ps in job.with_pods)
-    if pods < 2 or any(p["kind"] == "NetworkPolicy" for p in planned):
-        return []
+    if pods < 2 or any(p["kind"] == "NetworkPolicy" for p in planned) or injections.runs_elsewhere(obj):
+        return []  # (a job MultiKueue runs on another cluster has no pods here)
     isolating = [b.name for b in bundles if _isolating(b, job.kind, job.namespace, namespace)]
     if not isolating:
         return []
@@ -668,8 +669,8 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
     if job is not None and request.operation == "CREATE" and enforcing:
         injection_settings = merged(Injections, [b.spec.injections for b in enforcing])
         planned = injections.plan(job, injection_settings, mutated)
-    if job is not None and request.operation == "CREATE":
-        warnings += unreachable_pods(job, planned, bundles, namespace)
+    unreachable = unreachable_pods(job, mutated, planned, bundles, namespace) \
+        if job is not None and request.operation == "CREATE" else []
 
     facts: dict = {}
     audit_annotations: dict[str, str] = {}
@@ -708,7 +709,9 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
             warnings += [prefix + (f"{m}: {fix}" if fix else m) for m, fix in zip(r.messages, r.remediations)]
 
     allowed = allows(results)
-    if not allowed:
+    if allowed:
+        warnings += unreachable  # a refusal says what to fix first
+    else:
         patch, mutated, planned, injection_settings = [], obj, [], None
     return Decision(
         results=results,

@@ -439,6 +439,13 @@ def test_a_job_no_isolating_bundle_matches_is_warned_that_its_pods_will_not_reac
     one_worker = copy.deepcopy(job)  # its launcher still reaches the worker over SSH
     one_worker["spec"]["trainer"]["numNodes"] = 1
     assert [w for w in review(one_worker, [other], example_state).warnings if w.startswith("the 2 pods ")]
+    remote = copy.deepcopy(job)  # MultiKueue runs it on another cluster: no pods here
+    remote["spec"]["managedBy"] = "kueue.x-k8s.io/multikueue"
+    refusing = make_bundle({"validations": [{"name": "never", "expression": "false"}]}, name="refusing")
+    for obj, bundles in ((remote, [other]), (job, [other, refusing])):
+        decision = review(obj, bundles, example_state)
+        assert not [w for w in decision.warnings if "reach each other" in w], decision.warnings
+    assert not review(job, [other, refusing], example_state).allowed  # a refusal says what to fix first
 
 
 def test_injection_plan_of_a_stored_job_is_its_creates(example_job, example_state, default, review):

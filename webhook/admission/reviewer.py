@@ -83,8 +83,7 @@ class Reviewer:
         # Set on close: every evaluation still running stops at its next budget check (policies.cel.environment.Budget),
         # so no thread outlives the server and SIGTERM ends the process.
         self._stopping = threading.Event()
-        # So do decision-log appends in the strict mode (an fsync per record; several at once share one:
-        # group commit); otherwise they are made on the loop (_write).
+        # So do decision-log appends (with per-record fsync, several at once share one: group commit).
         self._log_writers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="decision-log")
 
     def stop_evaluations(self) -> None:
@@ -371,10 +370,10 @@ class Reviewer:
         """In the file and on stdout before the response leaves (fsynced too in strict mode): a
         crashed or killed server loses no answered decision. The log adds the time and the chain."""
         fields = record.as_log_fields()
-        if self.log.syncs_each_record:  # each waits for its fsync: on threads, which share one (group commit)
-            await asyncio.get_running_loop().run_in_executor(
-                self._log_writers, functools.partial(self.log.append, fields, required=required))
-        else:  # a write to the page cache and stdout: cheaper here than a thread's round trip
-            self.log.append(fields, required=required)
+        # On a thread, never the loop: a write can block (stdout's pipe full behind a slow log
+        # collector, a rotation's fsync, the strict mode's fsync), and the loop must go on answering
+        # probes meanwhile.
+        await asyncio.get_running_loop().run_in_executor(
+            self._log_writers, functools.partial(self.log.append, fields, required=required))
         self.metrics.requests.labels(record.endpoint, record.decision, fields.get("kind", ""),
                                      fields.get("operation", "")).inc()

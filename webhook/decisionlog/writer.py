@@ -155,12 +155,6 @@ class DecisionLog:
         self._resumed = {"fileSeq": last["seq"] if last else None, "checkpointSeq": checkpoint.seq}
         self._seq, self._prev = checkpoint.seq + 1, checkpoint.digest
 
-    @property
-    def syncs_each_record(self) -> bool:
-        """Whether :meth:`append` waits for its record's fsync (the strict mode), which a caller on
-        an event loop must not wait for there."""
-        return self._fd is not None and not self._fsync_interval
-
     def head(self) -> Head | None:
         """The newest record (or the checkpoint resumed from), None before the first."""
         with self._lock:
