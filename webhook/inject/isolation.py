@@ -141,10 +141,8 @@ class Isolation(Calls):
             gone = self._jobs.pop(key, None)
             for table in (self._settled, self._due, self._attempts):
                 table.pop(key, None)
-            # A plan for the job that went goes with it; one for a job of that name admitted since
-            # (its deletion's event can come after the new job's admission) stays.
-            if gone is not None and (self._expected.get(key) or ("",))[0] == gone:
-                del self._expected[key]
+            if gone is not None:  # (its deletion's event can come after a new job's admission)
+                self._drop_plan(key, gone)
             return
         previous, self._jobs[key] = self._jobs.get(key), uid
         if self._settled.get(key) == uid or key in self._due:
@@ -252,7 +250,8 @@ class Isolation(Calls):
         policy_name = name + injections.NETWORK_POLICY_SUFFIX
         existing = self.objects.get("NetworkPolicy", namespace, policy_name)
         if existing is not None:
-            if _owner_uid(existing) == uid:
+            owner = _owner_uid(existing)
+            if owner == uid:
                 self._settled[key] = uid  # ours already
                 return
             if not self.provenance.verify("NetworkPolicy", existing):  # admission refused or kept it; else planted since
@@ -260,7 +259,7 @@ class Isolation(Calls):
                             "the job's pods are reachable as it allows", namespace, policy_name, kind, name, uid)
                 self._settled[key] = uid
                 return
-            if _owner_uid(existing):  # an earlier job's of this name: the garbage collector is deleting it
+            if owner:  # an earlier job's of this name: the garbage collector is deleting it
                 self._schedule(key, 1.0)
                 return
             await self.delete(NETWORK_POLICIES, existing)  # ours without an owner: made before this design
@@ -275,9 +274,14 @@ class Isolation(Calls):
             return
         self._settled[key] = uid
         self._attempts.pop(key, None)
-        if (self._expected.get(key) or ("",))[0] == uid:  # not the plan of a job of this name admitted since
-            del self._expected[key]
+        self._drop_plan(key, uid)
         log.info("created NetworkPolicy %s/%s for %s %s (uid %s)", namespace, policy_name, kind, name, uid)
+
+    def _drop_plan(self, key: JobKey, uid: str) -> None:
+        """Forget the admission plan of ``key`` if it is the one for ``uid``: a job of that name
+        admitted since keeps its own."""
+        if (self._expected.get(key) or ("",))[0] == uid:
+            del self._expected[key]
 
     def _planned(self, key: JobKey, uid: str) -> dict | None:
         expected = self._expected.get(key)
