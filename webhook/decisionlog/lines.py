@@ -9,6 +9,7 @@ malformed lines like any unparsable one, reported with their line number, and re
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -111,8 +112,14 @@ def redact(value: Any) -> Any:
     hostile name is still recorded rather than failing the append.
     """
     if isinstance(value, dict):
-        return {_text(k) if isinstance(k, str) else json.dumps(k): REDACTED if _is_secret_key(str(k)) else redact(v)
-                for k, v in value.items()}
+        masked = {}
+        for k, v in value.items():
+            if isinstance(k, str):
+                name, secret = _key(k) if len(k) <= _CACHED_KEY_CHARS else _key.__wrapped__(k)
+            else:
+                name, secret = json.dumps(k), _is_secret_key(str(k))
+            masked[name] = REDACTED if secret else redact(v)
+        return masked
     if isinstance(value, (list, tuple)):
         return [redact(v) for v in value]
     if isinstance(value, str):
@@ -123,6 +130,16 @@ def redact(value: Any) -> Any:
 def _text(text: str) -> str:
     """``text`` with anything UTF-8 cannot hold (lone surrogates) as backslash escapes."""
     return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+_CACHED_KEY_CHARS = 64  # longer keys (a hostile object's) are classified each time, never kept
+
+
+@functools.lru_cache(maxsize=4096)
+def _key(key: str) -> tuple[str, bool]:
+    """A record key as written, and whether its value is masked. Cached: records repeat the same
+    few hundred keys (rule, bundle, effect, ...), and every record is walked before it is hashed."""
+    return _text(key), _is_secret_key(key)
 
 
 def _is_secret_key(key: str) -> bool:
