@@ -1632,7 +1632,8 @@ def register_webhook(name: str, url: str, ca_bundle_pem: bytes | str, *, mutatin
     mutating / validating  which configurations to create (mutate_path / validate_path)
     rules           admissionregistration/v1 RuleWithOperations list; default TRAINJOB_RULES:
                     trainer.kubeflow.org/v1alpha1 trainjobs and kubeflow.org/v2beta1 mpijobs,
-                    CREATE and UPDATE
+                    CREATE and UPDATE; the mutating entry gets their CREATE only, as
+                    manifests/base/webhooks.yaml registers /mutate
     failure_policy  "Fail" or "Ignore";  side_effects "None" or "NoneOnDryRun"
     namespace_selector / object_selector  LabelSelector dicts (default: match everything)
     match_conditions  [{"name", "expression"}] CEL matchConditions (default: none), e.g. to split
@@ -1665,6 +1666,9 @@ def register_webhook(name: str, url: str, ca_bundle_pem: bytes | str, *, mutatin
                                 "caBundle": base64.b64encode(ca_bundle_pem).decode()})
         if kind.startswith("Mutating"):
             wh["reinvocationPolicy"] = reinvocation_policy
+            wh["rules"] = [{**r, "operations": ["CREATE"]} for r in common["rules"] if "CREATE" in r["operations"]]
+            if not wh["rules"]:
+                continue
         objs.append({"apiVersion": "admissionregistration.k8s.io/v1", "kind": kind,
                      "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "trainjob-admission-tests"}},
                      "webhooks": [wh]})
