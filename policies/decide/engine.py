@@ -594,16 +594,11 @@ def injection_plan(obj: dict, bundles: list[Bundle], state: ClusterState,
 
 
 def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState,
-             budget: Budget | None = None, *, mutate: bool = True, judge: bool = True, report_unchecked: bool = False,
+             budget: Budget | None = None, *, mutate: bool = True, report_unchecked: bool = False,
              schemas: fieldvalidation.Schemas | None = None) -> Decision:
     """``budget`` bounds the CEL work (a fresh :class:`~policies.cel.environment.Budget` if None); the server
     gives it a deadline and a cancel flag, so an evaluation nobody waits for stops. ``mutate=False``
     judges the object as it is, without the bundles' mutations (policies/decide/stored.py).
-    ``judge=False`` plans only (the patch and the injections) and runs no check or CEL rule: the
-    server's /mutate, whose answer never refuses (/validate judges the mutated job, once); what
-    stops planning (input limits, a job that cannot be modelled, an unmet bundle) still denies.
-    A job with objects made at admission (a key type Trainer does not make) is judged anyway:
-    /mutate starts those only for a job policy admits, so refused submissions cost no key.
     ``report_unchecked`` fills Decision.unchecked (offline review; the webhook does not pay for it).
     ``schemas``: validate the object's fields as the API server does first (offline: the server's
     objects have passed the API server already); a refused object is judged no further."""
@@ -674,13 +669,12 @@ def evaluate(request: AdmissionInput, bundles: list[Bundle], state: ClusterState
     if job is not None and request.operation == "CREATE" and enforcing:
         injection_settings = merged(Injections, [b.spec.injections for b in enforcing])
         planned = injections.plan(job, injection_settings, mutated)
-        judge = judge or bool(injections.made_at_admission(planned))
     unreachable = unreachable_pods(job, mutated, planned, bundles, namespace) \
-        if judge and job is not None and request.operation == "CREATE" else []
+        if job is not None and request.operation == "CREATE" else []
 
     facts: dict = {}
     audit_annotations: dict[str, str] = {}
-    if judge and job is not None and active:
+    if job is not None and active:
         current_job = job
         activation = _Activation({"object": lambda: mutated, "job": current_job.as_cel}, parent=shared)
         context = CheckContext(

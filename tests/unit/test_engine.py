@@ -505,31 +505,3 @@ def test_request_takes_what_the_admission_review_says():
     request = protocol.parse(json.dumps(review).encode()).request.as_cel_request()
     assert request["options"]["fieldManager"] == "kubectl-create" and request["userInfo"]["extra"] == {"scopes": ["x"]}
     assert request["resource"]["resource"] == "trainjobs" and "uid" not in request["userInfo"]
-
-
-def test_mutate_plans_only_unless_it_starts_objects_at_admission(example_job, example_state, make_bundle):
-    """/mutate (judge=False) runs no check or rule: it patches even a job /validate will refuse, and
-    its decision holds no rule results. A key type Trainer does not make is created from /mutate on,
-    so then the job is judged there too, and a refused one starts nothing."""
-    from trainjob_admission.policies.decide.engine import AdmissionInput, evaluate
-
-    job = example_job("too-many-gpus")
-    checks = {"checks": {"gpu": {"maxPerWorker": 8}}}
-    trainer_key = make_bundle({**checks, "injections": {"sshKey": {"type": "ecdsa-p521"}},
-                               "mutations": {"istio": {"disableSidecar": True}}})
-
-    def run(bundle, **options):
-        request = AdmissionInput(copy.deepcopy(job), username="alice", groups=["team-a"])
-        return evaluate(request, [bundle], example_state, **options)
-
-    planned = run(trainer_key, judge=False)
-    assert planned.allowed and planned.patch and planned.results == []
-    judged = run(trainer_key)
-    assert not judged.allowed and judged.patch == []
-    assert [r.qualified for r in judged.results if r.result.value == "fail"] == ["test/gpu-limits"]
-
-    own_key = make_bundle({**checks, "injections": {"sshKey": {"type": "rsa-4096"}},
-                           "mutations": {"istio": {"disableSidecar": True}}})
-    refused = run(own_key, judge=False)
-    assert not refused.allowed and refused.injections == [] and refused.patch == []
-    assert [r.qualified for r in refused.results if r.result.value == "fail"] == ["test/gpu-limits"]

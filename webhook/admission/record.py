@@ -113,8 +113,7 @@ class DecisionRecord:
     def mutated(cls, decision_id: str, parsed: ParsedReview, decision: Decision, patch: list[dict],
                 begun: list[dict]) -> DecisionRecord:
         """/mutate's answer: allowed, with ``patch`` and no message or warning (refusals and warnings
-        come from /validate, once); ``rules`` are what its evaluation found (it plans only, unless it
-        starts objects at admission: policies/decide/engine.py ``judge``), ``begun`` the
+        come from /validate, once); ``rules`` are what its evaluation found, ``begun`` the
         injections it started."""
         return cls(decision_id, "mutate", Verdict.ALLOW, True, **_evaluated(parsed, decision), messages=[], warnings=[],
                    patch=_patch(parsed, decision, patch), injections=begun)

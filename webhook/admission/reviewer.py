@@ -196,11 +196,10 @@ class Reviewer:
         instead of holding a thread."""
         limit = deadline.bound(self.config.timeout_seconds)
         budget = Budget(deadline=time.monotonic() + limit, cancelled=self._stopping)
-        # /mutate plans only: its answer never refuses, /validate judges (and its record has the rules).
-        decide = functools.partial(evaluate, judge=False) if mutate else evaluate_stored
         return await asyncio.wait_for(
             asyncio.get_running_loop().run_in_executor(
-                self._evaluators, decide, parsed.request, list(self.registry.active), state, budget),
+                self._evaluators, evaluate if mutate else evaluate_stored, parsed.request,
+                list(self.registry.active), state, budget),
             timeout=limit)
 
     async def _mutated(self, parsed: protocol.ParsedReview, decision_id: str, started: float, decision: Decision,
