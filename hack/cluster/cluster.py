@@ -1666,7 +1666,8 @@ def register_webhook(name: str, url: str, ca_bundle_pem: bytes | str, *, mutatin
                                 "caBundle": base64.b64encode(ca_bundle_pem).decode()})
         if kind.startswith("Mutating"):
             wh["reinvocationPolicy"] = reinvocation_policy
-            wh["rules"] = [{**r, "operations": ["CREATE"]} for r in common["rules"] if "CREATE" in r["operations"]]
+            wh["rules"] = [{**r, "operations": ["CREATE"]} for r in common["rules"]
+                           if {"CREATE", "*"} & set(r["operations"])]
             if not wh["rules"]:
                 continue
         objs.append({"apiVersion": "admissionregistration.k8s.io/v1", "kind": kind,

@@ -275,11 +275,14 @@ def test_a_stopping_server_answers_its_open_connections_and_closes_each_after_it
 def test_a_refusal_counts_once_and_a_deletion_is_recorded(webhook_server):
     """Issue 31: /mutate answers a job /validate refuses with allowed (no patch), and says so in its
     record and the metrics, so the refusal is counted once, as submitters saw it; a DELETE (the
-    fail-open entry of manifests/base/webhooks.yaml) is recorded with who deleted the job and its state."""
+    fail-open entry of manifests/base/webhooks.yaml) is recorded with who deleted the job and its state.
+    Unpatched: /validate then judges the job as submitted, so a label a bundle would add cannot
+    change which bundles match it or how the checks read it (issue 33's review)."""
     job = example_job("over-quota.yaml")
     mutated = webhook_server.review(job, "mutate")
     refused = webhook_server.review(job, "validate")
     assert mutated["allowed"] is True and refused["allowed"] is False
+    assert "patch" not in mutated, mutated
     stored = {**example_job("allowed.yaml"), "status": {"conditions": [{"type": "Complete", "status": "True"}]}}
     deleted = webhook_server.review(stored, "validate", operation="DELETE", object=None, oldObject=stored,
                                     userInfo={"username": "bob", "groups": ["team-a"]})

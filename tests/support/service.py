@@ -94,10 +94,10 @@ def start_service(workdir: Path, kubeconfig: Path, cert: tuple[Path, Path, bytes
 
 def register(svc: Serve, name: str, namespaces: list[str], *, timeout_seconds: int = 10,
              failure_policy: str = "Fail", condition: str | None = None) -> list:
-    """Register the service for TrainJobs and MPIJobs in `namespaces` only: CREATE and UPDATE
-    (mutating and validating), and DELETE through the entry manifests/base/webhooks.yaml has for it
-    (configuration `<name>-deletions`); ``condition``: a CEL matchCondition the CREATE and UPDATE
-    requests must meet too (replicas splitting the requests)."""
+    """Register the service for TrainJobs and MPIJobs in `namespaces` only: CREATE (mutating and
+    validating) and UPDATE (validating), as the install does, and DELETE through the entry
+    manifests/base/webhooks.yaml has for it (configuration `<name>-deletions`); ``condition``: a CEL
+    matchCondition the CREATE and UPDATE requests must meet too (replicas splitting the requests)."""
     selector = {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In",
                                       "values": sorted(namespaces)}]}
     made = cluster.register_webhook(name, svc.url, svc.ca_pem, rules=RULES, side_effects="NoneOnDryRun",
