@@ -1633,7 +1633,8 @@ def register_webhook(name: str, url: str, ca_bundle_pem: bytes | str, *, mutatin
     rules           admissionregistration/v1 RuleWithOperations list; default TRAINJOB_RULES:
                     trainer.kubeflow.org/v1alpha1 trainjobs and kubeflow.org/v2beta1 mpijobs,
                     CREATE and UPDATE; the mutating entry gets their CREATE only, as
-                    manifests/base/webhooks.yaml registers /mutate
+                    manifests/base/webhooks.yaml registers /mutate (and is not made
+                    for rules without CREATE)
     failure_policy  "Fail" or "Ignore";  side_effects "None" or "NoneOnDryRun"
     namespace_selector / object_selector  LabelSelector dicts (default: match everything)
     match_conditions  [{"name", "expression"}] CEL matchConditions (default: none), e.g. to split

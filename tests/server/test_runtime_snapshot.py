@@ -94,8 +94,8 @@ def start(tmp_path: Path):
 
 
 def grow(running: Running) -> tuple[dict, dict]:
-    """An UPDATE that shapes pods (4 -> 6 nodes), sent to /mutate (as a registration older than
-    manifests/base/webhooks.yaml's, CREATE only, does) and then /validate."""
+    """An UPDATE that shapes pods (4 -> 6 nodes), sent to /mutate and then /validate, as an older
+    registration does (manifests/base/webhooks.yaml now sends /mutate CREATEs only)."""
     old = example_job("allowed.yaml")
     old["metadata"]["uid"] = UID
     new = copy.deepcopy(old)

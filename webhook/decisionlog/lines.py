@@ -115,7 +115,7 @@ def redact(value: Any) -> Any:
         masked = {}
         for k, v in value.items():
             if isinstance(k, str):
-                name, secret = _key(k) if len(k) <= _CACHED_KEY_CHARS else _key.__wrapped__(k)
+                name, secret = (_key_cached if len(k) <= _CACHED_KEY_CHARS else _key)(k)
             else:
                 name, secret = json.dumps(k), _is_secret_key(str(k))
             masked[name] = REDACTED if secret else redact(v)
@@ -135,11 +135,14 @@ def _text(text: str) -> str:
 _CACHED_KEY_CHARS = 64  # longer keys (a hostile object's) are classified each time, never kept
 
 
-@functools.lru_cache(maxsize=4096)
 def _key(key: str) -> tuple[str, bool]:
-    """A record key as written, and whether its value is masked. Cached: records repeat the same
-    few hundred keys (rule, bundle, effect, ...), and every record is walked before it is hashed."""
+    """A record key as written, and whether its value is masked."""
     return _text(key), _is_secret_key(key)
+
+
+# Records repeat the same few hundred keys (rule, bundle, effect, ...), and every record is walked
+# before it is hashed: short keys are classified once.
+_key_cached = functools.lru_cache(maxsize=4096)(_key)
 
 
 def _is_secret_key(key: str) -> bool:
