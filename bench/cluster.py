@@ -19,8 +19,9 @@ reservation in the namespace's ledger Lease (webhook/admission/ledger.py): the c
 beside the same run's figures, and the ledger writes per admitted job (from the service's metrics).
 
 --peers compares, in the same way and run, no policy, a ValidatingAdmissionPolicy, our webhook, our
-webhook without injections (a second service: the webhook calls and checks alone) and Kyverno
-(bench/peers.py: the default bundle's checks each peer can express), sequentially and in bursts
+webhook without injections (a second service: the webhook calls and checks alone), Kyverno
+(bench/peers.py: the default bundle's checks each peer can express) and Kyverno adding the patch
+our /mutate gives the same job as well (called twice per create, as ours), sequentially and in bursts
 of 20, counts each one's webhook calls per create (the API server's metrics), and shows each one's
 verdict on the same good and bad TrainJobs:
 
@@ -171,7 +172,8 @@ def main(argv=None) -> int:
 BURST = 20
 PEER_LABELS = {"none": "no policy", "vap": "ValidatingAdmissionPolicy", "webhook": "our webhook",
                "checks": "our webhook, no injections",
-               "kyverno": f"Kyverno {cluster.OWN_MODULES['kyverno']['version']}"}
+               "kyverno": f"Kyverno {cluster.OWN_MODULES['kyverno']['version']}",
+               "kyverno-patch": "Kyverno, our patch too"}
 
 
 def _create(api, ns: str, obj: dict) -> float:
@@ -212,6 +214,22 @@ def _verdict(api, ns: str, obj: dict) -> str:
             return f"deny: {e.reason}"
 
 
+def _our_patch(api, svc, ns: str, timeout: float = 90) -> list[dict]:
+    """The JSON patch our /mutate gives the bench's job in ``ns`` (a dry run, read back from the
+    service's decision log), once the service answers for that namespace."""
+    job = trainjob("patch-probe", image=None, command=None, suspend=True)
+    deadline = time.monotonic() + timeout
+    while True:
+        if _verdict(api, ns, job) == "admit":
+            patches = [r.get("patch") for r in svc.records()
+                       if r.get("endpoint") == "mutate" and r.get("namespace") == ns and r.get("name") == "patch-probe"]
+            if patches and patches[-1]:
+                return patches[-1]
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench/cluster: no patch from our /mutate for {ns} within {timeout:.0f} s")
+        time.sleep(0.5)
+
+
 def _wait_enforcing(api, ns: str, timeout: float = 90) -> None:
     """Until the namespace's policy denies a job it must deny: policies take effect asynchronously,
     and Kyverno registers its webhooks before its serving certificate exists (the API server then
@@ -238,7 +256,8 @@ def peers(args) -> int:
     ensure_cluster()
     if args.build_kyverno:
         cluster.build_own_module("kyverno")
-    configs = ["none", "vap", "webhook", "checks"] + (["kyverno"] if cluster.own_module_binary("kyverno").exists() else [])
+    configs = ["none", "vap", "webhook", "checks"] + (["kyverno", "kyverno-patch"] if cluster.own_module_binary("kyverno").exists()
+                                                      else [])
     run = uuid.uuid4().hex[:6]
     ns = {c: f"bench-{run}-{c}" for c in configs}
     work = Path(tempfile.mkdtemp(prefix="bench-peers-"))
@@ -268,7 +287,11 @@ def peers(args) -> int:
                                      "--bundle-selector", f"{SELECTOR_LABEL}={run}"))
         register(checks, f"{hook}-checks", [ns["checks"]])
         if "kyverno" in ns:
-            kyverno = peers_mod.Kyverno(work, peers_mod.kyverno_policy(name, ns["kyverno"]))
+            # the second policy also mutates, with the patch our /mutate gave the bench's job: two calls
+            # per create, as ours (our webhook is registered, so its dry run records that patch)
+            patch = _our_patch(api, svc, ns["webhook"])
+            kyverno = peers_mod.Kyverno(work, [peers_mod.kyverno_policy(name, ns["kyverno"]),
+                                               peers_mod.kyverno_policy(f"{name}-patch", ns["kyverno-patch"], patch)])
             kyverno.start()
         for c in configs[1:]:
             _wait_enforcing(api, ns[c])

@@ -125,9 +125,11 @@ def _kyverno_rule(name: str, key: str, operator: str, value, message: str, names
                          "deny": {"conditions": {"any": [{"key": key, "operator": operator, "value": value}]}}}}
 
 
-def kyverno_policy(name: str, namespace: str) -> dict:
+def kyverno_policy(name: str, namespace: str, patch: list[dict] | None = None) -> dict:
     """A ClusterPolicy with the same checks as vap_objects, in Kyverno's own (JMESPath) rules; the API
-    server calls Kyverno for `namespace` only (matchConditions)."""
+    server calls Kyverno for `namespace` only (matchConditions). With ``patch`` (a JSON patch), a
+    mutate rule adds it to every created TrainJob as well, so Kyverno is called twice per create, as
+    our webhook is: the bench passes what our /mutate patched its job with."""
     amount = {r: f"{{{{ {_RPN}.requests.{r} || {_RPN}.limits.{r} || '{d}' }}}}" for r, d in
               (("cpu", MIN_CPU), ("memory", MIN_MEMORY))}
     rules = [
@@ -147,6 +149,11 @@ def kyverno_policy(name: str, namespace: str) -> dict:
                       f"each worker requests {amount['memory']} memory; the minimum is {MIN_MEMORY}: set "
                       f"spec.trainer.resourcesPerNode.requests.memory to at least {MIN_MEMORY}", namespace),
     ]
+    if patch:
+        rules.append({"name": "default-bundle-patch",
+                      "match": {"any": [{"resources": {"kinds": ["trainer.kubeflow.org/v1alpha1/TrainJob"],
+                                                       "namespaces": [namespace], "operations": ["CREATE"]}}]},
+                      "mutate": {"patchesJson6902": json.dumps(patch)}})
     return {"apiVersion": "kyverno.io/v1", "kind": "ClusterPolicy", "metadata": {"name": name},
             "spec": {"background": False, "rules": rules,
                      "webhookConfiguration": {"failurePolicy": "Fail", "timeoutSeconds": 10, "matchConditions": [
@@ -173,10 +180,10 @@ def _crd_files() -> list[Path]:
 class Kyverno:
     """Kyverno's admission controller on the host: its CRDs, namespace and ConfigMap applied, itself
     out of cluster (--serverIP: it issues its own CA and serving pair into Secrets and registers its
-    webhooks by URL), the policy applied once it answers. stop() removes all of it again."""
+    webhooks by URL), the policies applied once it answers. stop() removes all of it again."""
 
-    def __init__(self, workdir: Path, policy: dict):
-        self.policy, self.log = policy, workdir / "kyverno.log"
+    def __init__(self, workdir: Path, policies: list[dict]):
+        self.policies, self.log = policies, workdir / "kyverno.log"
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 180) -> None:
@@ -204,10 +211,11 @@ class Kyverno:
         while True:  # the policy webhook must be up before Kyverno lets its own policy in
             if self.proc.poll() is not None:
                 raise RuntimeError(f"kyverno exited {self.proc.returncode}; see {self.log}")
-            if cluster.kubectl("apply", "-f", "-", input=json.dumps(self.policy), check=False).returncode == 0:
+            listed = {"apiVersion": "v1", "kind": "List", "items": self.policies}
+            if cluster.kubectl("apply", "-f", "-", input=json.dumps(listed), check=False).returncode == 0:
                 break
             if time.monotonic() > deadline:
-                raise RuntimeError(f"kyverno did not accept its policy within {timeout:.0f} s; see {self.log}")
+                raise RuntimeError(f"kyverno did not accept its policies within {timeout:.0f} s; see {self.log}")
             time.sleep(2)
 
     def stop(self) -> None:
@@ -223,7 +231,8 @@ class Kyverno:
         # or the API server would keep calling a process that is gone.
         for kind in ("validatingwebhookconfigurations", "mutatingwebhookconfigurations"):
             cluster.kubectl("delete", kind, "-l", MANAGED, "--ignore-not-found", check=False)
-        cluster.kubectl("delete", "clusterpolicy", self.policy["metadata"]["name"], "--ignore-not-found", check=False)
+        cluster.kubectl("delete", "clusterpolicy", *(p["metadata"]["name"] for p in self.policies), "--ignore-not-found",
+                        check=False)
         cluster.kubectl("delete", "namespace", KYVERNO_NS, "--ignore-not-found", "--wait=false", check=False)
         cluster.kubectl("delete", "--ignore-not-found", "--wait=false", *(a for f in _crd_files() for a in ("-f", f)),
                         check=False)

@@ -69,6 +69,11 @@ class Abandoned(PolicyError):
     is stopping): stop at once. Not a CelEvalError, so it ends the whole evaluation, not one rule."""
 
 
+class WouldWait(Abandoned):
+    """An evaluation run on the server's event loop reached what only a wait can give (a permission
+    check not yet answered): it stops, and the server runs it again on a worker thread."""
+
+
 class Budget:
     """The CEL work of one request: ``steps`` node visits per expression (iterations and built
     values weigh more) and, on the server, a ``deadline`` (time.monotonic()) and a ``cancelled``

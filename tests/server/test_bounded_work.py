@@ -127,6 +127,10 @@ def test_runaway_rules_are_stopped_and_the_server_stays_responsive(tmp_path: Pat
         for status, body in answers:
             assert status == 200 and body["response"]["allowed"] is False
             assert "evaluation budget" in body["response"]["status"]["message"]
+        # each was tried on the event loop (a small body) and moved to a worker thread within a few ms
+        status, text = server.call("/metrics")
+        assert status == 200 and 'trainjob_admission_evaluations_total{where="worker"} 8.0' in text, text
+        assert 'trainjob_admission_evaluations_total{where="loop"}' not in text
 
 
 def test_sigterm_stops_the_server_while_runaway_rules_run(tmp_path: Path):

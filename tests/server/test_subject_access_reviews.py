@@ -1,5 +1,6 @@
 """webhook/admission/access.py against a real HTTPS listener on loopback standing in for the API server:
-one SubjectAccessReview per new question, answers reused, a refusal (403) or silence an AccessError;
+one SubjectAccessReview per new question, answers reused, a refusal (403) or silence an AccessError,
+never asked from the event loop;
 request.userInfo's uid and extra forwarded as ValidatingAdmissionPolicy's authorizer passes them and
 part of what an answer is reused for (issue 30: a token OpenShift scoped to user:info passed a rule
 requiring create secrets); the checks of callers without a client certificate rate-limited per address."""
@@ -147,6 +148,27 @@ def test_a_scoped_token_is_judged_by_its_scopes(authorizing_server):
     assert {p["spec"]["uid"] for p in posted} == {"a-1"}
     malformed = running.review(job, userInfo={**scoped, "extra": {SCOPES: "user:full"}})  # not a list: never coerced
     assert malformed["allowed"] is False and "userInfo.extra is not a map of string lists" in malformed["status"]["message"]
+
+
+def evaluations(running) -> dict[str, float]:
+    """Decisions made so far by where: "loop" (the event loop) or "worker" (a worker thread)."""
+    registry = running.server.metrics.registry
+    return {where: registry.get_sample_value("trainjob_admission_evaluations_total", {"where": where}) or 0
+            for where in ("loop", "worker")}
+
+
+def test_the_event_loop_never_waits_on_a_permission_check(authorizing_server):
+    """A small review is decided on the event loop only while every check it needs is answered from
+    the cache; one that must ask the API server starts over on a worker thread, asking once."""
+    running, posted = authorizing_server
+    job = example_job("allowed.yaml")
+    assert running.review(job, userInfo={"username": "alice"})["allowed"] is True
+    assert evaluations(running) == {"loop": 0, "worker": 1}
+    assert running.review(job, userInfo={"username": "alice"})["allowed"] is True  # the answer is cached now
+    assert evaluations(running) == {"loop": 1, "worker": 1}
+    assert running.review(job, userInfo={"username": "bob"})["allowed"] is False
+    assert evaluations(running) == {"loop": 1, "worker": 2}
+    assert [p["spec"]["user"] for p in posted] == ["alice", "bob"]
 
 
 def test_checks_of_callers_without_a_client_certificate_are_rate_limited(authorizing_server):

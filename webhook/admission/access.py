@@ -1,8 +1,9 @@
 """The CEL ``authorizer``'s answers in the server: a SubjectAccessReview per question, asked of the
 API server for the submitter (request.userInfo) with a short timeout, and kept a few seconds.
 
-It runs on the evaluation's worker thread (the engine is synchronous), so each check is bounded by
-:data:`TIMEOUT` and a request by policies/cel/authz.py MAX_CHECKS. A call that fails (a timeout, a
+A check that must be asked runs on the evaluation's worker thread (the engine is synchronous; an
+evaluation on the event loop gets cached answers only, webhook/admission/reviewer.py), so each check
+is bounded by :data:`TIMEOUT` and a request by policies/cel/authz.py MAX_CHECKS. A call that fails (a timeout, a
 403 because the service lacks ``create`` on subjectaccessreviews) raises AccessError: the rule
 fails closed, saying why. Only answers are cached, never failures; an answer is for the whole
 question (request.userInfo with its uid and extra, the resource), so it is only ever reused for
@@ -18,6 +19,7 @@ import time
 from collections import OrderedDict
 
 from trainjob_admission.policies.cel.authz import Access, AccessCheck, AccessError
+from trainjob_admission.policies.cel.environment import WouldWait
 
 from ..kube.client import KubeApi, call_json, summary
 from ..kube.resources import SUBJECT_ACCESS_REVIEWS
@@ -64,20 +66,25 @@ class SubjectAccessReviews:
         self._answers: OrderedDict[AccessCheck, tuple[float, bool, str]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def for_caller(self, caller: Caller) -> Access:
+    def for_caller(self, caller: Caller, *, wait: bool = True) -> Access:
         """The checks of a request from ``caller``: those of a caller without a client certificate
-        are limited by its address."""
-        return self if caller.authenticated else functools.partial(self._answer, address=caller.address)
+        are limited by its address. ``wait=False``: cached answers only, :class:`WouldWait` for any
+        other (an evaluation on the event loop must not block it on an API call)."""
+        if caller.authenticated and wait:
+            return self
+        return functools.partial(self._answer, address=None if caller.authenticated else caller.address, wait=wait)
 
     def __call__(self, check: AccessCheck) -> tuple[bool, str]:
         return self._answer(check)
 
-    def _answer(self, check: AccessCheck, address: str | None = None) -> tuple[bool, str]:
+    def _answer(self, check: AccessCheck, address: str | None = None, wait: bool = True) -> tuple[bool, str]:
         now = time.monotonic()
         with self._lock:
             cached = self._answers.get(check)
             if cached is not None and cached[0] > now:
                 return cached[1], cached[2]
+            if not wait:
+                raise WouldWait("a permission check not answered yet")
             if address is not None and not self.unauthenticated.take(address):
                 raise AccessError(f"more permission checks for requests from {address} than "
                                   f"{self.unauthenticated.describe()} (callers without a client certificate are "
