@@ -50,6 +50,7 @@ from pathlib import Path
 import yaml
 
 from latency import percentile  # bench/, the script's own directory
+from trainjob_admission.policies.job.runtimepatch import OWN_MANAGER
 from trainjob_admission.webhook.inject.keys import KEY_TYPES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -230,6 +231,27 @@ def _our_patch(api, svc, ns: str, timeout: float = 90) -> list[dict]:
         time.sleep(0.5)
 
 
+def _wait_patching(api, ns: str, timeout: float = 90) -> None:
+    """Until a job created in ``ns`` (a dry run) comes back with our runtimePatches entry: Kyverno
+    registers its mutating webhook on its own time, after its validating one."""
+    from kubernetes.client.exceptions import ApiException
+
+    job = trainjob("patch-wait", image=None, command=None, suspend=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            stored = api.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, job, dry_run="All",
+                                                         _request_timeout=30)
+        except ApiException as e:  # its webhook registered before its serving certificate is (500)
+            if e.status < 500:
+                raise
+            stored = {"spec": {}}
+        if any(p.get("manager") == OWN_MANAGER for p in stored["spec"].get("runtimePatches") or []):
+            return
+        time.sleep(0.5)
+    raise SystemExit(f"bench/cluster: the policy for {ns} does not patch within {timeout:.0f} s")
+
+
 def _wait_enforcing(api, ns: str, timeout: float = 90) -> None:
     """Until the namespace's policy denies a job it must deny: policies take effect asynchronously,
     and Kyverno registers its webhooks before its serving certificate exists (the API server then
@@ -295,6 +317,8 @@ def peers(args) -> int:
             kyverno.start()
         for c in configs[1:]:
             _wait_enforcing(api, ns[c])
+        if "kyverno-patch" in ns:
+            _wait_patching(api, ns["kyverno-patch"])
         verdicts = {case: {c: _verdict(api, ns[c], obj) for c in configs}
                     for case, (obj, _) in peers_mod.CASES.items()}
         seq: dict[str, list[float]] = {c: [] for c in configs}

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from trainjob_admission.policies.job.runtimepatch import OWN_MANAGER
 from tests.support.objects import trainjob
 from tests.support.service import cluster
 
@@ -149,10 +150,12 @@ def kyverno_policy(name: str, namespace: str, patch: list[dict] | None = None) -
                       f"each worker requests {amount['memory']} memory; the minimum is {MIN_MEMORY}: set "
                       f"spec.trainer.resourcesPerNode.requests.memory to at least {MIN_MEMORY}", namespace),
     ]
-    if patch:
+    if patch:  # once: Kyverno's webhook is reinvoked after later ones mutate, and "/-" would append again
+        ours = f"request.object.spec.runtimePatches[?manager=='{OWN_MANAGER}'] || `[]`"
         rules.append({"name": "default-bundle-patch",
                       "match": {"any": [{"resources": {"kinds": ["trainer.kubeflow.org/v1alpha1/TrainJob"],
                                                        "namespaces": [namespace], "operations": ["CREATE"]}}]},
+                      "preconditions": {"all": [{"key": f"{{{{ length({ours}) }}}}", "operator": "Equals", "value": 0}]},
                       "mutate": {"patchesJson6902": json.dumps(patch)}})
     return {"apiVersion": "kyverno.io/v1", "kind": "ClusterPolicy", "metadata": {"name": name},
             "spec": {"background": False, "rules": rules,
