@@ -124,9 +124,10 @@ def submit(job: dict) -> None:
 
 
 def finished(name: str, ns: str, wait_for, timeout: float = 240) -> tuple[str, str]:
-    """(Complete or Failed, what the launcher printed): logs are read while the job runs, since
-    JobSet deletes a failed job's pods."""
-    out = {"log": ""}
+    """(Complete or Failed, everything the launcher printed): logs are read while the job runs,
+    since JobSet deletes a failed job's pods, and every distinct read is kept: a read racing the
+    container's removal gets the kubelet's "failed to try resolving symlinks" instead of the log."""
+    out: dict = {"logs": {}}
 
     def done() -> bool:
         pods = get("pods", "-n", ns, "-l", f"jobset.sigs.k8s.io/jobset-name={name}")["items"]
@@ -134,14 +135,14 @@ def finished(name: str, ns: str, wait_for, timeout: float = 240) -> tuple[str, s
             if "-launcher-" in pod["metadata"]["name"]:
                 text = kc("logs", "-n", ns, pod["metadata"]["name"]).stdout
                 if text.strip():
-                    out["log"] = text
+                    out["logs"][text] = None
         for c in get("trainjob", name, "-n", ns).get("status", {}).get("conditions", []):
             if c["type"] in ("Complete", "Failed") and c["status"] == "True":
                 out["type"] = c["type"]
                 return True
         return False
     wait_for(f"TrainJob {name} to finish", done, timeout, interval=2)
-    return out["type"], out["log"]
+    return out["type"], "\n".join(out["logs"])
 
 
 def keypair() -> tuple[str, str]:
