@@ -30,7 +30,7 @@ class Metrics:
                                  ["endpoint"], registry=self.registry,
                                  buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
         self.evaluations = Counter("trainjob_admission_evaluations",
-                                   "Decisions by where they were made: loop (a small request, within a few ms) or "
+                                   "Engine evaluations by where they ran: loop (a small request, within 5 ms of CPU) or "
                                    "worker (a large request, one that needed longer or waited on a permission check)",
                                    ["where"], registry=self.registry)
         self.bundle_reloads = Counter("trainjob_admission_bundle_reloads", "Bundle reloads by result",

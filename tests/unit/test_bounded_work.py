@@ -3,6 +3,7 @@ results capped, and input sizes denied (naming the field) before any rule sees t
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -57,6 +58,21 @@ def test_a_budget_past_its_deadline_or_cancelled_abandons_the_whole_evaluation()
     with pytest.raises(Abandoned):
         run(ENV_PAIRS, Budget(cancelled=stopping), object=obj)
     assert not issubclass(Abandoned, CelEvalError)  # not one rule's error: the request's evaluation ends
+
+
+def test_a_budget_on_the_threads_cpu_clock_is_not_used_up_by_waiting():
+    """The server's slice on the event loop (webhook/admission/reviewer.py) counts the loop's own CPU:
+    a wait (for the GIL, here a sleep) does not use it up, as it would use up a wall-clock deadline."""
+    obj = {"spec": {"trainer": {"env": env(3)}}}
+    on_cpu = Budget(deadline=time.thread_time() + 0.05, clock=time.thread_time)
+    on_wall = Budget(deadline=time.monotonic() + 0.05)
+    time.sleep(0.2)
+    assert run("size(object.spec.trainer.env) == 3", on_cpu, object=obj) is True
+    with pytest.raises(Abandoned):
+        run("size(object.spec.trainer.env) == 3", on_wall, object=obj)
+    with pytest.raises(Abandoned):  # and spent CPU does
+        run(ENV_PAIRS, Budget(deadline=time.thread_time() + 0.001, clock=time.thread_time),
+            object={"spec": {"trainer": {"env": env(200)}}})
 
 
 def test_find_and_find_all_use_re2_so_a_backtracking_pattern_is_linear():

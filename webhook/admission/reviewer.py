@@ -41,7 +41,7 @@ log = logging.getLogger("trainjob_admission.reviewer")
 
 # A request body up to this size is parsed, and its decision tried, on the event loop (see _evaluate).
 INLINE_PARSE_BYTES = 64 * 1024
-INLINE_SLICE = 0.005  # seconds an evaluation may hold the event loop before it starts over on a worker thread
+INLINE_SLICE = 0.005  # seconds of CPU an evaluation may take on the event loop before it starts over on a worker thread
 # The job's runtime snapshot ConfigMap on an UPDATE, or None (webhook/admission/runtimesnapshots.py); never raises.
 SnapshotFn = Callable[[AdmissionInput], Awaitable["dict | None"]]
 # The caller of the request being reviewed, for its record (set by review() and refuse()).
@@ -204,12 +204,15 @@ class Reviewer:
         engine = evaluate if mutate else evaluate_stored
         bundles = list(self.registry.active)
         started, limit = time.monotonic(), deadline.bound(self.config.timeout_seconds)
-        if small and limit > INLINE_SLICE:
+        if small and limit > 4 * INLINE_SLICE:
             request = (replace(parsed.request, access=self.access.for_caller(caller, wait=False))
                        if self.access is not None else parsed.request)
+            # the loop's own CPU: a slice measured on the wall clock would also count waits for the
+            # GIL (5 ms each while another thread computes) and send sound decisions to a worker
+            slice_budget = Budget(deadline=time.thread_time() + INLINE_SLICE, cancelled=self._stopping,
+                                  clock=time.thread_time)
             try:
-                decision = engine(request, bundles, state, Budget(deadline=started + INLINE_SLICE,
-                                                                  cancelled=self._stopping))
+                decision = engine(request, bundles, state, slice_budget)
             except Abandoned:
                 if self._stopping.is_set():
                     raise
