@@ -278,8 +278,8 @@ def peers(args) -> int:
     ensure_cluster()
     if args.build_kyverno:
         cluster.build_own_module("kyverno")
-    configs = ["none", "vap", "webhook", "checks"] + (["kyverno", "kyverno-patch"] if cluster.own_module_binary("kyverno").exists()
-                                                      else [])
+    kyverno_built = cluster.own_module_binary("kyverno").exists()
+    configs = ["none", "vap", "webhook", "checks"] + (["kyverno", "kyverno-patch"] if kyverno_built else [])
     run = uuid.uuid4().hex[:6]
     ns = {c: f"bench-{run}-{c}" for c in configs}
     work = Path(tempfile.mkdtemp(prefix="bench-peers-"))

@@ -151,7 +151,7 @@ def test_a_scoped_token_is_judged_by_its_scopes(authorizing_server):
 
 
 def evaluations(running) -> dict[str, float]:
-    """Decisions made so far by where: "loop" (the event loop) or "worker" (a worker thread)."""
+    """Engine evaluations so far by where they ran: "loop" (the event loop) or "worker" (a worker thread)."""
     registry = running.server.metrics.registry
     return {where: registry.get_sample_value("trainjob_admission_evaluations_total", {"where": where}) or 0
             for where in ("loop", "worker")}
